@@ -1,0 +1,101 @@
+// AllToAll: the expert-parallel exchange of an MoE layer.
+//
+//   dispatch: every token goes to the ranks that own its top-k experts (once per rank, however
+//             many of that rank's experts it chose), and lands in per-expert rows there;
+//   combine:  the expert outputs come back and are summed with the router weights.
+//
+// W ranks, E experts, E_local = E / W; rank r owns experts [r * E_local, (r + 1) * E_local).
+// Received rows of each expert are ordered by (source rank, source token index), so results are
+// bit-identical run after run. Every call validates all of its arguments before a byte leaves
+// the rank; a rejected call throws pmoe::Error and leaves the op usable.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pmoe/comm.hpp"
+#include "pmoe/dtype.hpp"
+#include "pmoe/tensor.hpp"
+
+namespace pmoe {
+
+struct AllToAllConfig {
+  int max_num_tokens = 0;     // tokens per rank per call, upper bound (>= 1)
+  int num_experts = 0;        // global; divisible by the world size
+  int experts_per_token = 0;  // top-k, 1..num_experts
+  int hidden_dim = 0;         // elements per token
+  DType in_dtype = DType::bf16;  // dispatch payload: f32, bf16, f16 or f8e4m3
+  int scale_block = 0;        // f8e4m3 only: elements per f32 scale; hidden_dim % scale_block == 0
+  DType out_dtype = DType::bf16;  // combine output: f32, bf16 or f16
+
+  // Throws pmoe::Error saying what to change if the config cannot run on `world_size` ranks.
+  void validate(int world_size) const;
+  int scales_per_token() const { return scale_block > 0 ? hidden_dim / scale_block : 0; }
+};
+
+// Split phases: `send` starts the exchange and returns; `recv` completes it. Work may run between
+// the two, and one thread may drive several ranks (all ranks' send, then all ranks' recv). On one
+// rank, calls alternate dispatch(send) -> dispatch(recv) -> combine(send) -> combine(recv);
+// `both` is a send followed by a recv. Every phase takes the same, complete argument list.
+enum class Phase : uint8_t { send, recv, both };
+
+namespace detail {
+class AllToAllBackend;
+}
+
+class AllToAll {
+ public:
+  // Collective over `comm`: allocates the symmetric buffers, sized once from `config`.
+  AllToAll(Communicator& comm, const AllToAllConfig& config, Device device = Device::cpu());
+  ~AllToAll();
+  AllToAll(const AllToAll&) = delete;
+  AllToAll& operator=(const AllToAll&) = delete;
+
+  // x                 [m, H] in_dtype, 0 <= m <= max_num_tokens (m may differ between ranks)
+  // x_scale           [m, H / scale_block] f32 for f8e4m3 input; an empty Tensor otherwise
+  // indices           [m, k] i32, each in [0, E) or -1 (slot skipped); no expert twice in a row
+  // expert_num_tokens [E_local] i32, out: rows received per local expert
+  // expert_x          [E_local, W * max_num_tokens, H] in_dtype, out: the first
+  //                   expert_num_tokens[e] rows of expert e; rows past that are left untouched
+  // expert_x_scale    [E_local, W * max_num_tokens, H / scale_block] f32 (f8e4m3), else empty
+  // After dispatch(send) returns, x, x_scale and indices may be overwritten.
+  void dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& indices,
+                const Tensor& expert_num_tokens, const Tensor& expert_x,
+                const Tensor& expert_x_scale, Phase phase = Phase::both);
+
+  // expert_y [E_local, W * max_num_tokens, H] f32, bf16 or f16, rows in dispatch's order
+  // indices  [m, k] i32, the same as given to the matching dispatch
+  // weights  [m, k] f32
+  // y        [m, H] out_dtype, out: y[t] = sum over j of weights[t, j] * (expert_y row of token t
+  //          at expert indices[t, j]), in f32, in j order, skipping -1 slots
+  // After combine(send) returns, expert_y may be overwritten.
+  void combine(const Tensor& expert_y, const Tensor& indices, const Tensor& weights,
+               const Tensor& y, Phase phase = Phase::both);
+
+  // Bytes this op allocated per rank (symmetric buffers, signals and private staging).
+  size_t workspace_bytes() const;
+  const AllToAllConfig& config() const { return config_; }
+  int num_local_experts() const { return num_local_experts_; }
+  int world_size() const { return world_size_; }
+
+ private:
+  enum class Step : uint8_t { dispatch_send, dispatch_recv, combine_send, combine_recv };
+  void enter(Step step, const char* op);  // checks the phase order
+  void run_step(Step step, const char* op, const std::function<void()>& body);
+
+  AllToAllConfig config_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  int num_local_experts_ = 0;
+  Device device_;
+  Step next_ = Step::dispatch_send;
+  std::vector<int32_t> routed_indices_;  // dispatch(send)'s indices, which combine must repeat
+  DType sent_expert_y_dtype_ = DType::f32;  // combine(send)'s, which combine(recv) must repeat
+  std::string broken_;  // set once a wait failed: the protocol state is lost, the op unusable
+  std::unique_ptr<detail::AllToAllBackend> backend_;
+};
+
+}  // namespace pmoe

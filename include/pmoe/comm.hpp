@@ -1,0 +1,131 @@
+// The runtime: a Communicator is one rank's view of a group of ranks; SymmetricMemory is memory
+// allocated collectively, the same size on every rank, that peers write into directly; signals
+// are 64-bit epoch slots inside it. run_ranks() runs a group as threads of this process;
+// MpiCommunicator (pmoe/mpi_communicator.hpp) runs it as MPI processes.
+//
+// Every wait in here is bounded: it spins briefly, then yields and sleeps (ranks may outnumber
+// cores), and throws pmoe::Error naming the rank it waited for once the timeout passes. The
+// timeout is 60 s unless the environment variable PMOE_TIMEOUT_S says otherwise.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pmoe/tensor.hpp"
+
+namespace pmoe {
+
+namespace detail {
+class Group;  // what a rank's waits consult: the failure of another rank, MPI progress
+}
+
+// The wait timeout in seconds: PMOE_TIMEOUT_S if set to a positive number, else 60.
+double timeout_from_env();
+
+class SymmetricMemory;
+
+class Communicator {
+ public:
+  virtual ~Communicator();
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  Device device() const { return device_; }
+  double timeout_s() const { return timeout_s_; }
+
+  // Returns once every rank has called it; throws pmoe::Error naming the missing ranks on timeout.
+  virtual void barrier() = 0;
+  // Set-up only, never on a data path. `mine` has the same size on every rank; the result holds
+  // every rank's bytes in rank order.
+  virtual std::vector<std::byte> all_gather(std::span<const std::byte> mine) = 0;
+  // Copies root's `data` into every rank's `data` (the same size on every rank).
+  virtual void broadcast(std::span<std::byte> data, int root) = 0;
+  // The ranks (this one included, ascending) whose SymmetricMemory this rank can load and store.
+  virtual std::vector<int> node_ranks() const = 0;
+
+  // Collective: every rank allocates `bytes` of zeroed data plus `signal_slots` zeroed signals.
+  virtual std::unique_ptr<SymmetricMemory> alloc_symmetric(size_t bytes, int signal_slots) = 0;
+
+  // Throws if the group has failed (another thread rank threw). Cheap; ops call it at entry.
+  void check_group() const;
+
+ protected:
+  Communicator(std::shared_ptr<detail::Group> group, Device device);
+  const std::shared_ptr<detail::Group>& group() const { return group_; }
+
+ private:
+  std::shared_ptr<detail::Group> group_;
+  Device device_;
+  double timeout_s_;
+};
+
+// Says what a wait was for, so that a timeout names the op, this rank, the peer and the event.
+struct WaitFor {
+  std::string_view op;     // "AllToAll::dispatch(recv)"
+  int peer;                // the rank whose signal is awaited
+  std::string_view event;  // "its dispatch data"
+};
+
+class SymmetricMemory {
+ public:
+  static constexpr size_t kSignalBytes = 64;  // one signal per cache line: no false sharing
+
+  virtual ~SymmetricMemory();
+  SymmetricMemory(const SymmetricMemory&) = delete;
+  SymmetricMemory& operator=(const SymmetricMemory&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return int(peer_data_.size()); }
+  size_t bytes() const { return bytes_; }
+  int signal_slots() const { return signal_slots_; }
+
+  // This rank's region.
+  std::byte* local() const { return peer_data_[rank_]; }
+  // A load/store pointer into rank r's region, or null when r is not load/store reachable.
+  std::byte* peer(int r) const { return peer_data_[r]; }
+
+  // Copies `bytes` from `src` into rank r's region at `offset`; works for every peer.
+  virtual void put(int r, size_t offset, const void* src, size_t bytes);
+  // Sets rank r's signal `slot` to `value` with release semantics: everything this rank put to r
+  // before is visible to r once r sees the value.
+  virtual void signal(int r, int slot, uint64_t value);
+
+  // This rank's signal `slot`, read with acquire semantics.
+  uint64_t read_signal(int slot) const;
+  // Waits until this rank's signal `slot` is >= value. Throws pmoe::Error on timeout or when
+  // the group fails.
+  void wait_signal(int slot, uint64_t value, const WaitFor& what) const;
+
+ protected:
+  // `data[r]` and `signals[r]` point at rank r's region and signal array, or are null where r is
+  // not load/store reachable (then put() and signal() must be overridden for it). `keepalive`
+  // owns whatever must outlive every access (mappings, heap regions).
+  SymmetricMemory(int rank, size_t bytes, int signal_slots, std::vector<std::byte*> data,
+                  std::vector<uint64_t*> signals, std::shared_ptr<void> keepalive,
+                  std::shared_ptr<detail::Group> group, double timeout_s);
+
+  uint64_t* signal_word(int r, int slot) const;
+  virtual void progress() const {}  // called while waiting, for transports that need it
+
+ private:
+  int rank_;
+  size_t bytes_;
+  int signal_slots_;
+  std::vector<std::byte*> peer_data_;
+  std::vector<uint64_t*> peer_signals_;
+  std::shared_ptr<void> keepalive_;
+  std::shared_ptr<detail::Group> group_;
+  double timeout_s_;
+};
+
+// Runs fn(comm) on n ranks, each a thread of this process, and returns when all have returned.
+// If any rank throws, the other ranks' waits fail at once (instead of sitting out the timeout)
+// and the first exception thrown is rethrown here.
+void run_ranks(int n, const std::function<void(Communicator&)>& fn);
+
+}  // namespace pmoe

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what pmoe needs to build, test and benchmark, and nothing that is already there.
+# Debian packages through apt-get (as root, or through sudo); Python packages through pip.
+# Safe to run again: a machine that has everything returns in well under a second.
+set -euo pipefail
+
+debian_packages=(
+  cmake ninja-build g++ pkg-config
+  libopenmpi-dev openmpi-bin
+  libopenblas-dev
+  libgtest-dev
+  libcli11-dev
+  nlohmann-json3-dev
+)
+python_packages=()  # filled in as the Python module and the plots arrive
+
+missing=()
+for pkg in "${debian_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if ((${#python_packages[@]})); then
+  missing=()
+  for pkg in "${python_packages[@]}"; do
+    python3 -m pip show -q "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    echo "setup: installing Python packages: ${missing[*]}"
+    python3 -m pip install -q "${missing[@]}"
+  fi
+fi

@@ -1,0 +1,202 @@
+// AllToAll's front end: config and argument validation, the phase order, and the hand-off to the
+// backend. Everything here runs before a byte leaves the rank.
+#include "pmoe/all_to_all.hpp"
+
+#include <vector>
+
+#include "all_to_all/backend.hpp"
+#include "pmoe/error.hpp"
+
+namespace pmoe {
+namespace {
+
+bool is_payload_dtype(DType t) {
+  return t == DType::f32 || t == DType::bf16 || t == DType::f16 || t == DType::f8e4m3;
+}
+bool is_output_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+// Checks one tensor argument: dtype, device, exact shape, row-major contiguity.
+void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype, Device device,
+                  std::initializer_list<int64_t> shape) {
+  PMOE_CHECK(!t.empty() || shape.size() == 0, op, ": `", name, "` is missing (expected ",
+             dtype_name(dtype), " ", Tensor(nullptr, dtype, shape).shape_str(), ")");
+  PMOE_CHECK(t.dtype() == dtype, op, ": `", name, "` must be ", dtype_name(dtype), ", got ",
+             dtype_name(t.dtype()));
+  PMOE_CHECK(t.device() == device, op, ": `", name, "` must be on ", device.str(), ", got ",
+             t.device().str());
+  bool same_shape = t.dim() == int(shape.size());
+  int d = 0;
+  for (int64_t extent : shape) same_shape = same_shape && t.size(d++) == extent;
+  PMOE_CHECK(same_shape, op, ": `", name, "` must have shape ",
+             Tensor(nullptr, dtype, shape).shape_str(), ", got ", t.shape_str());
+  PMOE_CHECK(t.is_contiguous(), op, ": `", name, "` must be row-major contiguous");
+  PMOE_CHECK(t.data() != nullptr || t.numel() == 0, op, ": `", name, "` has no data pointer");
+}
+
+void check_absent(const char* op, const char* name, const Tensor& t, const char* why) {
+  PMOE_CHECK(t.empty(), op, ": `", name, "` must be an empty Tensor ", why, ", got ",
+             dtype_name(t.dtype()), " ", t.shape_str());
+}
+
+// The rows of `indices` [m, k] hold experts in [-1, E) and no expert twice.
+void check_indices(const char* op, const Tensor& indices, int num_experts) {
+  const int64_t m = indices.size(0), k = indices.size(1);
+  const int32_t* idx = indices.data<int32_t>();
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = idx[t * k + j];
+      PMOE_CHECK(e >= -1 && e < num_experts, op, ": indices[", t, ", ", j, "] = ", e,
+                 " is outside [-1, ", num_experts, ")");
+      if (e < 0) continue;
+      for (int64_t i = 0; i < j; ++i)
+        PMOE_CHECK(idx[t * k + i] != e, op, ": expert ", e, " appears twice in row ", t,
+                   " of indices (slots ", i, " and ", j, "); use -1 for an unused slot");
+    }
+  }
+}
+
+const char* step_name(int step) {
+  static const char* names[] = {"dispatch(send)", "dispatch(recv)", "combine(send)",
+                                "combine(recv)"};
+  return names[step];
+}
+
+}  // namespace
+
+void AllToAllConfig::validate(int world_size) const {
+  PMOE_CHECK(world_size >= 1, "AllToAllConfig: world size must be >= 1, got ", world_size);
+  PMOE_CHECK(max_num_tokens >= 1, "AllToAllConfig: max_num_tokens must be >= 1, got ",
+             max_num_tokens);
+  PMOE_CHECK(num_experts >= 1, "AllToAllConfig: num_experts must be >= 1, got ", num_experts);
+  PMOE_CHECK(num_experts % world_size == 0, "AllToAllConfig: num_experts (", num_experts,
+             ") must be divisible by the world size (", world_size, ")");
+  PMOE_CHECK(experts_per_token >= 1 && experts_per_token <= num_experts,
+             "AllToAllConfig: experts_per_token must be in [1, num_experts = ", num_experts,
+             "], got ", experts_per_token);
+  PMOE_CHECK(hidden_dim >= 1, "AllToAllConfig: hidden_dim must be >= 1, got ", hidden_dim);
+  PMOE_CHECK(is_payload_dtype(in_dtype), "AllToAllConfig: in_dtype must be f32, bf16, f16 or ",
+             "f8e4m3, got ", dtype_name(in_dtype));
+  PMOE_CHECK(is_output_dtype(out_dtype), "AllToAllConfig: out_dtype must be f32, bf16 or f16, got ",
+             dtype_name(out_dtype));
+  if (in_dtype == DType::f8e4m3) {
+    PMOE_CHECK(scale_block >= 1, "AllToAllConfig: f8e4m3 input needs scale_block >= 1 (elements ",
+               "per f32 scale; 128 is common), got ", scale_block);
+    PMOE_CHECK(hidden_dim % scale_block == 0, "AllToAllConfig: hidden_dim (", hidden_dim,
+               ") must be a multiple of scale_block (", scale_block, ")");
+  } else {
+    PMOE_CHECK(scale_block == 0, "AllToAllConfig: scale_block is for f8e4m3 input only; set it ",
+               "to 0 for ", dtype_name(in_dtype), ", got ", scale_block);
+  }
+}
+
+AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device device)
+    : config_(config), rank_(comm.rank()), world_size_(comm.size()), device_(device) {
+  config_.validate(world_size_);
+  PMOE_CHECK(device == comm.device(), "AllToAll: device ", device.str(),
+             " differs from the communicator's ", comm.device().str());
+  PMOE_CHECK(device.kind == Device::Kind::cpu, "AllToAll: no backend for ", device.str(),
+             " in this build");
+  num_local_experts_ = config_.num_experts / world_size_;
+  backend_ = detail::make_cpu_all_to_all(comm, config_);
+}
+
+AllToAll::~AllToAll() = default;
+
+size_t AllToAll::workspace_bytes() const { return backend_->workspace_bytes(); }
+
+void AllToAll::enter(Step step, const char* op) {
+  PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this AllToAll is unusable since an ",
+             "earlier call failed while waiting for peers (", broken_, "); create a new one");
+  PMOE_CHECK(step == next_, op, " on rank ", rank_, ": phase out of order: expected ",
+             step_name(int(next_)), ", got ", step_name(int(step)));
+}
+
+void AllToAll::run_step(Step step, const char* op, const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    broken_ = e.what();  // a failed wait leaves peers mid-protocol: no safe way to continue
+    throw;
+  }
+  next_ = Step((int(step) + 1) % 4);
+}
+
+void AllToAll::dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& indices,
+                        const Tensor& expert_num_tokens, const Tensor& expert_x,
+                        const Tensor& expert_x_scale, Phase phase) {
+  const char* op = phase == Phase::recv ? "AllToAll::dispatch(recv)"
+                   : phase == Phase::send ? "AllToAll::dispatch(send)"
+                                          : "AllToAll::dispatch";
+  enter(phase == Phase::recv ? Step::dispatch_recv : Step::dispatch_send, op);
+  const int64_t H = config_.hidden_dim, k = config_.experts_per_token;
+  const int64_t rows = int64_t(world_size_) * config_.max_num_tokens;
+  PMOE_CHECK(x.dim() == 2, op, ": `x` must be 2-D [m, ", H, "], got ", x.shape_str());
+  const int64_t m = x.size(0);
+  PMOE_CHECK(m <= config_.max_num_tokens, op, ": m = ", m, " tokens exceeds max_num_tokens = ",
+             config_.max_num_tokens);
+  check_tensor(op, "x", x, config_.in_dtype, device_, {m, H});
+  check_tensor(op, "indices", indices, DType::i32, device_, {m, k});
+  check_tensor(op, "expert_num_tokens", expert_num_tokens, DType::i32, device_,
+               {num_local_experts_});
+  check_tensor(op, "expert_x", expert_x, config_.in_dtype, device_,
+               {num_local_experts_, rows, H});
+  if (config_.in_dtype == DType::f8e4m3) {
+    const int64_t s = config_.scales_per_token();
+    check_tensor(op, "x_scale", x_scale, DType::f32, device_, {m, s});
+    check_tensor(op, "expert_x_scale", expert_x_scale, DType::f32, device_,
+                 {num_local_experts_, rows, s});
+  } else {
+    check_absent(op, "x_scale", x_scale, "(scales are for f8e4m3 input only)");
+    check_absent(op, "expert_x_scale", expert_x_scale, "(scales are for f8e4m3 input only)");
+  }
+  check_indices(op, indices, config_.num_experts);
+
+  const detail::DispatchArgs args{x, x_scale, indices, expert_num_tokens, expert_x,
+                                  expert_x_scale, int(m)};
+  if (phase != Phase::recv) {
+    const int32_t* idx = indices.data<int32_t>();
+    routed_indices_.assign(idx, idx + m * k);
+    run_step(Step::dispatch_send, op, [&] { backend_->dispatch_send(args); });
+  }
+  if (phase != Phase::send)
+    run_step(Step::dispatch_recv, op, [&] { backend_->dispatch_recv(args); });
+}
+
+void AllToAll::combine(const Tensor& expert_y, const Tensor& indices, const Tensor& weights,
+                       const Tensor& y, Phase phase) {
+  const char* op = phase == Phase::recv ? "AllToAll::combine(recv)"
+                   : phase == Phase::send ? "AllToAll::combine(send)"
+                                          : "AllToAll::combine";
+  enter(phase == Phase::recv ? Step::combine_recv : Step::combine_send, op);
+  const int64_t H = config_.hidden_dim, k = config_.experts_per_token;
+  const int64_t rows = int64_t(world_size_) * config_.max_num_tokens;
+  PMOE_CHECK(y.dim() == 2, op, ": `y` must be 2-D [m, ", H, "], got ", y.shape_str());
+  const int64_t m = y.size(0);
+  PMOE_CHECK(is_output_dtype(expert_y.dtype()), op, ": `expert_y` must be f32, bf16 or f16, got ",
+             dtype_name(expert_y.dtype()));
+  check_tensor(op, "expert_y", expert_y, expert_y.dtype(), device_,
+               {num_local_experts_, rows, H});
+  check_tensor(op, "indices", indices, DType::i32, device_, {m, k});
+  check_tensor(op, "weights", weights, DType::f32, device_, {m, k});
+  check_tensor(op, "y", y, config_.out_dtype, device_, {m, H});
+  PMOE_CHECK(size_t(m * k) == routed_indices_.size(), op, ": `y` has ", m,
+             " rows but the matching dispatch had ", routed_indices_.size() / size_t(k), " tokens");
+  const int32_t* idx = indices.data<int32_t>();
+  for (int64_t i = 0; i < m * k; ++i)
+    PMOE_CHECK(idx[i] == routed_indices_[size_t(i)], op, ": indices[", i / k, ", ", i % k,
+               "] = ", idx[i], " differs from the ", routed_indices_[size_t(i)],
+               " given to the matching dispatch");
+  if (phase == Phase::recv)
+    PMOE_CHECK(expert_y.dtype() == sent_expert_y_dtype_, op, ": `expert_y` is ",
+               dtype_name(expert_y.dtype()), " but combine(send) sent ",
+               dtype_name(sent_expert_y_dtype_));
+  sent_expert_y_dtype_ = expert_y.dtype();
+
+  const detail::CombineArgs args{expert_y, indices, weights, y, int(m)};
+  if (phase != Phase::recv)
+    run_step(Step::combine_send, op, [&] { backend_->combine_send(args); });
+  if (phase != Phase::send)
+    run_step(Step::combine_recv, op, [&] { backend_->combine_recv(args); });
+}
+
+}  // namespace pmoe

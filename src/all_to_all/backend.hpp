@@ -1,0 +1,35 @@
+// The boundary between AllToAll's front end (validation, phase order) and a backend's data path.
+// A backend sees arguments that were already checked against the config and the phase.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "pmoe/all_to_all.hpp"
+
+namespace pmoe::detail {
+
+struct DispatchArgs {
+  Tensor x, x_scale, indices, expert_num_tokens, expert_x, expert_x_scale;
+  int m;  // rows of x
+};
+
+struct CombineArgs {
+  Tensor expert_y, indices, weights, y;
+  int m;  // rows of y
+};
+
+class AllToAllBackend {
+ public:
+  virtual ~AllToAllBackend() = default;
+  virtual void dispatch_send(const DispatchArgs& args) = 0;
+  virtual void dispatch_recv(const DispatchArgs& args) = 0;
+  virtual void combine_send(const CombineArgs& args) = 0;
+  virtual void combine_recv(const CombineArgs& args) = 0;
+  virtual size_t workspace_bytes() const = 0;
+};
+
+std::unique_ptr<AllToAllBackend> make_cpu_all_to_all(Communicator& comm,
+                                                      const AllToAllConfig& config);
+
+}  // namespace pmoe::detail

@@ -1,0 +1,83 @@
+// The parts of Communicator and SymmetricMemory that every backend shares.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "comm/group.hpp"
+#include "comm/wait.hpp"
+#include "pmoe/comm.hpp"
+#include "pmoe/error.hpp"
+
+namespace pmoe {
+
+double timeout_from_env() {
+  const char* text = std::getenv("PMOE_TIMEOUT_S");
+  if (!text || !*text) return 60.0;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  PMOE_CHECK(end && *end == '\0' && seconds > 0,
+             "PMOE_TIMEOUT_S must be a positive number of seconds, got '", text, "'");
+  return seconds;
+}
+
+Communicator::Communicator(std::shared_ptr<detail::Group> group, Device device)
+    : group_(std::move(group)), device_(device), timeout_s_(timeout_from_env()) {}
+
+Communicator::~Communicator() = default;
+
+void Communicator::check_group() const { group_->check(rank()); }
+
+constexpr size_t kSignalStride = SymmetricMemory::kSignalBytes / sizeof(uint64_t);
+
+SymmetricMemory::SymmetricMemory(int rank, size_t bytes, int signal_slots,
+                                 std::vector<std::byte*> data, std::vector<uint64_t*> signals,
+                                 std::shared_ptr<void> keepalive,
+                                 std::shared_ptr<detail::Group> group, double timeout_s)
+    : rank_(rank),
+      bytes_(bytes),
+      signal_slots_(signal_slots),
+      peer_data_(std::move(data)),
+      peer_signals_(std::move(signals)),
+      keepalive_(std::move(keepalive)),
+      group_(std::move(group)),
+      timeout_s_(timeout_s) {}
+
+SymmetricMemory::~SymmetricMemory() = default;
+
+uint64_t* SymmetricMemory::signal_word(int r, int slot) const {
+  return peer_signals_[r] + size_t(slot) * kSignalStride;
+}
+
+void SymmetricMemory::put(int r, size_t offset, const void* src, size_t bytes) {
+  std::byte* base = peer_data_[r];
+  PMOE_CHECK(base != nullptr, "SymmetricMemory::put: rank ", r,
+             " is not load/store reachable from rank ", rank_, " and this backend has no transport");
+  std::memcpy(base + offset, src, bytes);
+}
+
+void SymmetricMemory::signal(int r, int slot, uint64_t value) {
+  PMOE_CHECK(peer_signals_[r] != nullptr, "SymmetricMemory::signal: rank ", r,
+             " is not load/store reachable from rank ", rank_, " and this backend has no transport");
+  std::atomic_ref<uint64_t>(*signal_word(r, slot)).store(value, std::memory_order_release);
+}
+
+uint64_t SymmetricMemory::read_signal(int slot) const {
+  return std::atomic_ref<uint64_t>(*signal_word(rank_, slot)).load(std::memory_order_acquire);
+}
+
+void SymmetricMemory::wait_signal(int slot, uint64_t value, const WaitFor& what) const {
+  detail::wait_until(
+      timeout_s_, [&] { return read_signal(slot) >= value; },
+      [&] {
+        group_->check(rank_);
+        progress();
+      },
+      [&] {
+        throw Error(detail::cat(what.op, " on rank ", rank_, ": rank ", what.peer,
+                                " did not arrive within ", timeout_s_, " s (waited for ",
+                                what.event, ": signal ", slot, " to reach ", value, ", it is at ",
+                                read_signal(slot), ")"));
+      });
+}
+
+}  // namespace pmoe

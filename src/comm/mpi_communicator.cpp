@@ -1,0 +1,221 @@
+// MpiCommunicator: host-side collectives through non-blocking MPI calls completed by a bounded
+// wait; symmetric memory through POSIX shared memory on the node and MPI messages off it.
+#include "pmoe/mpi_communicator.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "comm/group.hpp"
+#include "comm/mpi_transport.hpp"
+#include "comm/shm_segment.hpp"
+#include "comm/wait.hpp"
+#include "pmoe/error.hpp"
+
+namespace pmoe {
+namespace {
+
+void check_mpi(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw Error(detail::cat(call, " failed: ", std::string(text, size_t(length))));
+}
+
+bool shm_allowed() {
+  const char* text = std::getenv("PMOE_MPI_SHM");
+  return !(text && std::string(text) == "0");
+}
+
+// Everything a symmetric allocation owns: the mappings of this rank's and its node peers'
+// segments, and its registration with the transport to off-node peers.
+struct MpiRegions {
+  std::vector<detail::ShmSegment> segments;
+  std::shared_ptr<detail::MpiTransport> transport;
+  uint64_t serial = 0;
+  ~MpiRegions() { transport->remove_region(serial); }
+};
+
+class MpiSymmetricMemory final : public SymmetricMemory {
+ public:
+  MpiSymmetricMemory(int rank, size_t bytes, int signal_slots, std::vector<std::byte*> data,
+                     std::vector<uint64_t*> signals, std::shared_ptr<MpiRegions> regions,
+                     std::shared_ptr<detail::Group> group, double timeout_s)
+      : SymmetricMemory(rank, bytes, signal_slots, std::move(data), std::move(signals), regions,
+                        std::move(group), timeout_s),
+        transport_(*regions->transport),
+        serial_(regions->serial) {}
+
+  void put(int r, size_t offset, const void* src, size_t bytes) override {
+    if (peer(r)) return SymmetricMemory::put(r, offset, src, bytes);
+    transport_.put(r, serial_, offset, src, bytes);
+  }
+
+  void signal(int r, int slot, uint64_t value) override {
+    if (peer(r)) return SymmetricMemory::signal(r, slot, value);
+    transport_.signal(r, serial_, slot, value);
+  }
+
+ protected:
+  void progress() const override { transport_.progress(); }
+
+ private:
+  detail::MpiTransport& transport_;  // owned through the regions (the keepalive)
+  uint64_t serial_;
+};
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm)
+    : Communicator(std::make_shared<detail::Group>(), Device::cpu()) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  PMOE_CHECK(initialized, "MpiCommunicator: MPI is not initialised; call MPI_Init first");
+  check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  transport_ = std::make_shared<detail::MpiTransport>(comm_, rank_, timeout_s());
+
+  // Node-local peers: the ranks MPI places in this rank's shared-memory domain.
+  MPI_Comm node_comm;
+  check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm),
+            "MPI_Comm_split_type");
+  int node_size = 0;
+  MPI_Comm_size(node_comm, &node_size);
+  std::vector<int> ranks_in_node(size_t(node_size), 0);
+  MPI_Group world_group, node_group;
+  MPI_Comm_group(comm_, &world_group);
+  MPI_Comm_group(node_comm, &node_group);
+  std::vector<int> local_ids(static_cast<size_t>(node_size));
+  for (int i = 0; i < node_size; ++i) local_ids[size_t(i)] = i;
+  MPI_Group_translate_ranks(node_group, node_size, local_ids.data(), world_group,
+                            ranks_in_node.data());
+  MPI_Group_free(&world_group);
+  MPI_Group_free(&node_group);
+  MPI_Comm_free(&node_comm);
+  if (shm_allowed()) {
+    node_ranks_ = ranks_in_node;
+    std::sort(node_ranks_.begin(), node_ranks_.end());
+  } else {
+    node_ranks_ = {rank_};
+  }
+
+  // A name prefix no other job on this node uses: rank 0's pid and clock, shared by all.
+  char id[32] = {};
+  if (rank_ == 0) {
+    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+    std::snprintf(id, sizeof id, "%d.%llx", int(getpid()),
+                  static_cast<unsigned long long>(now) & 0xffffffffffull);
+  }
+  broadcast(std::as_writable_bytes(std::span(id)), 0);
+  job_id_ = id;
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::wait(MPI_Request& request, const char* what) {
+  int done = 0;
+  detail::wait_until(
+      timeout_s(),
+      [&] {
+        check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
+        return done != 0;
+      },
+      [&] { transport_->progress(); },  // a peer may be sending to this rank meanwhile
+      [&] {
+        throw Error(detail::cat(what, " on rank ", rank_, ": not every rank arrived within ",
+                                timeout_s(), " s"));
+      });
+}
+
+void MpiCommunicator::barrier() {
+  MPI_Request request;
+  check_mpi(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+  wait(request, "barrier");
+}
+
+std::vector<std::byte> MpiCommunicator::all_gather(std::span<const std::byte> mine) {
+  PMOE_CHECK(mine.size() <= size_t(INT_MAX), "all_gather: ", mine.size(), " bytes is too many");
+  std::vector<std::byte> all(mine.size() * size_t(size_));
+  MPI_Request request;
+  check_mpi(MPI_Iallgather(mine.data(), int(mine.size()), MPI_BYTE, all.data(),
+                           int(mine.size()), MPI_BYTE, comm_, &request),
+            "MPI_Iallgather");
+  wait(request, "all_gather");
+  return all;
+}
+
+void MpiCommunicator::broadcast(std::span<std::byte> data, int root) {
+  PMOE_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " outside [0, ", size_, ")");
+  PMOE_CHECK(data.size() <= size_t(INT_MAX), "broadcast: ", data.size(), " bytes is too many");
+  MPI_Request request;
+  check_mpi(MPI_Ibcast(data.data(), int(data.size()), MPI_BYTE, root, comm_, &request),
+            "MPI_Ibcast");
+  wait(request, "broadcast");
+}
+
+std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
+                                                                  int signal_slots) {
+  PMOE_CHECK(signal_slots >= 0, "alloc_symmetric: negative signal count ", signal_slots);
+  const size_t data_bytes = (bytes + 63) / 64 * 64;
+  const size_t total = data_bytes + size_t(signal_slots) * SymmetricMemory::kSignalBytes;
+  const uint64_t serial = allocations_++;
+  auto name_of = [&](int r) { return detail::cat("/pmoe.", job_id_, ".", serial, ".", r); };
+
+  // Each step ends with an exchange of error texts, so that a failure on one rank becomes an
+  // error on every rank instead of a wait that times out.
+  auto agree = [&](const std::string& my_error, const char* step) {
+    char text[200] = {};
+    std::strncpy(text, my_error.c_str(), sizeof text - 1);
+    const auto all = all_gather(std::as_bytes(std::span(text)));
+    for (int r = 0; r < size_; ++r) {
+      const char* theirs = reinterpret_cast<const char*>(all.data()) + size_t(r) * sizeof text;
+      PMOE_CHECK(theirs[0] == '\0', "alloc_symmetric (", step, ") failed on rank ", r, ": ",
+                 std::string(theirs, strnlen(theirs, sizeof text)));
+    }
+  };
+
+  auto regions = std::make_shared<MpiRegions>();
+  std::vector<std::byte*> data(size_t(size_), nullptr);
+  std::string error;
+  try {
+    regions->segments.push_back(detail::ShmSegment::create(name_of(rank_), total));
+    data[size_t(rank_)] = regions->segments.back().data();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(error, "create");
+  for (int r : node_ranks_) {
+    if (r == rank_) continue;
+    try {
+      regions->segments.push_back(detail::ShmSegment::open(name_of(r), total));
+      data[size_t(r)] = regions->segments.back().data();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  agree(error, "map");
+  detail::ShmSegment::unlink(name_of(rank_));  // every peer has mapped it: drop the name
+
+  std::vector<uint64_t*> signals(size_t(size_), nullptr);
+  for (int r = 0; r < size_; ++r)
+    if (data[size_t(r)]) signals[size_t(r)] = reinterpret_cast<uint64_t*>(data[size_t(r)] + data_bytes);
+  regions->transport = transport_;
+  regions->serial = serial;
+  transport_->add_region(serial, data[size_t(rank_)], signals[size_t(rank_)]);
+  return std::make_unique<MpiSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
+                                              std::move(signals), regions, group(), timeout_s());
+}
+
+}  // namespace pmoe

@@ -1,0 +1,34 @@
+// A POSIX shared-memory segment mapped into this process: how MPI ranks on one node share
+// symmetric memory. The creator unlinks the name once every peer has mapped it, so nothing
+// is left in /dev/shm after set-up, and unmapping is local (no collective teardown that could
+// hang on a rank that left).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace pmoe::detail {
+
+class ShmSegment {
+ public:
+  ShmSegment() = default;
+  ~ShmSegment();
+  ShmSegment(ShmSegment&& other) noexcept;
+  ShmSegment& operator=(ShmSegment&& other) noexcept;
+
+  // Creates `name` with `bytes` zeroed bytes and maps it; throws pmoe::Error with errno's text.
+  static ShmSegment create(const std::string& name, size_t bytes);
+  // Maps an existing segment created by a peer.
+  static ShmSegment open(const std::string& name, size_t bytes);
+  // Removes the name; mappings stay valid. Errors are ignored (the name may be gone already).
+  static void unlink(const std::string& name);
+
+  std::byte* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::byte* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace pmoe::detail

@@ -1,0 +1,128 @@
+#include "all_to_all_cases.hpp"
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "pmoe/error.hpp"
+#include "reference/all_to_all_reference.hpp"
+
+namespace pmoe::testing {
+
+using reference::AllToAllInputs;
+
+AllToAllConfig make_config(int max_tokens, int experts, int top_k, int hidden, DType in,
+                           DType out, int scale_block) {
+  AllToAllConfig c;
+  c.max_num_tokens = max_tokens;
+  c.num_experts = experts;
+  c.experts_per_token = top_k;
+  c.hidden_dim = hidden;
+  c.in_dtype = in;
+  c.out_dtype = out;
+  c.scale_block = scale_block;
+  return c;
+}
+
+std::string describe(const AllToAllCase& c) {
+  const AllToAllConfig& g = c.config;
+  return detail::cat("max_tokens=", g.max_num_tokens, " E=", g.num_experts,
+                     " k=", g.experts_per_token, " H=", g.hidden_dim, " in=",
+                     dtype_name(g.in_dtype), " out=", dtype_name(g.out_dtype),
+                     " expert_y=", dtype_name(c.expert_y_dtype), " seed=", c.seed);
+}
+
+namespace {
+
+constexpr uint8_t kSentinel = 0xA5;
+
+int tokens_for(const AllToAllCase& c, int rank, int call) {
+  const int max = c.config.max_num_tokens;
+  const uint64_t h = reference::hash64(c.seed, 0x70c, uint64_t(rank), uint64_t(call));
+  switch (c.tokens) {
+    case TokenCounts::full: return max;
+    case TokenCounts::random: return int(h % uint64_t(max + 1));
+    case TokenCounts::zero_on_odd: return rank % 2 ? 0 : 1 + int(h % uint64_t(max));
+  }
+  return max;
+}
+
+// FNV-1a over a tensor's bytes, folded into `digest`.
+void fold(uint64_t& digest, const Tensor& t) {
+  const auto* p = t.data<uint8_t>();
+  for (size_t i = 0; i < t.nbytes(); ++i) digest = (digest ^ p[i]) * 0x100000001b3ull;
+}
+
+// Work placed between send and recv, as a caller overlapping compute would.
+float busy_work(int rank) {
+  float acc = float(rank);
+  for (int i = 0; i < 20000; ++i) acc = acc * 0.999f + 1.0f;
+  return acc;
+}
+
+}  // namespace
+
+CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
+  const AllToAllConfig& cfg = c.config;
+  const int W = comm.size(), rank = comm.rank();
+  const int E_local = cfg.num_experts / W, H = cfg.hidden_dim, S = cfg.scales_per_token();
+  const int64_t rows = int64_t(W) * cfg.max_num_tokens;
+  const bool f8 = cfg.in_dtype == DType::f8e4m3;
+
+  AllToAll a2a(comm, cfg);
+  Buffer expert_num_tokens(DType::i32, {E_local});
+  Buffer expert_x(cfg.in_dtype, {E_local, rows, H});
+  Buffer expert_x_scale = f8 ? Buffer(DType::f32, {E_local, rows, S}) : Buffer();
+  Buffer expert_y(c.expert_y_dtype, {E_local, rows, H});
+  const Tensor expert_x_scale_arg = f8 ? expert_x_scale.tensor() : Tensor();
+
+  CaseResult result;
+  result.digest = 0xcbf29ce484222325ull;
+  float work_sink = 0;
+  for (int call = 0; call < c.calls; ++call) {
+    const uint64_t seed = reference::hash64(c.seed, uint64_t(call));
+    std::vector<AllToAllInputs> all;  // every rank's inputs, rebuilt here without communication
+    for (int r = 0; r < W; ++r)
+      all.push_back(reference::make_inputs(cfg, r, tokens_for(c, r, call), seed, c.routing));
+    const AllToAllInputs& mine = all[size_t(rank)];
+
+    std::memset(expert_x.data<void>(), kSentinel, expert_x.nbytes());
+    if (f8) std::memset(expert_x_scale.data<void>(), kSentinel, expert_x_scale.nbytes());
+    std::memset(expert_y.data<void>(), 0xff, expert_y.nbytes());  // NaN where nothing was computed
+    std::memset(expert_num_tokens.data<void>(), 0xff, expert_num_tokens.nbytes());
+    Buffer y(cfg.out_dtype, {mine.m, H});
+
+    auto run_phase = [&](auto&& op) {
+      if (!c.split_phases) return op(Phase::both);
+      op(Phase::send);
+      work_sink += busy_work(rank);
+      comm.barrier();  // send must complete without any peer's recv
+      op(Phase::recv);
+    };
+    run_phase([&](Phase phase) {
+      a2a.dispatch(mine.x, mine.x_scale_or_empty(), mine.indices, expert_num_tokens, expert_x,
+                   expert_x_scale_arg, phase);
+    });
+    const auto expected = reference::reference_dispatch(cfg, W, rank, all);
+    std::string error = reference::compare_dispatch(cfg, W, expected, expert_num_tokens, expert_x,
+                                               expert_x_scale_arg, kSentinel);
+
+    reference::run_fake_experts(cfg, W, rank, expert_num_tokens, expert_x, expert_x_scale_arg,
+                                expert_y);
+    run_phase([&](Phase phase) { a2a.combine(expert_y, mine.indices, mine.weights, y, phase); });
+    if (error.empty()) {
+      const Buffer want = reference::reference_combine(cfg, mine, c.expert_y_dtype);
+      error = reference::compare_bytes("combine y", y, want);
+    }
+    // Keep the first failure but finish every call: peers would wait for a rank that stopped.
+    if (!error.empty() && result.error.empty())
+      result.error = detail::cat("rank ", rank, ", call ", call, " (", describe(c), "): ", error);
+    fold(result.digest, expert_num_tokens);
+    fold(result.digest, expert_x);
+    fold(result.digest, y);
+  }
+  if (work_sink < 0) result.digest ^= 1;  // keeps busy_work from being optimised away
+  return result;
+}
+
+}  // namespace pmoe::testing

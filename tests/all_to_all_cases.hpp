@@ -1,0 +1,45 @@
+// AllToAll test cases shared by the thread tests and the MPI tests: the same case runs on any
+// Communicator and is checked, call by call, against the plain reference.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "pmoe/all_to_all.hpp"
+#include "reference/workload.hpp"
+
+namespace pmoe::testing {
+
+enum class TokenCounts : uint8_t {
+  full,            // every rank sends max_num_tokens
+  random,          // 0..max_num_tokens, different per rank and call
+  zero_on_odd,     // odd ranks send nothing; even ranks 1..max_num_tokens
+};
+
+struct AllToAllCase {
+  AllToAllConfig config;
+  reference::Routing routing = reference::Routing::random;
+  TokenCounts tokens = TokenCounts::random;
+  DType expert_y_dtype = DType::bf16;
+  uint64_t seed = 1;
+  int calls = 1;
+  bool split_phases = false;  // send, other work and a barrier, then recv
+};
+
+// A config with the given shape; bf16 in and out unless the caller changes it.
+AllToAllConfig make_config(int max_tokens, int experts, int top_k, int hidden,
+                           DType in = DType::bf16, DType out = DType::bf16, int scale_block = 0);
+
+struct CaseResult {
+  std::string error;    // "" when every call matched the reference
+  uint64_t digest = 0;  // a hash of every output byte, to compare runs
+};
+
+// Runs c.calls dispatch + combine calls on `comm` (collective), reusing one AllToAll and one set
+// of output buffers, and checks each call against the reference.
+CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c);
+
+// Human-readable name of a case's config, for failure messages.
+std::string describe(const AllToAllCase& c);
+
+}  // namespace pmoe::testing

@@ -1,0 +1,133 @@
+// AllToAll with thread ranks, W in {1, 2, 3, 4, 8}, against the plain reference.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "all_to_all_cases.hpp"
+#include "pmoe/comm.hpp"
+
+namespace pmoe::testing {
+namespace {
+
+using reference::Routing;
+
+// Runs `c` on W thread ranks; every rank must match the reference. Returns the rank-0 digest.
+uint64_t expect_case(int W, const AllToAllCase& c) {
+  std::vector<CaseResult> results(static_cast<size_t>(W));
+  run_ranks(W, [&](Communicator& comm) { results[size_t(comm.rank())] = run_all_to_all_case(comm, c); });
+  for (int r = 0; r < W; ++r) EXPECT_EQ(results[size_t(r)].error, "") << "W = " << W;
+  return results[0].digest;
+}
+
+class AllToAllThreads : public ::testing::TestWithParam<int> {
+ protected:
+  int W() const { return GetParam(); }
+  // Two experts per rank unless a test asks otherwise.
+  AllToAllCase base(int top_k = 3, int hidden = 40) const {
+    AllToAllCase c;
+    c.config = make_config(/*max_tokens=*/9, /*experts=*/2 * W(), std::min(top_k, 2 * W()), hidden);
+    c.calls = 3;
+    return c;
+  }
+};
+
+TEST_P(AllToAllThreads, RandomRoutingBf16) { expect_case(W(), base()); }
+
+TEST_P(AllToAllThreads, EveryPayloadAndOutputDtype) {
+  for (DType in : {DType::f32, DType::bf16, DType::f16}) {
+    for (DType out : {DType::f32, DType::bf16, DType::f16}) {
+      AllToAllCase c = base();
+      c.config.in_dtype = in;
+      c.config.out_dtype = out;
+      c.expert_y_dtype = in;
+      expect_case(W(), c);
+    }
+  }
+}
+
+TEST_P(AllToAllThreads, F8WithBlockScales) {
+  for (DType expert_y : {DType::f32, DType::bf16, DType::f16}) {
+    AllToAllCase c = base(3, 64);
+    c.config.in_dtype = DType::f8e4m3;
+    c.config.scale_block = 16;
+    c.expert_y_dtype = expert_y;
+    expect_case(W(), c);
+  }
+}
+
+TEST_P(AllToAllThreads, OddHiddenSizes) {
+  for (int hidden : {1, 7, 33}) {
+    AllToAllCase c = base(2, hidden);
+    c.config.in_dtype = DType::f16;
+    expect_case(W(), c);
+  }
+}
+
+TEST_P(AllToAllThreads, NoTokensOnSomeRanks) {
+  AllToAllCase c = base();
+  c.tokens = TokenCounts::zero_on_odd;
+  expect_case(W(), c);
+}
+
+TEST_P(AllToAllThreads, EveryTokenToOneExpert) {
+  AllToAllCase c = base();
+  c.routing = Routing::hot_expert;
+  c.tokens = TokenCounts::full;  // expert 0 receives W * max_num_tokens rows: its whole capacity
+  expect_case(W(), c);
+}
+
+TEST_P(AllToAllThreads, DroppedSlots) {
+  AllToAllCase c = base();
+  c.routing = Routing::dropped;
+  c.calls = 5;
+  expect_case(W(), c);
+}
+
+TEST_P(AllToAllThreads, TopKEqualsNumExperts) {
+  AllToAllCase c = base();
+  c.config.experts_per_token = c.config.num_experts;
+  expect_case(W(), c);
+}
+
+TEST_P(AllToAllThreads, SeveralExpertsPerRank) {
+  AllToAllCase c = base();
+  c.config.num_experts = 5 * W();
+  c.config.experts_per_token = 4;
+  expect_case(W(), c);
+}
+
+TEST_P(AllToAllThreads, SplitPhasesWithWorkAndBarrierBetween) {
+  AllToAllCase c = base();
+  c.split_phases = true;
+  expect_case(W(), c);
+}
+
+TEST_P(AllToAllThreads, BitIdenticalAcrossRuns) {
+  AllToAllCase c = base();
+  c.calls = 4;
+  const uint64_t first = expect_case(W(), c);
+  const uint64_t second = expect_case(W(), c);
+  EXPECT_EQ(first, second);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllThreads, ::testing::Values(1, 2, 3, 4, 8),
+                         [](const auto& info) { return "W" + std::to_string(info.param); });
+
+TEST(AllToAllThreads, ThousandCallsOnTheSameBuffers) {
+  AllToAllCase c;
+  c.config = make_config(/*max_tokens=*/6, /*experts=*/8, /*top_k=*/3, /*hidden=*/16);
+  c.routing = Routing::dropped;
+  c.calls = 1000;  // routing and m change every call; buffers and signals are reused
+  expect_case(4, c);
+}
+
+TEST(AllToAllThreads, ThousandSplitCallsOnTheSameBuffers) {
+  AllToAllCase c;
+  c.config = make_config(6, 8, 2, 16, DType::f8e4m3, DType::bf16, 8);
+  c.split_phases = true;
+  c.calls = 1000;
+  expect_case(4, c);
+}
+
+}  // namespace
+}  // namespace pmoe::testing

@@ -1,0 +1,137 @@
+#include "bench_common.hpp"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <thread>
+
+#include "pmoe/error.hpp"
+#include "pmoe/mpi_communicator.hpp"
+
+namespace pmoe::bench {
+
+bool launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
+         std::getenv("PMIX_RANK");
+}
+
+bool is_printing_rank() {
+  if (!launched_by_mpi()) return true;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank == 0;
+}
+
+void run_on_ranks(int ranks, const std::function<void(Communicator&)>& fn) {
+  if (!launched_by_mpi()) return run_ranks(ranks, fn);
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  PMOE_CHECK(ranks == 0 || ranks == comm.size(), "--ranks ", ranks,
+             " differs from the ", comm.size(), " MPI processes; under mpirun, ranks are the "
+             "processes");
+  fn(comm);
+}
+
+Stats summarize(std::vector<double> samples) {
+  Stats s;
+  if (samples.empty()) return s;
+  std::sort(samples.begin(), samples.end());
+  const size_t n = samples.size();
+  s.min = samples.front();
+  s.max = samples.back();
+  s.median = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+  s.mean = std::accumulate(samples.begin(), samples.end(), 0.0) / double(n);
+  double squares = 0;
+  for (double v : samples) squares += (v - s.mean) * (v - s.mean);
+  s.std = n > 1 ? std::sqrt(squares / double(n - 1)) : 0.0;
+  return s;
+}
+
+std::vector<std::vector<double>> time_steps(Communicator& comm, int warmup, int iters,
+                                            const std::vector<std::function<void()>>& steps) {
+  using Clock = std::chrono::steady_clock;
+  const size_t n_steps = steps.size(), n_iters = size_t(iters);
+  for (int i = 0; i < warmup; ++i) {
+    for (const auto& step : steps) {
+      comm.barrier();
+      step();
+    }
+  }
+  std::vector<double> mine(n_steps * n_iters);  // [step][iteration]
+  for (size_t i = 0; i < n_iters; ++i) {
+    for (size_t s = 0; s < n_steps; ++s) {
+      comm.barrier();
+      const auto start = Clock::now();
+      steps[s]();
+      mine[s * n_iters + i] =
+          std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    }
+  }
+  const auto all = comm.all_gather(std::as_bytes(std::span(mine)));
+  const auto* times = reinterpret_cast<const double*>(all.data());
+  std::vector<std::vector<double>> slowest(n_steps, std::vector<double>(n_iters, 0.0));
+  for (int r = 0; r < comm.size(); ++r)
+    for (size_t s = 0; s < n_steps; ++s)
+      for (size_t i = 0; i < n_iters; ++i)
+        slowest[s][i] = std::max(slowest[s][i], times[size_t(r) * mine.size() + s * n_iters + i]);
+  return slowest;
+}
+
+std::string git_commit() {
+  const std::string command = std::string("git -C '") + PMOE_SOURCE_DIR +
+                              "' rev-parse --short=12 HEAD 2>/dev/null";
+  std::string out;
+  if (FILE* pipe = popen(command.c_str(), "r")) {
+    char line[64] = {};
+    if (fgets(line, sizeof line, pipe)) out = line;
+    pclose(pipe);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out.empty() ? "unknown" : out;
+}
+
+nlohmann::json machine_info() {
+  std::string cpu = "unknown";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return {{"cpu", cpu},
+          {"cores", std::thread::hardware_concurrency()},
+          {"gpu", "none"},
+          {"host", host},
+          {"date", date},
+          {"launcher", launched_by_mpi() ? "mpirun" : "threads"}};
+}
+
+std::vector<int> parse_int_list(const std::string& text, const char* what) {
+  std::vector<int> values;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    PMOE_CHECK(!item.empty() && end && *end == '\0' && v > 0, what,
+               ": expected a comma-separated list of positive integers, got '", text, "'");
+    values.push_back(int(v));
+  }
+  PMOE_CHECK(!values.empty(), what, ": empty list");
+  return values;
+}
+
+}  // namespace pmoe::bench

@@ -1,0 +1,44 @@
+// What every pmoe-bench subcommand shares: where the ranks come from (threads, or the MPI
+// processes when launched under mpirun), the timing protocol, statistics and the machine record.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pmoe/comm.hpp"
+
+namespace pmoe::bench {
+
+// True when this process was started by mpirun / mpiexec (Open MPI, MPICH or PMI launchers).
+bool launched_by_mpi();
+
+// Runs fn on `ranks` thread ranks, or, under mpirun, on this process's MPI rank (then `ranks`
+// must be the MPI world size or 0). MPI is initialised by main().
+void run_on_ranks(int ranks, const std::function<void(Communicator&)>& fn);
+
+// Rank 0 prints; under MPI the other processes stay quiet.
+bool is_printing_rank();
+
+struct Stats {
+  double min = 0, median = 0, max = 0, mean = 0, std = 0;
+};
+Stats summarize(std::vector<double> samples);
+
+// The measurement protocol: `warmup` untimed iterations, then `iters` timed ones. An iteration
+// runs every step in order, each step preceded by a barrier and timed on its own; a step's time
+// in an iteration is the slowest rank's. Collective; every rank gets the same result:
+// times[step][iteration], in microseconds.
+std::vector<std::vector<double>> time_steps(Communicator& comm, int warmup, int iters,
+                                            const std::vector<std::function<void()>>& steps);
+
+// CPU model, cores, GPU (none here), git commit, date: recorded with every result.
+nlohmann::json machine_info();
+std::string git_commit();
+
+// Parses "2,4,8" into {2, 4, 8}; throws pmoe::Error on anything else.
+std::vector<int> parse_int_list(const std::string& text, const char* what);
+
+}  // namespace pmoe::bench

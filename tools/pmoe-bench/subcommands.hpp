@@ -1,0 +1,11 @@
+// pmoe-bench's subcommands: each adds itself to the CLI and runs when chosen.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace pmoe::bench {
+
+// `pmoe-bench all-to-all`: dispatch and combine latency, checked against the reference first.
+void add_all_to_all_command(CLI::App& app);
+
+}  // namespace pmoe::bench
