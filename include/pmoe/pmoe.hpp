@@ -1,0 +1,8 @@
+// Umbrella header: the whole public API except MpiCommunicator (pmoe/mpi_communicator.hpp).
+#pragma once
+
+#include "pmoe/all_to_all.hpp"
+#include "pmoe/comm.hpp"
+#include "pmoe/dtype.hpp"
+#include "pmoe/error.hpp"
+#include "pmoe/tensor.hpp"
