@@ -12,7 +12,7 @@ debian_packages=(
   libcli11-dev
   nlohmann-json3-dev
 )
-python_packages=()  # filled in as the Python module and the plots arrive
+python_packages=(matplotlib)  # pmoe-bench --plot; more arrive with the Python module
 
 missing=()
 for pkg in "${debian_packages[@]}"; do
