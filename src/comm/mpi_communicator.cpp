@@ -51,7 +51,9 @@ class MpiSymmetricMemory final : public SymmetricMemory {
       : SymmetricMemory(rank, bytes, signal_slots, std::move(data), std::move(signals), regions,
                         std::move(group), timeout_s),
         transport_(*regions->transport),
-        serial_(regions->serial) {}
+        serial_(regions->serial) {
+    for (int r = 0; r < size(); ++r) has_remote_peers_ = has_remote_peers_ || peer(r) == nullptr;
+  }
 
   void put(int r, size_t offset, const void* src, size_t bytes) override {
     if (peer(r)) return SymmetricMemory::put(r, offset, src, bytes);
@@ -64,11 +66,16 @@ class MpiSymmetricMemory final : public SymmetricMemory {
   }
 
  protected:
-  void progress() const override { transport_.progress(); }
+  // Only off-node traffic needs MPI: with every peer on the node, waits make no MPI call, so
+  // a second thread of the rank may wait too (MPI runs MPI_THREAD_SERIALIZED).
+  void progress() const override {
+    if (has_remote_peers_) transport_.progress();
+  }
 
  private:
   detail::MpiTransport& transport_;  // owned through the regions (the keepalive)
   uint64_t serial_;
+  bool has_remote_peers_ = false;
 };
 
 }  // namespace
