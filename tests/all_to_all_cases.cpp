@@ -29,7 +29,8 @@ std::string describe(const AllToAllCase& c) {
   return detail::cat("max_tokens=", g.max_num_tokens, " E=", g.num_experts,
                      " k=", g.experts_per_token, " H=", g.hidden_dim, " in=",
                      dtype_name(g.in_dtype), " out=", dtype_name(g.out_dtype),
-                     " expert_y=", dtype_name(c.expert_y_dtype), " seed=", c.seed);
+                     " expert_y=", c.in_place ? "in place" : dtype_name(c.expert_y_dtype),
+                     " seed=", c.seed);
 }
 
 namespace {
@@ -73,8 +74,10 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
   Buffer expert_num_tokens(DType::i32, {E_local});
   Buffer expert_x(cfg.in_dtype, {E_local, rows, H});
   Buffer expert_x_scale = f8 ? Buffer(DType::f32, {E_local, rows, S}) : Buffer();
-  Buffer expert_y(c.expert_y_dtype, {E_local, rows, H});
   const Tensor expert_x_scale_arg = f8 ? expert_x_scale.tensor() : Tensor();
+  Buffer own_expert_y = c.in_place ? Buffer() : Buffer(c.expert_y_dtype, {E_local, rows, H});
+  const Tensor expert_y = c.in_place ? a2a.expert_output_buffer() : own_expert_y.tensor();
+  const DType expert_y_dtype = expert_y.dtype();
 
   CaseResult result;
   result.digest = 0xcbf29ce484222325ull;
@@ -88,9 +91,19 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
 
     std::memset(expert_x.data<void>(), kSentinel, expert_x.nbytes());
     if (f8) std::memset(expert_x_scale.data<void>(), kSentinel, expert_x_scale.nbytes());
-    std::memset(expert_y.data<void>(), 0xff, expert_y.nbytes());  // NaN where nothing was computed
     std::memset(expert_num_tokens.data<void>(), 0xff, expert_num_tokens.nbytes());
     Buffer y(cfg.out_dtype, {mine.m, H});
+    // In place, the tokens live in the op's input buffer (free to overwrite now: this rank's
+    // previous combine(recv) has returned).
+    Tensor x = mine.x, x_scale = mine.x_scale_or_empty();
+    if (c.in_place) {
+      x = Tensor(a2a.input_buffer().data(), cfg.in_dtype, {mine.m, H});
+      std::memcpy(x.data(), mine.x.data<void>(), mine.x.nbytes());
+      if (f8) {
+        x_scale = Tensor(a2a.input_scale_buffer().data(), DType::f32, {mine.m, S});
+        std::memcpy(x_scale.data(), mine.x_scale.data<void>(), mine.x_scale.nbytes());
+      }
+    }
 
     auto run_phase = [&](auto&& op) {
       if (!c.split_phases) return op(Phase::both);
@@ -100,18 +113,21 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
       op(Phase::recv);
     };
     run_phase([&](Phase phase) {
-      a2a.dispatch(mine.x, mine.x_scale_or_empty(), mine.indices, expert_num_tokens, expert_x,
-                   expert_x_scale_arg, phase);
+      a2a.dispatch(x, x_scale, mine.indices, expert_num_tokens, expert_x, expert_x_scale_arg,
+                   phase);
     });
     const auto expected = reference::reference_dispatch(cfg, W, rank, all);
     std::string error = reference::compare_dispatch(cfg, W, expected, expert_num_tokens, expert_x,
                                                expert_x_scale_arg, kSentinel);
 
+    // Expert outputs may be written once dispatch(recv) has returned; NaN fills the rows that no
+    // expert computes, so that reading one would show.
+    std::memset(expert_y.data(), 0xff, expert_y.nbytes());
     reference::run_fake_experts(cfg, W, rank, expert_num_tokens, expert_x, expert_x_scale_arg,
                                 expert_y);
     run_phase([&](Phase phase) { a2a.combine(expert_y, mine.indices, mine.weights, y, phase); });
     if (error.empty()) {
-      const Buffer want = reference::reference_combine(cfg, mine, c.expert_y_dtype);
+      const Buffer want = reference::reference_combine(cfg, mine, expert_y_dtype);
       error = reference::compare_bytes("combine y", y, want);
     }
     // Keep the first failure but finish every call: peers would wait for a rank that stopped.

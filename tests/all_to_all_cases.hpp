@@ -24,6 +24,9 @@ struct AllToAllCase {
   uint64_t seed = 1;
   int calls = 1;
   bool split_phases = false;  // send, other work and a barrier, then recv
+  // Tokens go through the op's input buffer and expert outputs through its expert output buffer
+  // (config.in_place_buffers must be set; expert outputs are then out_dtype).
+  bool in_place = false;
 };
 
 // A config with the given shape; bf16 in and out unless the caller changes it.

@@ -110,6 +110,35 @@ TEST_P(AllToAllThreads, BitIdenticalAcrossRuns) {
   EXPECT_EQ(first, second);
 }
 
+TEST_P(AllToAllThreads, InPlaceBuffers) {
+  for (DType in : {DType::bf16, DType::f8e4m3}) {
+    AllToAllCase c = base(3, 64);
+    c.config.in_dtype = in;
+    c.config.scale_block = in == DType::f8e4m3 ? 16 : 0;
+    c.config.in_place_buffers = true;
+    c.in_place = true;
+    c.routing = Routing::dropped;
+    c.tokens = TokenCounts::zero_on_odd;
+    expect_case(W(), c);
+  }
+}
+
+TEST_P(AllToAllThreads, InPlaceBuffersWithSplitPhases) {
+  AllToAllCase c = base();
+  c.config.in_place_buffers = true;
+  c.in_place = true;
+  c.split_phases = true;
+  c.calls = 20;
+  expect_case(W(), c);
+}
+
+TEST_P(AllToAllThreads, InPlaceConfigWithCallerBuffers) {
+  AllToAllCase c = base();
+  c.config.in_place_buffers = true;  // allocated but not used: the copy path still works
+  c.expert_y_dtype = DType::f32;
+  expect_case(W(), c);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllThreads, ::testing::Values(1, 2, 3, 4, 8),
                          [](const auto& info) { return "W" + std::to_string(info.param); });
 
@@ -118,6 +147,15 @@ TEST(AllToAllThreads, ThousandCallsOnTheSameBuffers) {
   c.config = make_config(/*max_tokens=*/6, /*experts=*/8, /*top_k=*/3, /*hidden=*/16);
   c.routing = Routing::dropped;
   c.calls = 1000;  // routing and m change every call; buffers and signals are reused
+  expect_case(4, c);
+}
+
+TEST(AllToAllThreads, ThousandInPlaceCalls) {
+  AllToAllCase c;
+  c.config = make_config(6, 8, 3, 16);
+  c.config.in_place_buffers = true;
+  c.in_place = true;
+  c.calls = 1000;  // a peer reading stale in-place data would show as a mismatch
   expect_case(4, c);
 }
 

@@ -306,6 +306,41 @@ TEST(AllToAllErrors, CombineIndicesDifferFromDispatch) {
   });
 }
 
+TEST(AllToAllErrors, ExpertYDtypeDiffersBetweenRanks) {
+  const AllToAllConfig cfg = small_config();
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](Communicator& comm) {
+    AllToAll a2a(comm, cfg);
+    Args args(cfg, 2, comm.rank());
+    args.dispatch(a2a);
+    Buffer expert_y(comm.rank() == 0 ? DType::bf16 : DType::f32, {2, 8, 32});
+    try {
+      a2a.combine(expert_y, args.indices, args.weights, args.y);
+    } catch (const Error& e) {
+      errors[size_t(comm.rank())] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("rank 1 sent expert_y as f32 but this rank's is bf16"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("rank 0 sent expert_y as bf16 but this rank's is f32"),
+            std::string::npos)
+      << errors[1];
+}
+
+TEST(AllToAllErrors, InPlaceBuffersNeedTheConfigFlag) {
+  std::string error;
+  run_ranks(1, [&](Communicator& comm) {
+    AllToAll a2a(comm, make_config(4, 4, 2, 32));
+    try {
+      a2a.input_buffer();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  EXPECT_NE(error.find("set AllToAllConfig::in_place_buffers"), std::string::npos) << error;
+}
+
 // --- phase order ----------------------------------------------------------------------------
 
 TEST(AllToAllErrors, CombineBeforeDispatch) {

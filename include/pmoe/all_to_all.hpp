@@ -30,6 +30,9 @@ struct AllToAllConfig {
   DType in_dtype = DType::bf16;  // dispatch payload: f32, bf16, f16 or f8e4m3
   int scale_block = 0;        // f8e4m3 only: elements per f32 scale; hidden_dim % scale_block == 0
   DType out_dtype = DType::bf16;  // combine output: f32, bf16 or f16
+  // Also allocate input_buffer() and expert_output_buffer() in symmetric memory, so that peers
+  // on this node read tokens and expert outputs in place instead of through a staging copy.
+  bool in_place_buffers = false;
 
   // Throws pmoe::Error saying what to change if the config cannot run on `world_size` ranks.
   void validate(int world_size) const;
@@ -74,6 +77,19 @@ class AllToAll {
   // After combine(send) returns, expert_y may be overwritten.
   void combine(const Tensor& expert_y, const Tensor& indices, const Tensor& weights,
                const Tensor& y, Phase phase = Phase::both);
+
+  // In-place buffers (config.in_place_buffers): memory of this op that peers on the same node
+  // can read directly. Passing a view of the first m rows of input_buffer() (and of
+  // input_scale_buffer() for f8e4m3) as `x`, or expert_output_buffer() as `expert_y`, saves one
+  // copy of every token or expert row. The price is a longer lifetime: the in-place `x` must
+  // stay unchanged from dispatch(send) until this rank's combine(recv) returns (peers read it
+  // during their dispatch(recv)); the in-place `expert_y` from combine(send) until this rank's
+  // next dispatch(recv) returns (peers read it during their combine(recv)). In an MoE layer,
+  // where the next input is written after combine and expert outputs after dispatch, both hold.
+  // Throw pmoe::Error if the config did not ask for them.
+  Tensor input_buffer() const;         // [max_num_tokens, H] in_dtype
+  Tensor input_scale_buffer() const;   // [max_num_tokens, H / scale_block] f32 (f8e4m3 only)
+  Tensor expert_output_buffer() const; // [E_local, W * max_num_tokens, H] out_dtype
 
   // Bytes this op allocated per rank (symmetric buffers, signals and private staging).
   size_t workspace_bytes() const;

@@ -104,6 +104,27 @@ AllToAll::~AllToAll() = default;
 
 size_t AllToAll::workspace_bytes() const { return backend_->workspace_bytes(); }
 
+namespace {
+Tensor require_in_place(const Tensor& t, const char* name, bool f8_only, const AllToAllConfig& c) {
+  PMOE_CHECK(c.in_place_buffers, "AllToAll::", name, ": set AllToAllConfig::in_place_buffers ",
+             "to allocate the in-place buffers");
+  PMOE_CHECK(!f8_only || c.in_dtype == DType::f8e4m3, "AllToAll::", name,
+             ": scales exist for f8e4m3 input only");
+  return t;
+}
+}  // namespace
+
+Tensor AllToAll::input_buffer() const {
+  return require_in_place(backend_->input_buffer(), "input_buffer", false, config_);
+}
+Tensor AllToAll::input_scale_buffer() const {
+  return require_in_place(backend_->input_scale_buffer(), "input_scale_buffer", true, config_);
+}
+Tensor AllToAll::expert_output_buffer() const {
+  return require_in_place(backend_->expert_output_buffer(), "expert_output_buffer", false,
+                          config_);
+}
+
 void AllToAll::enter(Step step, const char* op) {
   PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this AllToAll is unusable since an ",
              "earlier call failed while waiting for peers (", broken_, "); create a new one");

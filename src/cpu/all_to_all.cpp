@@ -3,13 +3,16 @@
 //
 // Why buffers can be reused without a barrier: source s writes block s of rank r for call c+1
 // only after its combine(recv) of call c, which waited for r's combine signal, which r sends only
-// after it finished reading block s of call c. Symmetrically, r writes s's combine rows for call
-// c+1 only after its dispatch(recv) of c+1 saw s's data, which s sends after reading call c's rows.
+// after it finished reading block s (and s's in-place input) of call c. Symmetrically, r writes
+// s's combine area for call c+1 only after its dispatch(recv) of c+1 saw s's data, which s sends
+// after reading call c's rows (and r's in-place expert outputs).
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "all_to_all/backend.hpp"
 #include "cpu/all_to_all_layout.hpp"
+#include "cpu/reduce.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe::detail {
@@ -17,10 +20,10 @@ namespace {
 
 // One (token, local expert) row received by this rank; combine sends it back along this route.
 struct Route {
-  int32_t source;     // rank the token came from
-  int32_t token;      // its index at the source
-  int32_t slot;       // top-k slot j at the source
-  int32_t row;        // flat row index e * rows_per_expert + position, in expert_x / expert_y
+  int32_t source;  // rank the token came from
+  int32_t token;   // its index at the source
+  int32_t slot;    // top-k slot j at the source
+  int32_t row;     // flat row index e * rows_per_expert + position, in expert_x / expert_y
 };
 
 class CpuAllToAll final : public AllToAllBackend {
@@ -40,19 +43,38 @@ class CpuAllToAll final : public AllToAllBackend {
   }
 
   size_t workspace_bytes() const override {
-    return layout_.total_bytes + size_t(layout_.signal_slots()) * 64 +
+    return layout_.total_bytes + size_t(layout_.signal_slots()) * SymmetricMemory::kSignalBytes +
            header_.capacity() * sizeof(int32_t) + routes_.capacity() * sizeof(Route) +
            (sent_.capacity() + received_.capacity()) * sizeof(int32_t);
+  }
+
+  Tensor input_buffer() const override {
+    if (!config_.in_place_buffers) return {};
+    return Tensor(memory_->local() + layout_.input_offset, config_.in_dtype,
+                  {config_.max_num_tokens, config_.hidden_dim});
+  }
+  Tensor input_scale_buffer() const override {
+    if (!config_.in_place_buffers || config_.in_dtype != DType::f8e4m3) return {};
+    return Tensor(memory_->local() + layout_.input_scale_offset, DType::f32,
+                  {config_.max_num_tokens, config_.scales_per_token()});
+  }
+  Tensor expert_output_buffer() const override {
+    if (!config_.in_place_buffers) return {};
+    return Tensor(memory_->local() + layout_.expert_output_offset, config_.out_dtype,
+                  {num_local_experts_, rows_per_expert_, config_.hidden_dim});
   }
 
   void dispatch_send(const DispatchArgs& a) override {
     ++epoch_;
     const int k = config_.experts_per_token;
-    const size_t payload = size_t(config_.hidden_dim) * dtype_size(config_.in_dtype);
-    const size_t scales = sizeof(float) * size_t(config_.scales_per_token());
+    const size_t payload = layout_.payload_bytes, scales = layout_.scale_bytes;
     const auto* x = static_cast<const std::byte*>(a.x.data());
     const auto* x_scale = static_cast<const std::byte*>(a.x_scale.data());
     const int32_t* indices = a.indices.data<int32_t>();
+    // Tokens in this op's input buffer stay there; peers on this node read them in place.
+    const bool x_in_place =
+        config_.in_place_buffers && x == memory_->local() + layout_.input_offset &&
+        (!scales || x_scale == memory_->local() + layout_.input_scale_offset);
     std::fill(sent_.begin(), sent_.end(), 0);
 
     for (int t = 0; t < a.m; ++t) {
@@ -71,20 +93,22 @@ class CpuAllToAll final : public AllToAllBackend {
         const int slot = sent_[dest]++;
         memory_->put(dest, layout_.token_offset(rank_, slot), header_.data(),
                      sizeof(int32_t) * (2 + 2 * size_t(n)));
+        if (x_in_place && memory_->peer(dest)) continue;
         memory_->put(dest, layout_.payload_offset(rank_, slot), x + t * payload, payload);
         if (scales)
           memory_->put(dest, layout_.scale_offset(rank_, slot), x_scale + t * scales, scales);
       }
     }
     for (int dest = 0; dest < world_size_; ++dest) {
-      memory_->put(dest, layout_.count_offset(rank_), &sent_[dest], sizeof(int32_t));
+      const int32_t count_and_flags[2] = {
+          sent_[dest], x_in_place && memory_->peer(dest) ? AllToAllLayout::kPayloadInPlace : 0};
+      memory_->put(dest, layout_.count_offset(rank_), count_and_flags, sizeof count_and_flags);
       memory_->signal(dest, layout_.dispatch_signal(rank_), epoch_);
     }
   }
 
   void dispatch_recv(const DispatchArgs& a) override {
-    const size_t payload = size_t(config_.hidden_dim) * dtype_size(config_.in_dtype);
-    const size_t scales = sizeof(float) * size_t(config_.scales_per_token());
+    const size_t payload = layout_.payload_bytes, scales = layout_.scale_bytes;
     auto* expert_x = static_cast<std::byte*>(a.expert_x.data());
     auto* expert_x_scale = static_cast<std::byte*>(a.expert_x_scale.data());
     const std::byte* region = memory_->local();
@@ -95,13 +119,20 @@ class CpuAllToAll final : public AllToAllBackend {
     for (int source = 0; source < world_size_; ++source) {
       memory_->wait_signal(layout_.dispatch_signal(source), epoch_,
                            {"AllToAll::dispatch(recv)", source, "its dispatch data"});
-      int32_t count;
-      std::memcpy(&count, region + layout_.count_offset(source), sizeof count);
-      for (int slot = 0; slot < count; ++slot) {
+      int32_t count_and_flags[2];
+      std::memcpy(count_and_flags, region + layout_.count_offset(source), sizeof count_and_flags);
+      const bool in_place = count_and_flags[1] & AllToAllLayout::kPayloadInPlace;
+      const std::byte* source_input = in_place ? memory_->peer(source) + layout_.input_offset
+                                               : nullptr;
+      const std::byte* source_scales =
+          in_place ? memory_->peer(source) + layout_.input_scale_offset : nullptr;
+      for (int slot = 0; slot < count_and_flags[0]; ++slot) {
         const auto* header =
             reinterpret_cast<const int32_t*>(region + layout_.token_offset(source, slot));
-        const std::byte* row_in = region + layout_.payload_offset(source, slot);
-        const std::byte* scale_in = region + layout_.scale_offset(source, slot);
+        const std::byte* row_in = in_place ? source_input + size_t(header[0]) * payload
+                                           : region + layout_.payload_offset(source, slot);
+        const std::byte* scale_in = in_place ? source_scales + size_t(header[0]) * scales
+                                             : region + layout_.scale_offset(source, slot);
         for (int p = 0; p < header[1]; ++p) {
           const int expert = header[2 + 2 * p];
           const int32_t row = int32_t(expert * rows_per_expert_ + received_[expert]++);
@@ -117,18 +148,38 @@ class CpuAllToAll final : public AllToAllBackend {
   void combine_send(const CombineArgs& a) override {
     const size_t row_bytes = size_t(config_.hidden_dim) * dtype_size(a.expert_y.dtype());
     const auto* expert_y = static_cast<const std::byte*>(a.expert_y.data());
+    // Rows in this op's expert output buffer stay there; peers on this node read them in place.
+    const bool y_in_place = config_.in_place_buffers && a.expert_y.dtype() == config_.out_dtype &&
+                            expert_y == memory_->local() + layout_.expert_output_offset;
     for (const Route& route : routes_) {
-      memory_->put(route.source, layout_.combine_row_offset(route.token, route.slot),
-                   expert_y + route.row * row_bytes, row_bytes);
+      int32_t row_ref = route.row;
+      if (!y_in_place || !memory_->peer(route.source)) {
+        memory_->put(route.source, layout_.combine_row_offset(route.token, route.slot),
+                     expert_y + route.row * row_bytes, row_bytes);
+        row_ref = -1;
+      }
+      memory_->put(route.source, layout_.row_ref_slot(route.token, route.slot), &row_ref,
+                   sizeof row_ref);
     }
-    for (int dest = 0; dest < world_size_; ++dest)
+    const uint32_t dtype = uint32_t(a.expert_y.dtype());
+    for (int dest = 0; dest < world_size_; ++dest) {
+      memory_->put(dest, layout_.combine_dtype_slot(rank_), &dtype, sizeof dtype);
       memory_->signal(dest, layout_.combine_signal(rank_), epoch_);
+    }
   }
 
   void combine_recv(const CombineArgs& a) override {
-    for (int source = 0; source < world_size_; ++source)
-      memory_->wait_signal(layout_.combine_signal(source), epoch_,
-                           {"AllToAll::combine(recv)", source, "its combine rows"});
+    const std::byte* region = memory_->local();
+    for (int owner = 0; owner < world_size_; ++owner) {
+      memory_->wait_signal(layout_.combine_signal(owner), epoch_,
+                           {"AllToAll::combine(recv)", owner, "its combine rows"});
+      uint32_t dtype;
+      std::memcpy(&dtype, region + layout_.combine_dtype_slot(owner), sizeof dtype);
+      PMOE_CHECK(DType(dtype) == a.expert_y.dtype(), "AllToAll::combine(recv) on rank ", rank_,
+                 ": rank ", owner, " sent expert_y as ", dtype_name(DType(dtype)),
+                 " but this rank's is ", dtype_name(a.expert_y.dtype()),
+                 "; every rank must pass the same expert_y dtype");
+    }
     visit_float_dtype(a.expert_y.dtype(), [&](auto in_tag) {
       visit_float_dtype(a.y.dtype(), [&](auto out_tag) {
         reduce_rows<decltype(in_tag), decltype(out_tag)>(a);
@@ -148,7 +199,8 @@ class CpuAllToAll final : public AllToAllBackend {
     return best;
   }
 
-  // y[t] = sum_j weights[t, j] * row(t, j), in f32, in j order, then rounded once to Out.
+  // y[t] = sum_j weights[t, j] * row(t, j), in f32, in j order, then rounded once to Out. A row
+  // is read in place from its owner's expert output buffer, or from this rank's combine area.
   template <typename In, typename Out>
   void reduce_rows(const CombineArgs& a) {
     const int k = config_.experts_per_token;
@@ -162,12 +214,25 @@ class CpuAllToAll final : public AllToAllBackend {
     for (int t = 0; t < a.m; ++t) {
       std::fill(acc, acc + H, 0.0f);
       for (int j = 0; j < k; ++j) {
-        if (indices[t * k + j] < 0) continue;
-        const float w = weights[t * k + j];
-        const auto* row = reinterpret_cast<const In*>(region + layout_.combine_row_offset(t, j));
-        for (int64_t h = 0; h < H; ++h) acc[h] += w * to_float(row[h]);
+        const int32_t expert = indices[t * k + j];
+        if (expert < 0) continue;
+        int32_t row_ref;
+        std::memcpy(&row_ref, region + layout_.row_ref_slot(t, j), sizeof row_ref);
+        const std::byte* row =
+            row_ref >= 0 ? memory_->peer(expert / num_local_experts_) +
+                               layout_.expert_output_offset + size_t(row_ref) * H * sizeof(In)
+                         : region + layout_.combine_row_offset(t, j);
+        if constexpr (std::is_same_v<In, f8e4m3>) {
+          throw Error("AllToAll::combine: expert_y cannot be f8e4m3");  // validated earlier
+        } else {
+          cpu::accumulate(acc, reinterpret_cast<const In*>(row), weights[t * k + j], H);
+        }
       }
-      for (int64_t h = 0; h < H; ++h) y[t * H + h] = from_float<Out>(acc[h]);
+      if constexpr (std::is_same_v<Out, f8e4m3>) {
+        throw Error("AllToAll::combine: y cannot be f8e4m3");  // validated earlier
+      } else {
+        cpu::store(y + t * H, acc, H);
+      }
     }
   }
 
@@ -176,12 +241,12 @@ class CpuAllToAll final : public AllToAllBackend {
   int rank_, world_size_, num_local_experts_;
   int64_t rows_per_expert_;
   std::unique_ptr<SymmetricMemory> memory_;
-  uint64_t epoch_ = 0;                 // calls so far; every signal carries the current one
-  std::vector<int32_t> header_;        // staging for one token's header
-  std::vector<int32_t> sent_;          // tokens sent to each rank this call
-  std::vector<int32_t> received_;      // rows received per local expert this call
-  std::vector<Route> routes_;          // this call's received rows, for combine
-  std::vector<float> accumulator_;     // one f32 row for combine's reduction
+  uint64_t epoch_ = 0;              // calls so far; every signal carries the current one
+  std::vector<int32_t> header_;     // staging for one token's header
+  std::vector<int32_t> sent_;       // tokens sent to each rank this call
+  std::vector<int32_t> received_;   // rows received per local expert this call
+  std::vector<Route> routes_;       // this call's received rows, for combine
+  std::vector<float> accumulator_;  // one f32 row for combine's reduction
 };
 
 }  // namespace

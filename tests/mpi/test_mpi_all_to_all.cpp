@@ -89,6 +89,20 @@ TEST(AllToAllMpi, SplitPhasesAndManyCalls) {
   expect_case(c);
 }
 
+TEST(AllToAllMpi, InPlaceBuffers) {
+  for (DType in : {DType::bf16, DType::f8e4m3}) {
+    AllToAllCase c = base(world_size());
+    c.config.in_dtype = in;
+    c.config.hidden_dim = 64;
+    c.config.scale_block = in == DType::f8e4m3 ? 32 : 0;
+    c.config.in_place_buffers = true;
+    c.in_place = true;
+    c.split_phases = in == DType::bf16;
+    c.calls = 50;
+    expect_case(c);
+  }
+}
+
 TEST(AllToAllMpi, BitIdenticalAcrossRuns) {
   AllToAllCase c = base(world_size());
   EXPECT_EQ(expect_case(c), expect_case(c));
