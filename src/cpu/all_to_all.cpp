@@ -203,35 +203,32 @@ class CpuAllToAll final : public AllToAllBackend {
   // is read in place from its owner's expert output buffer, or from this rank's combine area.
   template <typename In, typename Out>
   void reduce_rows(const CombineArgs& a) {
-    const int k = config_.experts_per_token;
-    const int64_t H = config_.hidden_dim;
-    const int32_t* indices = a.indices.data<int32_t>();
-    const float* weights = a.weights.data<float>();
-    Out* y = a.y.data<Out>();
-    const std::byte* region = memory_->local();
-    accumulator_.resize(size_t(H));
-    float* acc = accumulator_.data();
-    for (int t = 0; t < a.m; ++t) {
-      std::fill(acc, acc + H, 0.0f);
-      for (int j = 0; j < k; ++j) {
-        const int32_t expert = indices[t * k + j];
-        if (expert < 0) continue;
-        int32_t row_ref;
-        std::memcpy(&row_ref, region + layout_.row_ref_slot(t, j), sizeof row_ref);
-        const std::byte* row =
-            row_ref >= 0 ? memory_->peer(expert / num_local_experts_) +
-                               layout_.expert_output_offset + size_t(row_ref) * H * sizeof(In)
-                         : region + layout_.combine_row_offset(t, j);
-        if constexpr (std::is_same_v<In, f8e4m3>) {
-          throw Error("AllToAll::combine: expert_y cannot be f8e4m3");  // validated earlier
-        } else {
-          cpu::accumulate(acc, reinterpret_cast<const In*>(row), weights[t * k + j], H);
+    if constexpr (std::is_same_v<In, f8e4m3> || std::is_same_v<Out, f8e4m3>) {
+      throw Error("AllToAll::combine: f8e4m3 expert_y or y");  // rejected by validation
+    } else {
+      const int k = config_.experts_per_token;
+      const int64_t H = config_.hidden_dim;
+      const int32_t* indices = a.indices.data<int32_t>();
+      const float* weights = a.weights.data<float>();
+      const std::byte* region = memory_->local();
+      std::vector<const In*> rows(static_cast<size_t>(k));
+      std::vector<float> row_weights(static_cast<size_t>(k));
+      for (int t = 0; t < a.m; ++t) {
+        int n = 0;
+        for (int j = 0; j < k; ++j) {
+          const int32_t expert = indices[t * k + j];
+          if (expert < 0) continue;
+          int32_t row_ref;
+          std::memcpy(&row_ref, region + layout_.row_ref_slot(t, j), sizeof row_ref);
+          const std::byte* row =
+              row_ref >= 0 ? memory_->peer(expert / num_local_experts_) +
+                                 layout_.expert_output_offset + size_t(row_ref) * H * sizeof(In)
+                           : region + layout_.combine_row_offset(t, j);
+          rows[size_t(n)] = reinterpret_cast<const In*>(row);
+          row_weights[size_t(n)] = weights[t * k + j];
+          ++n;
         }
-      }
-      if constexpr (std::is_same_v<Out, f8e4m3>) {
-        throw Error("AllToAll::combine: y cannot be f8e4m3");  // validated earlier
-      } else {
-        cpu::store(y + t * H, acc, H);
+        cpu::weighted_sum(a.y.data<Out>() + t * H, rows.data(), row_weights.data(), n, H);
       }
     }
   }
@@ -246,7 +243,6 @@ class CpuAllToAll final : public AllToAllBackend {
   std::vector<int32_t> sent_;       // tokens sent to each rank this call
   std::vector<int32_t> received_;   // rows received per local expert this call
   std::vector<Route> routes_;       // this call's received rows, for combine
-  std::vector<float> accumulator_;  // one f32 row for combine's reduction
 };
 
 }  // namespace

@@ -1,7 +1,10 @@
-// The inner loops of combine's reduction, y[t] = sum_j w_j * row_j, in f32 and in j order.
+// Combine's reduction: out[h] = sum_j weights[j] * rows[j][h], in f32, in j order, rounded once
+// (to nearest even) to the output type. Rows stream through one after another into an f32
+// accumulator row, which the prefetchers follow well.
+//
 // Compiled twice (AVX2 and baseline x86-64) and picked at load time, so one binary runs
 // everywhere and uses wide vectors where they exist. Multiplies and adds stay separate
-// (-ffp-contract=off; AVX2 has no FMA): results are bit-identical in both versions.
+// (-ffp-contract=off; AVX2 has no FMA): both versions give the same bits as the plain loop.
 #pragma once
 
 #include <cstdint>
@@ -10,14 +13,15 @@
 
 namespace pmoe::cpu {
 
-// acc[i] += w * float(row[i]) for i < n.
-void accumulate(float* acc, const float* row, float w, int64_t n);
-void accumulate(float* acc, const bf16* row, float w, int64_t n);
-void accumulate(float* acc, const f16* row, float w, int64_t n);
-
-// out[i] = round-to-nearest-even(acc[i]) for i < n.
-void store(float* out, const float* acc, int64_t n);
-void store(bf16* out, const float* acc, int64_t n);
-void store(f16* out, const float* acc, int64_t n);
+// `rows` holds n pointers to rows of H elements; out has H elements.
+void weighted_sum(float* out, const float* const* rows, const float* weights, int n, int64_t H);
+void weighted_sum(float* out, const bf16* const* rows, const float* weights, int n, int64_t H);
+void weighted_sum(float* out, const f16* const* rows, const float* weights, int n, int64_t H);
+void weighted_sum(bf16* out, const float* const* rows, const float* weights, int n, int64_t H);
+void weighted_sum(bf16* out, const bf16* const* rows, const float* weights, int n, int64_t H);
+void weighted_sum(bf16* out, const f16* const* rows, const float* weights, int n, int64_t H);
+void weighted_sum(f16* out, const float* const* rows, const float* weights, int n, int64_t H);
+void weighted_sum(f16* out, const bf16* const* rows, const float* weights, int n, int64_t H);
+void weighted_sum(f16* out, const f16* const* rows, const float* weights, int n, int64_t H);
 
 }  // namespace pmoe::cpu

@@ -104,26 +104,33 @@ float token_value(const AllToAllConfig& config, const std::byte* row, const floa
   });
 }
 
+void fake_expert_row(const AllToAllConfig& config, const std::byte* row, const float* row_scales,
+                     int expert, DType out_dtype, void* out) {
+  visit_float_dtype(out_dtype, [&](auto tag) {
+    using Y = decltype(tag);
+    Y* y = static_cast<Y*>(out);
+    for (int h = 0; h < config.hidden_dim; ++h)
+      y[h] = from_float<Y>(expert_fn(token_value(config, row, row_scales, h), expert));
+  });
+}
+
 void run_fake_experts(const AllToAllConfig& config, int world_size, int rank,
                       const Tensor& expert_num_tokens, const Tensor& expert_x,
                       const Tensor& expert_x_scale, const Tensor& expert_y) {
   const int local_experts = config.num_experts / world_size;
-  const int H = config.hidden_dim, S = config.scales_per_token();
+  const int S = config.scales_per_token();
   const size_t rows_per_expert = size_t(world_size) * config.max_num_tokens;
-  const size_t row_bytes = size_t(H) * dtype_size(config.in_dtype);
-  visit_float_dtype(expert_y.dtype(), [&](auto tag) {
-    using Y = decltype(tag);
-    for (int e = 0; e < local_experts; ++e) {
-      for (int i = 0; i < expert_num_tokens.data<int32_t>()[e]; ++i) {
-        const size_t row = e * rows_per_expert + size_t(i);
-        const auto* x = expert_x.data<std::byte>() + row * row_bytes;
-        const float* scales = S ? expert_x_scale.data<float>() + row * S : nullptr;
-        Y* y = expert_y.data<Y>() + row * H;
-        for (int h = 0; h < H; ++h)
-          y[h] = from_float<Y>(expert_fn(token_value(config, x, scales, h), rank * local_experts + e));
-      }
+  const size_t row_bytes = size_t(config.hidden_dim) * dtype_size(config.in_dtype);
+  const size_t out_row_bytes = size_t(config.hidden_dim) * dtype_size(expert_y.dtype());
+  for (int e = 0; e < local_experts; ++e) {
+    for (int i = 0; i < expert_num_tokens.data<int32_t>()[e]; ++i) {
+      const size_t row = e * rows_per_expert + size_t(i);
+      fake_expert_row(config, expert_x.data<std::byte>() + row * row_bytes,
+                      S ? expert_x_scale.data<float>() + row * S : nullptr,
+                      rank * local_experts + e, expert_y.dtype(),
+                      expert_y.data<std::byte>() + row * out_row_bytes);
     }
-  });
+  }
 }
 
 Buffer reference_combine(const AllToAllConfig& config, const AllToAllInputs& mine,

@@ -36,6 +36,11 @@ float expert_fn(float v, int expert);
 float token_value(const AllToAllConfig& config, const std::byte* row, const float* row_scales,
                   int h);
 
+// One stand-in expert output row: out[h] = expert_fn(token_value(row, h), expert), rounded to
+// `out_dtype`.
+void fake_expert_row(const AllToAllConfig& config, const std::byte* row, const float* row_scales,
+                     int expert, DType out_dtype, void* out);
+
 // Runs expert_fn over the received rows of `rank`'s local experts into expert_y (its dtype);
 // rows past the counts are left as they are.
 void run_fake_experts(const AllToAllConfig& config, int world_size, int rank,

@@ -1,29 +1,41 @@
-// `pmoe-bench all-to-all`: dispatch and combine latency per rank count and tokens per rank, the
-// seed 002 table for pmoe. Each configuration is first checked against the plain reference.
+// `pmoe-bench all-to-all`: seed 002's dispatch/combine table for pmoe, with its baselines and a
+// roofline. For each rank count and tokens per rank, every path is first checked against the
+// plain reference (a wrong result exits non-zero), then timed by the DESIGN.md protocol.
 //
-// GB/s counts the rows each rank receives: dispatch delivers (rows landed in expert_x) x (payload
-// + scales) bytes; combine delivers (rows returned to their source) x (expert_y row) bytes.
+// The roofline is the memory-copy bandwidth measured in the same run: all ranks memcpy a private
+// 16 MiB buffer at once; copy_gbps = (bytes read + bytes written) / time, per rank. An op's GB/s
+// counts the bytes it must read and write, per rank (averaged over ranks):
+//   dispatch: (tokens arriving + rows landed in expert_x) x (payload + scale bytes): every token
+//             that crosses to the rank read once, every (token, local expert) row written once;
+//   combine:  (rows summed) x (expert_y row bytes) read + (tokens) x (y row bytes) written;
+//   round trips (pmoe dispatch+combine and the baselines): the sum of the two.
+// copy_fraction = GB/s / copy_gbps: 1.0 would be an op as fast as memcpy of what it must move.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "all_to_all_baselines.hpp"
 #include "bench_common.hpp"
 #include "pmoe/all_to_all.hpp"
 #include "pmoe/error.hpp"
 #include "reference/all_to_all_reference.hpp"
+#include "report.hpp"
 #include "subcommands.hpp"
 
 namespace pmoe::bench {
 namespace {
 
+using nlohmann::json;
+
 struct Options {
-  std::string ranks = "2,4";
+  std::string ranks = "2,4,8";
   std::string tokens = "1,128";
   int experts = 256;
   int topk = 8;
@@ -32,16 +44,11 @@ struct Options {
   int iters = 20;
   int warmup = 3;
   uint64_t seed = 1;
-  std::string json_path;
+  bool staged = true;
+  std::string json_path, csv_path, plot_path;
 };
 
-struct Row {
-  std::string op;
-  int ranks, tokens;
-  Stats us;
-  double gbps;
-  size_t workspace_bytes;
-};
+constexpr size_t kCopyBytes = size_t(16) << 20;
 
 AllToAllConfig config_for(const Options& o, int tokens) {
   AllToAllConfig c;
@@ -50,99 +57,261 @@ AllToAllConfig config_for(const Options& o, int tokens) {
   c.experts_per_token = o.topk;
   c.hidden_dim = o.hidden;
   c.in_dtype = parse_dtype(o.dtype);
+  PMOE_CHECK(c.in_dtype == DType::bf16 || c.in_dtype == DType::f8e4m3,
+             "--dtype must be bf16 or f8e4m3, got ", o.dtype);
   c.scale_block = c.in_dtype == DType::f8e4m3 ? 128 : 0;
   c.out_dtype = DType::bf16;
+  c.in_place_buffers = true;
+  c.validate(1);
   return c;
 }
 
-// Runs one (ranks, tokens) configuration: check, then time. Appends rows (on every rank).
-void run_config(Communicator& comm, const Options& o, int tokens, std::vector<Row>& rows) {
-  const AllToAllConfig cfg = config_for(o, tokens);
+// The mean over ranks of a per-rank quantity.
+double rank_mean(Communicator& comm, double mine) {
+  const auto all = comm.all_gather(std::as_bytes(std::span(&mine, 1)));
+  double sum = 0;
+  for (int r = 0; r < comm.size(); ++r) sum += reinterpret_cast<const double*>(all.data())[r];
+  return sum / comm.size();
+}
+
+// Throws on every rank if any rank's check failed, naming the first failing rank's finding.
+void agree_on_check(Communicator& comm, const std::string& what, const std::string& error) {
+  char mine[256] = {};
+  std::strncpy(mine, error.c_str(), sizeof mine - 1);
+  const auto all = comm.all_gather(std::as_bytes(std::span(mine)));
+  for (int r = 0; r < comm.size(); ++r) {
+    const char* theirs = reinterpret_cast<const char*>(all.data()) + size_t(r) * sizeof mine;
+    PMOE_CHECK(theirs[0] == '\0', "check failed: ", what, " on rank ", r, ": ", theirs);
+  }
+}
+
+// Per-rank copy bandwidth with every rank copying at once: (read + written bytes) / time.
+double measure_copy_gbps(Communicator& comm, const Options& o) {
+  std::vector<std::byte> from(kCopyBytes, std::byte{1}), to(kCopyBytes, std::byte{2});
+  const auto times = time_steps(comm, o.warmup, o.iters,
+                                {[&] { std::memcpy(to.data(), from.data(), kCopyBytes); }});
+  return 2.0 * double(kCopyBytes) / (summarize(times[0]).median * 1e3);
+}
+
+struct Context {
+  const Options& o;
+  int W, tokens;
+  double copy_gbps;
+  json rows = json::array();
+
+  void add(const std::string& op, const std::vector<double>& us, double bytes,
+           size_t workspace) {
+    const Stats s = summarize(us);
+    json row = {{"op", op},           {"ranks", W},          {"tokens", tokens},
+                {"mean_us", s.mean},  {"std_us", s.std},     {"min_us", s.min},
+                {"median_us", s.median}, {"max_us", s.max},  {"copy_gbps", copy_gbps}};
+    if (bytes > 0) {
+      row["gbps"] = bytes / (s.mean * 1e3);
+      row["copy_fraction"] = bytes / (s.mean * 1e3) / copy_gbps;
+    } else {
+      row["gbps"] = nullptr;
+      row["copy_fraction"] = nullptr;
+    }
+    row["workspace_bytes"] = workspace ? json(workspace) : json(nullptr);
+    rows.push_back(row);
+  }
+};
+
+std::vector<double> sum_of(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
+  return out;
+}
+
+void run_config(Communicator& comm, Context& ctx) {
+  const Options& o = ctx.o;
+  const AllToAllConfig cfg = config_for(o, ctx.tokens);
   const int W = comm.size(), rank = comm.rank();
   const int E_local = cfg.num_experts / W, H = cfg.hidden_dim, S = cfg.scales_per_token();
   const int64_t capacity = int64_t(W) * cfg.max_num_tokens;
   const bool f8 = cfg.in_dtype == DType::f8e4m3;
-  const DType expert_y_dtype = DType::bf16;
+  const std::string where = detail::cat("ranks=", W, " tokens=", ctx.tokens);
 
   std::vector<reference::AllToAllInputs> all;
   for (int r = 0; r < W; ++r)
-    all.push_back(reference::make_inputs(cfg, r, tokens, o.seed, reference::Routing::random));
+    all.push_back(reference::make_inputs(cfg, r, ctx.tokens, o.seed, reference::Routing::random));
   const auto& in = all[size_t(rank)];
 
-  AllToAll a2a(comm, cfg);
-  Buffer counts(DType::i32, {E_local});
-  Buffer expert_x(cfg.in_dtype, {E_local, capacity, H});
-  Buffer expert_x_scale = f8 ? Buffer(DType::f32, {E_local, capacity, S}) : Buffer();
-  const Tensor expert_x_scale_arg = f8 ? expert_x_scale.tensor() : Tensor();
-  Buffer expert_y(expert_y_dtype, {E_local, capacity, H});
-  Buffer y(cfg.out_dtype, {tokens, H});
+  double dispatch_bytes = 0, combine_bytes = 0;
+  {
+    AllToAll a2a(comm, cfg);
+    Buffer counts(DType::i32, {E_local});
+    Buffer expert_x(cfg.in_dtype, {E_local, capacity, H});
+    Buffer expert_x_scale = f8 ? Buffer(DType::f32, {E_local, capacity, S}) : Buffer();
+    const Tensor expert_x_scale_arg = f8 ? expert_x_scale.tensor() : Tensor();
+    const Tensor expert_y = a2a.expert_output_buffer();
+    Buffer y(cfg.out_dtype, {ctx.tokens, H});
+    // pmoe as it is meant to be used: tokens in the op's input buffer, expert outputs in its
+    // expert output buffer, read in place by the peers on this node.
+    const Tensor x(a2a.input_buffer().data(), cfg.in_dtype, {ctx.tokens, H});
+    std::memcpy(x.data(), in.x.data<void>(), in.x.nbytes());
+    Tensor x_scale;
+    if (f8) {
+      x_scale = Tensor(a2a.input_scale_buffer().data(), DType::f32, {ctx.tokens, S});
+      std::memcpy(x_scale.data(), in.x_scale.data<void>(), in.x_scale.nbytes());
+    }
+    auto dispatch = [&](Phase p) {
+      a2a.dispatch(x, x_scale, in.indices, counts, expert_x, expert_x_scale_arg, p);
+    };
+    auto combine = [&](Phase p) { a2a.combine(expert_y, in.indices, in.weights, y, p); };
 
-  auto dispatch = [&] {
-    a2a.dispatch(in.x, in.x_scale_or_empty(), in.indices, counts, expert_x, expert_x_scale_arg);
+    std::memset(expert_x.data<void>(), 0xA5, expert_x.nbytes());
+    if (f8) std::memset(expert_x_scale.data<void>(), 0xA5, expert_x_scale.nbytes());
+    dispatch(Phase::both);
+    std::string error = reference::compare_dispatch(
+        cfg, W, reference::reference_dispatch(cfg, W, rank, all), counts, expert_x,
+        expert_x_scale_arg, 0xA5);
+    reference::run_fake_experts(cfg, W, rank, counts, expert_x, expert_x_scale_arg, expert_y);
+    combine(Phase::both);
+    if (error.empty())
+      error = reference::compare_bytes("y", y, reference::reference_combine(cfg, in, DType::bf16));
+    agree_on_check(comm, "pmoe AllToAll, " + where, error);
+
+    // Tokens arriving here: those of any rank with at least one expert on this rank.
+    int64_t arriving = 0, landed = 0, summed = 0;
+    const int k = cfg.experts_per_token;
+    for (const auto& source : all)
+      for (int t = 0; t < source.m; ++t) {
+        bool here = false;
+        for (int j = 0; j < k; ++j) {
+          const int32_t e = source.indices.data<int32_t>()[t * k + j];
+          here = here || (e >= 0 && e / E_local == rank);
+        }
+        arriving += here;
+      }
+    for (int e = 0; e < E_local; ++e) landed += counts.data<int32_t>()[e];
+    for (int i = 0; i < in.m * k; ++i) summed += in.indices.data<int32_t>()[i] >= 0;
+    const double row = double(H) * dtype_size(cfg.in_dtype) + sizeof(float) * S;
+    dispatch_bytes = rank_mean(comm, double(arriving + landed) * row);
+    combine_bytes = rank_mean(comm, double(summed) * H * 2 + double(in.m) * H * 2);
+
+    const auto both = time_steps(comm, o.warmup, o.iters,
+                                 {[&] { dispatch(Phase::both); }, [&] { combine(Phase::both); }});
+    const auto halves = time_steps(
+        comm, o.warmup, o.iters,
+        {[&] { dispatch(Phase::send); }, [&] { dispatch(Phase::recv); },
+         [&] { combine(Phase::send); }, [&] { combine(Phase::recv); }});
+    const size_t ws = a2a.workspace_bytes();
+    ctx.add("dispatch", both[0], dispatch_bytes, ws);
+    ctx.add("combine", both[1], combine_bytes, ws);
+    ctx.add("dispatch_combine", sum_of(both[0], both[1]), dispatch_bytes + combine_bytes, ws);
+    ctx.add("dispatch_send", halves[0], 0, ws);
+    ctx.add("dispatch_recv", halves[1], 0, ws);
+    ctx.add("combine_send", halves[2], 0, ws);
+    ctx.add("combine_recv", halves[3], 0, ws);
+
+    if (o.staged) {
+      // The same op with the caller's own buffers: every token and expert row is staged once.
+      Buffer own_expert_y(DType::bf16, {E_local, capacity, H});
+      std::memcpy(own_expert_y.data<void>(), expert_y.data(), own_expert_y.nbytes());
+      const auto staged = time_steps(
+          comm, o.warmup, o.iters,
+          {[&] { a2a.dispatch(in.x, in.x_scale_or_empty(), in.indices, counts, expert_x,
+                              expert_x_scale_arg); },
+           [&] { a2a.combine(own_expert_y, in.indices, in.weights, y); }});
+      error = reference::compare_bytes("y", y, reference::reference_combine(cfg, in, DType::bf16));
+      agree_on_check(comm, "pmoe AllToAll with caller buffers, " + where, error);
+      ctx.add("dispatch_staged", staged[0], dispatch_bytes, ws);
+      ctx.add("combine_staged", staged[1], combine_bytes, ws);
+    }
+  }
+
+  // The baselines, one at a time so that their buffers never coexist.
+  const std::pair<const char*, decltype(&make_alltoallv_path)> baselines[] = {
+      {"alltoallv", &make_alltoallv_path}, {"dense_padded", &make_dense_padded_path}};
+  for (const auto& [name, make] : baselines) {
+    auto path = make(comm, cfg, in);
+    path->dispatch();
+    path->run_experts();
+    path->combine();
+    agree_on_check(comm, std::string(name) + ", " + where, path->check(all));
+    const auto t = time_steps(comm, o.warmup, o.iters,
+                              {[&] { path->dispatch(); }, [&] { path->combine(); }});
+    ctx.add(name, sum_of(t[0], t[1]), dispatch_bytes + combine_bytes, 0);
+  }
+}
+
+std::string cell(const json& row) {
+  return format("%.1f", row["mean_us"].get<double>()) + " ± " +
+         format("%.1f", row["std_us"].get<double>());
+}
+
+void print_tables(const Options& o, const json& rows, const std::map<int, double>& copy) {
+  std::printf("\n## pmoe-bench all-to-all: E=%d, top-k=%d, H=%d, %s (combine out bf16)\n\n",
+              o.experts, o.topk, o.hidden, o.dtype.c_str());
+  std::printf("%d timed iterations after %d warm-ups; an iteration's time is the slowest rank's. "
+              "dispatch/combine use the op's in-place buffers; *_staged the caller's own; "
+              "dispatch_combine, alltoallv and dense_padded are round trips.\n",
+              o.iters, o.warmup);
+  std::vector<int> rank_counts, token_counts;
+  std::vector<std::string> ops;
+  for (const auto& r : rows) {
+    auto add_unique = [](auto& v, auto x) { if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x); };
+    add_unique(rank_counts, r["ranks"].get<int>());
+    add_unique(token_counts, r["tokens"].get<int>());
+    add_unique(ops, r["op"].get<std::string>());
+  }
+  for (int tokens : token_counts) {
+    std::printf("\n### %d token%s per rank: mean ± std (µs)\n\n| op |", tokens, tokens == 1 ? "" : "s");
+    for (int W : rank_counts) std::printf(" EP%d |", W);
+    std::printf("\n|---|");
+    for (size_t i = 0; i < rank_counts.size(); ++i) std::printf("---:|");
+    std::printf("\n");
+    for (const auto& op : ops) {
+      std::printf("| %s |", op.c_str());
+      for (int W : rank_counts) {
+        std::string text = "x";
+        for (const auto& r : rows)
+          if (r["op"] == op && r["ranks"] == W && r["tokens"] == tokens) text = cell(r);
+        std::printf(" %s |", text.c_str());
+      }
+      std::printf("\n");
+    }
+  }
+  std::printf("\n### Bandwidth (copy_gbps per rank, all ranks copying at once:");
+  for (const auto& [W, gbps] : copy) std::printf(" EP%d %.2f GB/s;", W, gbps);
+  std::printf(")\n\n");
+  auto fraction = [](const json& r) {
+    return r["copy_fraction"].is_null() ? std::string("") : format("%.2f", r["copy_fraction"].get<double>());
   };
-  auto combine = [&] { a2a.combine(expert_y, in.indices, in.weights, y); };
-
-  // The check: the first call must match the reference exactly, on every rank.
-  std::memset(expert_x.data<void>(), 0xA5, expert_x.nbytes());
-  if (f8) std::memset(expert_x_scale.data<void>(), 0xA5, expert_x_scale.nbytes());
-  dispatch();
-  std::string error = reference::compare_dispatch(
-      cfg, W, reference::reference_dispatch(cfg, W, rank, all), counts, expert_x,
-      expert_x_scale_arg, 0xA5);
-  reference::run_fake_experts(cfg, W, rank, counts, expert_x, expert_x_scale_arg, expert_y);
-  combine();
-  if (error.empty())
-    error = reference::compare_bytes("combine y", y,
-                                     reference::reference_combine(cfg, in, expert_y_dtype));
-  char failed = error.empty() ? 0 : 1;
-  const auto votes = comm.all_gather(std::as_bytes(std::span(&failed, 1)));
-  for (int r = 0; r < W; ++r)
-    PMOE_CHECK(votes[size_t(r)] == std::byte{0}, "check failed for ranks=", W, " tokens=", tokens,
-               (r == rank ? ": " + error : " on rank " + std::to_string(r)));
-
-  const auto times = time_steps(comm, o.warmup, o.iters, {dispatch, combine});
-
-  // Bytes delivered, averaged over ranks.
-  int64_t received = 0;
-  for (int e = 0; e < E_local; ++e) received += counts.data<int32_t>()[e];
-  const auto all_received = comm.all_gather(std::as_bytes(std::span(&received, 1)));
-  double rows_per_rank = 0;
-  for (int r = 0; r < W; ++r)
-    rows_per_rank += double(reinterpret_cast<const int64_t*>(all_received.data())[r]) / W;
-  const double dispatch_bytes =
-      rows_per_rank * (double(H) * dtype_size(cfg.in_dtype) + sizeof(float) * S);
-  const double combine_bytes = rows_per_rank * double(H) * dtype_size(expert_y_dtype);
-
-  const Stats d = summarize(times[0]), c = summarize(times[1]);
-  rows.push_back({"dispatch", W, tokens, d, dispatch_bytes / (d.mean * 1e3), a2a.workspace_bytes()});
-  rows.push_back({"combine", W, tokens, c, combine_bytes / (c.mean * 1e3), a2a.workspace_bytes()});
+  auto gbps = [](const json& r) {
+    return r["gbps"].is_null() ? std::string("") : format("%.2f", r["gbps"].get<double>());
+  };
+  auto workspace = [](const json& r) {
+    return r["workspace_bytes"].is_null()
+               ? std::string("")
+               : format("%.1f", r["workspace_bytes"].get<double>() / double(1 << 20));
+  };
+  print_markdown({column("op", "op"), column("ranks", "ranks"), column("tokens", "tokens"),
+                  {"mean ± std (µs)", cell}, {"GB/s", gbps}, {"of copy bw", fraction},
+                  {"workspace/rank (MiB)", workspace}},
+                 rows);
 }
 
-void print_table(const Options& o, const std::vector<Row>& rows) {
-  std::printf("\nAllToAll, E=%d top-k=%d H=%d %s, %d iterations after %d warm-ups; "
-              "time = slowest rank per iteration\n\n",
-              o.experts, o.topk, o.hidden, o.dtype.c_str(), o.iters, o.warmup);
-  std::printf("| op | ranks | tokens/rank | mean ± std (µs) | min (µs) | median (µs) | GB/s | "
-              "workspace/rank (MiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (const Row& r : rows)
-    std::printf("| %s | %d | %d | %.1f ± %.1f | %.1f | %.1f | %.2f | %.1f |\n", r.op.c_str(),
-                r.ranks, r.tokens, r.us.mean, r.us.std, r.us.min, r.us.median, r.gbps,
-                double(r.workspace_bytes) / (1 << 20));
-}
-
-void write_json(const Options& o, const std::vector<Row>& rows) {
-  nlohmann::json out;
-  out["machine"] = machine_info();
-  out["commit"] = git_commit();
-  out["config"] = {{"experts", o.experts}, {"topk", o.topk}, {"hidden", o.hidden},
-                   {"dtype", o.dtype},     {"iters", o.iters}, {"warmup", o.warmup}};
-  out["rows"] = nlohmann::json::array();
-  for (const Row& r : rows)
-    out["rows"].push_back({{"op", r.op}, {"ranks", r.ranks}, {"tokens", r.tokens},
-                           {"mean_us", r.us.mean}, {"std_us", r.us.std}, {"min_us", r.us.min},
-                           {"median_us", r.us.median}, {"max_us", r.us.max}, {"gbps", r.gbps},
-                           {"workspace_bytes", r.workspace_bytes}});
-  std::ofstream(o.json_path) << out.dump(2) << "\n";
+// The targets, where the run has their configuration (2 ranks, 128 tokens).
+void print_targets(const json& rows) {
+  auto find = [&](const char* op) -> const json* {
+    for (const auto& r : rows)
+      if (r["op"] == op && r["ranks"] == 2 && r["tokens"] == 128) return &r;
+    return nullptr;
+  };
+  const json *d = find("dispatch"), *c = find("combine"), *dc = find("dispatch_combine"),
+             *v = find("alltoallv"), *p = find("dense_padded");
+  if (!d || !c || !dc || !v || !p) return;
+  const double mean = (*dc)["mean_us"].get<double>();
+  auto line = [](const char* what, double value, double goal) {
+    std::printf("- %s: %.2f (target >= %.2f): %s\n", what, value, goal, value >= goal ? "met" : "NOT met");
+  };
+  std::printf("\n### Targets at 2 ranks, 128 tokens\n\n");
+  line("alltoallv time / pmoe dispatch+combine time", (*v)["mean_us"].get<double>() / mean, 2.0);
+  line("dense_padded time / pmoe dispatch+combine time", (*p)["mean_us"].get<double>() / mean, 5.0);
+  line("dispatch, fraction of the copy bound", (*d)["copy_fraction"].get<double>(), 0.6);
+  line("combine, fraction of the copy bound", (*c)["copy_fraction"].get<double>(), 0.6);
 }
 
 void run(const Options& o) {
@@ -153,42 +322,66 @@ void run(const Options& o) {
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     rank_counts = {world};
   }
-  std::vector<Row> rows;
+  const std::vector<int> token_counts = parse_int_list(o.tokens, "--tokens");
+  for (int tokens : token_counts) config_for(o, tokens);  // reject bad options before any work
+  json rows = json::array();
+  std::map<int, double> copy;
   for (int W : rank_counts) {
-    for (int tokens : parse_int_list(o.tokens, "--tokens")) {
-      std::mutex mutex;
-      run_on_ranks(launched_by_mpi() ? 0 : W, [&](Communicator& comm) {
-        std::vector<Row> mine;
-        run_config(comm, o, tokens, mine);
+    std::mutex mutex;
+    run_on_ranks(launched_by_mpi() ? 0 : W, [&](Communicator& comm) {
+      const double copy_gbps = measure_copy_gbps(comm, o);
+      for (int tokens : token_counts) {
+        Context ctx{o, comm.size(), tokens, copy_gbps};
+        run_config(comm, ctx);
         if (comm.rank() == 0) {
           std::lock_guard lock(mutex);
-          rows.insert(rows.end(), mine.begin(), mine.end());
+          for (auto& r : ctx.rows) rows.push_back(r);
+          copy[comm.size()] = copy_gbps;
         }
-      });
-    }
+      }
+    });
   }
   if (!is_printing_rank()) return;
-  print_table(o, rows);
-  if (!o.json_path.empty()) write_json(o, rows);
+  print_tables(o, rows, copy);
+  print_targets(rows);
+  json copy_json = json::object();
+  for (const auto& [W, gbps] : copy) copy_json[std::to_string(W)] = gbps;
+  const json config = {{"experts", o.experts}, {"topk", o.topk}, {"hidden", o.hidden},
+                       {"dtype", o.dtype},     {"out_dtype", "bf16"}, {"iters", o.iters},
+                       {"warmup", o.warmup},   {"seed", o.seed},  {"copy_bytes", kCopyBytes}};
+  if (!o.json_path.empty()) write_json(o.json_path, config, rows, {{"copy_gbps", copy_json}});
+  if (!o.csv_path.empty()) write_csv(o.csv_path, rows);
+  if (!o.plot_path.empty()) {
+    json last = json::array();  // the largest token count, over the rank counts
+    for (const auto& r : rows)
+      if (r["tokens"] == token_counts.back()) last.push_back(r);
+    plot_sweep(o.plot_path, last, "ranks", "mean_us", "op",
+               detail::cat("all-to-all, ", token_counts.back(), " tokens/rank, ", o.dtype));
+  }
 }
 
 }  // namespace
 
 void add_all_to_all_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("all-to-all", "dispatch/combine latency (seed 002's table)");
-  cmd->add_option("--ranks", o->ranks, "rank counts, comma-separated (threads)")
+  CLI::App* cmd = app.add_subcommand(
+      "all-to-all", "dispatch/combine latency against all-to-all baselines (seed 002's table)");
+  cmd->add_option("--ranks", o->ranks, "rank counts, comma-separated (threads; under mpirun the "
+                                       "MPI processes)")
       ->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "tokens per rank, comma-separated")->capture_default_str();
   cmd->add_option("--experts", o->experts, "number of experts")->capture_default_str();
   cmd->add_option("--topk", o->topk, "experts per token")->capture_default_str();
   cmd->add_option("--hidden", o->hidden, "hidden dimension")->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "dispatch payload: bf16, f16, f32 or f8e4m3")
+  cmd->add_option("--dtype", o->dtype, "dispatch payload: bf16 or f8e4m3 (128-element scales)")
       ->capture_default_str();
   cmd->add_option("--iters", o->iters, "timed iterations")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed warm-up iterations")->capture_default_str();
   cmd->add_option("--seed", o->seed, "routing and data seed")->capture_default_str();
+  cmd->add_flag("!--no-staged", o->staged, "skip the rows with the caller's own buffers");
   cmd->add_option("--json", o->json_path, "write the results as JSON to this file");
+  cmd->add_option("--csv", o->csv_path, "write the rows as CSV to this file");
+  cmd->add_option("--plot", o->plot_path, "draw time over ranks per op to this PNG");
   cmd->callback([o] { run(*o); });
 }
 
