@@ -55,6 +55,14 @@ void check_indices(const char* op, const Tensor& indices, int num_experts) {
   }
 }
 
+// "AllToAll::dispatch(send)", "AllToAll::combine", ...: how errors name the call.
+const char* op_name(bool dispatch, Phase phase) {
+  static const char* names[2][3] = {
+      {"AllToAll::combine(send)", "AllToAll::combine(recv)", "AllToAll::combine"},
+      {"AllToAll::dispatch(send)", "AllToAll::dispatch(recv)", "AllToAll::dispatch"}};
+  return names[dispatch][int(phase)];
+}
+
 const char* step_name(int step) {
   static const char* names[] = {"dispatch(send)", "dispatch(recv)", "combine(send)",
                                 "combine(recv)"};
@@ -145,9 +153,7 @@ void AllToAll::run_step(Step step, const char* op, const std::function<void()>& 
 void AllToAll::dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& indices,
                         const Tensor& expert_num_tokens, const Tensor& expert_x,
                         const Tensor& expert_x_scale, Phase phase) {
-  const char* op = phase == Phase::recv ? "AllToAll::dispatch(recv)"
-                   : phase == Phase::send ? "AllToAll::dispatch(send)"
-                                          : "AllToAll::dispatch";
+  const char* op = op_name(true, phase);
   enter(phase == Phase::recv ? Step::dispatch_recv : Step::dispatch_send, op);
   const int64_t H = config_.hidden_dim, k = config_.experts_per_token;
   const int64_t rows = int64_t(world_size_) * config_.max_num_tokens;
@@ -185,9 +191,7 @@ void AllToAll::dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& in
 
 void AllToAll::combine(const Tensor& expert_y, const Tensor& indices, const Tensor& weights,
                        const Tensor& y, Phase phase) {
-  const char* op = phase == Phase::recv ? "AllToAll::combine(recv)"
-                   : phase == Phase::send ? "AllToAll::combine(send)"
-                                          : "AllToAll::combine";
+  const char* op = op_name(false, phase);
   enter(phase == Phase::recv ? Step::combine_recv : Step::combine_send, op);
   const int64_t H = config_.hidden_dim, k = config_.experts_per_token;
   const int64_t rows = int64_t(world_size_) * config_.max_num_tokens;

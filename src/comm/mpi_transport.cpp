@@ -34,7 +34,11 @@ void MpiTransport::add_region(uint64_t serial, std::byte* base, uint64_t* signal
 
 void MpiTransport::remove_region(uint64_t serial) { regions_.erase(serial); }
 
-void MpiTransport::complete(std::vector<MPI_Request>& requests, int peer, const char* what) {
+// Completes `requests` within the timeout; `poll_side` runs between tests, and a timeout throws
+// "MPI transport on rank R: <late>".
+template <typename PollSide>
+void MpiTransport::wait_all(std::vector<MPI_Request>& requests, PollSide&& poll_side,
+                            const std::string& late) {
   wait_until(
       timeout_s_,
       [&] {
@@ -42,11 +46,14 @@ void MpiTransport::complete(std::vector<MPI_Request>& requests, int peer, const 
         MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
         return done != 0;
       },
-      [&] { progress(); },
+      poll_side,
       [&] {
-        throw Error(cat("MPI transport on rank ", rank_, ": rank ", peer, " did not take ", what,
-                        " within ", timeout_s_, " s"));
+        throw Error(cat("MPI transport on rank ", rank_, ": ", late, " within ", timeout_s_, " s"));
       });
+}
+
+void MpiTransport::complete(std::vector<MPI_Request>& requests, int peer, const char* what) {
+  wait_all(requests, [&] { progress(); }, cat("rank ", peer, " did not take ", what));
 }
 
 void MpiTransport::send(int peer, const Header& header, const void* payload) {
@@ -101,18 +108,8 @@ void MpiTransport::progress() {
     }
     // The payload was sent right behind its header; wait for it without polling further
     // headers (that would recurse), but with the same deadline.
-    wait_until(
-        timeout_s_,
-        [&] {
-          int done = 0;
-          MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
-          return done != 0;
-        },
-        [] {},
-        [&] {
-          throw Error(cat("MPI transport on rank ", rank_, ": the payload of a put from rank ",
-                          status.MPI_SOURCE, " did not arrive within ", timeout_s_, " s"));
-        });
+    wait_all(requests, [] {},
+             cat("the payload of a put from rank ", status.MPI_SOURCE, " did not arrive"));
   }
 }
 

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 namespace pmoe::detail {
@@ -45,6 +46,8 @@ class MpiTransport {
   };
   void send(int peer, const Header& header, const void* payload);
   void complete(std::vector<MPI_Request>& requests, int peer, const char* what);
+  template <typename PollSide>
+  void wait_all(std::vector<MPI_Request>& requests, PollSide&& poll_side, const std::string& late);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_;
