@@ -1,0 +1,122 @@
+// AllToAll: dispatch and combine on any DLPack arrays.
+#include <nanobind/stl/string.h>
+
+#include "bindings.hpp"
+#include "pmoe/all_to_all.hpp"
+#include "pmoe/error.hpp"
+#include "tensor_interop.hpp"
+
+namespace pmoe::python {
+
+namespace nb = nanobind;
+
+namespace {
+
+Phase parse_phase(const std::string& phase) {
+  if (phase == "both") return Phase::both;
+  if (phase == "send") return Phase::send;
+  if (phase == "recv") return Phase::recv;
+  throw Error("phase must be 'both', 'send' or 'recv', got '" + phase + "'");
+}
+
+}  // namespace
+
+void bind_all_to_all(nb::module_& m) {
+  nb::class_<AllToAll>(m, "AllToAll", R"(Expert-parallel dispatch and combine.
+
+W ranks, E experts, E_local = E / W; rank r owns experts [r * E_local, (r + 1) * E_local).
+Received rows of each expert are ordered by (source rank, source token): results are
+bit-identical run after run. Every call validates its arguments before sending anything.)")
+      .def(
+          "__init__",
+          [](AllToAll* self, Communicator& comm, int max_num_tokens, int num_experts,
+             int experts_per_token, int hidden_dim, const std::string& in_dtype, int scale_block,
+             const std::string& out_dtype, bool in_place_buffers) {
+            AllToAllConfig c;
+            c.max_num_tokens = max_num_tokens;
+            c.num_experts = num_experts;
+            c.experts_per_token = experts_per_token;
+            c.hidden_dim = hidden_dim;
+            c.in_dtype = parse_dtype(in_dtype);
+            c.scale_block = scale_block;
+            c.out_dtype = parse_dtype(out_dtype);
+            c.in_place_buffers = in_place_buffers;
+            nb::gil_scoped_release release;  // collective: peers are constructing too
+            new (self) AllToAll(comm, c);
+          },
+          nb::arg("comm"), nb::kw_only(), nb::arg("max_num_tokens"), nb::arg("num_experts"),
+          nb::arg("experts_per_token"), nb::arg("hidden_dim"), nb::arg("in_dtype") = "bf16",
+          nb::arg("scale_block") = 0, nb::arg("out_dtype") = "bf16",
+          nb::arg("in_place_buffers") = false, nb::keep_alive<1, 2>(),
+          "Collective over comm. in_dtype: f32, bf16, f16 or f8e4m3 (then scale_block > 0 "
+          "elements per f32 scale); out_dtype: f32, bf16 or f16.")
+      .def(
+          "dispatch",
+          [](AllToAll& self, nb::ndarray<> x, nb::ndarray<> indices,
+             nb::ndarray<> expert_num_tokens, nb::ndarray<> expert_x, nb::handle x_scale,
+             nb::handle expert_x_scale, const std::string& phase) {
+            const Tensor tx = to_tensor(x, "x"), ti = to_tensor(indices, "indices"),
+                         tn = to_tensor(expert_num_tokens, "expert_num_tokens"),
+                         te = to_tensor(expert_x, "expert_x"),
+                         ts = to_tensor_or_empty(x_scale, "x_scale"),
+                         tes = to_tensor_or_empty(expert_x_scale, "expert_x_scale");
+            const Phase p = parse_phase(phase);
+            nb::gil_scoped_release release;
+            self.dispatch(tx, ts, ti, tn, te, tes, p);
+          },
+          nb::arg("x"), nb::arg("indices"), nb::arg("expert_num_tokens"), nb::arg("expert_x"),
+          nb::arg("x_scale") = nb::none(), nb::arg("expert_x_scale") = nb::none(),
+          nb::arg("phase") = "both",
+          R"(Sends every token to the ranks owning its experts.
+
+x                 [m, H] in_dtype, m <= max_num_tokens
+indices           [m, k] int32, experts in [0, E) or -1 (slot skipped), distinct per row
+expert_num_tokens [E_local] int32, out: rows received per local expert
+expert_x          [E_local, W * max_num_tokens, H] in_dtype, out
+x_scale           [m, H / scale_block] float32, f8e4m3 only
+expert_x_scale    [E_local, W * max_num_tokens, H / scale_block] float32, f8e4m3 only
+phase             'both', or 'send' then 'recv' with other work in between)")
+      .def(
+          "combine",
+          [](AllToAll& self, nb::ndarray<> expert_y, nb::ndarray<> indices, nb::ndarray<> weights,
+             nb::ndarray<> y, const std::string& phase) {
+            const Tensor te = to_tensor(expert_y, "expert_y"), ti = to_tensor(indices, "indices"),
+                         tw = to_tensor(weights, "weights"), ty = to_tensor(y, "y");
+            const Phase p = parse_phase(phase);
+            nb::gil_scoped_release release;
+            self.combine(te, ti, tw, ty, p);
+          },
+          nb::arg("expert_y"), nb::arg("indices"), nb::arg("weights"), nb::arg("y"),
+          nb::arg("phase") = "both",
+          R"(Brings expert outputs back and sums them with the router weights.
+
+expert_y [E_local, W * max_num_tokens, H] float32, bfloat16 or float16, rows in dispatch order
+indices  [m, k] int32, the same as given to dispatch
+weights  [m, k] float32
+y        [m, H] out_dtype, out: y[t] = sum_j weights[t, j] * expert_y[row of (t, j)], in f32,
+         in j order, skipping -1 slots)")
+      .def("workspace_bytes", &AllToAll::workspace_bytes,
+           "Bytes this op allocated per rank.")
+      .def(
+          "input_buffer",
+          [](nb::handle self) {
+            return to_numpy(nb::cast<AllToAll&>(self).input_buffer(), self);
+          },
+          "The op's in-place token buffer [max_num_tokens, H] (in_place_buffers=True).")
+      .def(
+          "input_scale_buffer",
+          [](nb::handle self) {
+            return to_numpy(nb::cast<AllToAll&>(self).input_scale_buffer(), self);
+          },
+          "The op's in-place scale buffer [max_num_tokens, H / scale_block] (f8e4m3).")
+      .def(
+          "expert_output_buffer",
+          [](nb::handle self) {
+            return to_numpy(nb::cast<AllToAll&>(self).expert_output_buffer(), self);
+          },
+          "The op's in-place expert output buffer [E_local, W * max_num_tokens, H] out_dtype.")
+      .def_prop_ro("num_local_experts", &AllToAll::num_local_experts)
+      .def_prop_ro("world_size", &AllToAll::world_size);
+}
+
+}  // namespace pmoe::python

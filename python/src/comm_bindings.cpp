@@ -1,0 +1,72 @@
+// Communicators: thread ranks through run_ranks(n, fn), MPI processes through mpi_world().
+#include <mpi.h>
+
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/unique_ptr.h>
+
+#include "bindings.hpp"
+#include "pmoe/comm.hpp"
+#include "pmoe/error.hpp"
+#include "pmoe/mpi_communicator.hpp"
+
+namespace pmoe::python {
+
+namespace nb = nanobind;
+
+namespace {
+
+// MPI is started on first use and stopped when the interpreter exits.
+void ensure_mpi() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return;
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }));
+}
+
+}  // namespace
+
+void bind_comm(nb::module_& m) {
+  nb::class_<Communicator>(m, "Communicator",
+                           "One rank's view of a group of ranks (threads or MPI processes).")
+      .def_prop_ro("rank", &Communicator::rank, "this rank, in [0, size)")
+      .def_prop_ro("size", &Communicator::size, "the number of ranks")
+      .def("barrier", &Communicator::barrier, nb::call_guard<nb::gil_scoped_release>(),
+           "Returns once every rank has called it; raises pmoe.Error on timeout.");
+
+  nb::class_<MpiCommunicator, Communicator>(m, "MpiCommunicator");
+
+  m.def(
+      "mpi_world",
+      [] {
+        ensure_mpi();
+        return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+      },
+      "A communicator over all MPI processes (run the script under mpirun). Starts MPI if "
+      "needed and stops it at exit.");
+
+  m.def(
+      "run_ranks",
+      [](int n, nb::callable fn) {
+        nb::gil_scoped_release release;  // the rank threads need the GIL to run fn
+        run_ranks(n, [&](Communicator& comm) {
+          nb::gil_scoped_acquire acquire;
+          try {
+            fn(nb::cast(&comm, nb::rv_policy::reference));
+          } catch (nb::python_error& e) {
+            throw Error(e.what());  // carries the Python traceback as text
+          }
+        });
+      },
+      nb::arg("n"), nb::arg("fn"),
+      "Runs fn(comm) on n ranks, each a thread of this process, and returns when all have "
+      "returned. If a rank raises, the others stop waiting at once and the first error is "
+      "raised here as pmoe.Error. `comm` is valid only during fn.");
+}
+
+}  // namespace pmoe::python

@@ -1,0 +1,75 @@
+#include "tensor_interop.hpp"
+
+#include <array>
+
+#include "pmoe/error.hpp"
+
+namespace pmoe::python {
+namespace {
+
+DType to_dtype(nb::dlpack::dtype t, const char* name) {
+  using Code = nb::dlpack::dtype_code;
+  const auto code = Code(t.code);
+  PMOE_CHECK(t.lanes == 1, "`", name, "`: vector dtypes are not supported");
+  if (code == Code::Float && t.bits == 32) return DType::f32;
+  if (code == Code::Float && t.bits == 16) return DType::f16;
+  if (code == Code::Bfloat && t.bits == 16) return DType::bf16;
+  if (code == Code::Float8_E4M3FN && t.bits == 8) return DType::f8e4m3;
+  if (code == Code::Int && t.bits == 32) return DType::i32;
+  if (code == Code::UInt && t.bits == 16) return DType::bf16;   // bf16 bits (NumPy)
+  if (code == Code::UInt && t.bits == 8) return DType::f8e4m3;  // f8e4m3 bits (NumPy)
+  throw Error(detail::cat("`", name, "`: unsupported array dtype (code ", int(t.code), ", ",
+                          int(t.bits), " bits); use float32, float16, bfloat16 (or uint16 bits), ",
+                          "float8_e4m3fn (or uint8 bits) or int32"));
+}
+
+Device to_device(int type, int id, const char* name) {
+  if (type == nb::device::cpu::value) return Device::cpu();
+  if (type == nb::device::cuda::value) return Device::cuda(id);
+  throw Error(detail::cat("`", name, "`: arrays on DLPack device type ", type,
+                          " are not supported; use CPU or CUDA arrays"));
+}
+
+}  // namespace
+
+Tensor to_tensor(const nb::ndarray<>& array, const char* name) {
+  const int ndim = int(array.ndim());
+  PMOE_CHECK(ndim <= Tensor::kMaxDims, "`", name, "`: at most ", Tensor::kMaxDims,
+             " dimensions, got ", ndim);
+  std::array<int64_t, Tensor::kMaxDims> shape{}, strides{};
+  for (int d = 0; d < ndim; ++d) {
+    shape[size_t(d)] = int64_t(array.shape(size_t(d)));
+    strides[size_t(d)] = array.stride(size_t(d));
+  }
+  return Tensor(const_cast<void*>(array.data()), to_dtype(array.dtype(), name), ndim,
+                shape.data(), strides.data(),
+                to_device(array.device_type(), array.device_id(), name));
+}
+
+Tensor to_tensor_or_empty(const nb::handle& maybe_array, const char* name) {
+  if (maybe_array.is_none()) return Tensor();
+  return to_tensor(nb::cast<nb::ndarray<>>(maybe_array), name);
+}
+
+nb::object to_numpy(const Tensor& t, nb::handle owner) {
+  PMOE_CHECK(t.device() == Device::cpu(), "only CPU buffers can be viewed from NumPy");
+  std::array<size_t, Tensor::kMaxDims> shape{};
+  std::array<int64_t, Tensor::kMaxDims> strides{};
+  for (int d = 0; d < t.dim(); ++d) {
+    shape[size_t(d)] = size_t(t.size(d));
+    strides[size_t(d)] = t.stride(d);
+  }
+  nb::dlpack::dtype dtype;
+  switch (t.dtype()) {
+    case DType::f32: dtype = nb::dtype<float>(); break;
+    case DType::f16: dtype = {uint8_t(nb::dlpack::dtype_code::Float), 16, 1}; break;
+    case DType::bf16: dtype = nb::dtype<uint16_t>(); break;
+    case DType::f8e4m3: dtype = nb::dtype<uint8_t>(); break;
+    case DType::i32: dtype = nb::dtype<int32_t>(); break;
+  }
+  nb::ndarray<nb::numpy> view(t.data(), size_t(t.dim()), shape.data(), owner, strides.data(),
+                              dtype);
+  return nb::cast(view, nb::rv_policy::reference);
+}
+
+}  // namespace pmoe::python

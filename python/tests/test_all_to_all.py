@@ -1,0 +1,159 @@
+"""pmoe.AllToAll on NumPy arrays with thread ranks, against the NumPy reference in reference.py."""
+import threading
+
+import numpy as np
+import pytest
+
+import pmoe
+from reference import (NUMPY_DTYPE, expected_combine, expected_dispatch, expert_fn, from_f32,
+                       make_inputs, to_f32)
+
+
+def run_case(world_size, *, in_dtype="f32", out_dtype="f32", max_tokens=6, experts_per_rank=2,
+             top_k=3, hidden=24, calls=2, drop=0.0, zero_on_odd=False, split=False,
+             in_place=False):
+    """Runs `calls` dispatch + combine calls on thread ranks; every rank checks its outputs."""
+    num_experts = experts_per_rank * world_size
+    top_k = min(top_k, num_experts)
+    errors = []
+
+    def rank_main(comm):
+        a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=num_experts,
+                            experts_per_token=top_k, hidden_dim=hidden, in_dtype=in_dtype,
+                            out_dtype=out_dtype, in_place_buffers=in_place)
+        local, rows = a2a.num_local_experts, world_size * max_tokens
+        counts = np.zeros(local, dtype=np.int32)
+        expert_x = np.zeros((local, rows, hidden), dtype=NUMPY_DTYPE[in_dtype])
+        expert_y_dtype = out_dtype if in_place else in_dtype
+        expert_y = (a2a.expert_output_buffer() if in_place
+                    else np.zeros((local, rows, hidden), dtype=NUMPY_DTYPE[expert_y_dtype]))
+        for call in range(calls):
+            def tokens(r):
+                return 0 if zero_on_odd and r % 2 else max_tokens - (r + call) % 3
+            inputs = [make_inputs(r, tokens(r), num_experts, top_k, hidden, in_dtype,
+                                  seed=100 + call, drop=drop) for r in range(world_size)]
+            x, indices, weights = inputs[comm.rank]
+            if in_place:
+                a2a.input_buffer()[:len(x)] = x
+                x = a2a.input_buffer()[:len(x)]
+            y = np.zeros((len(x), hidden), dtype=NUMPY_DTYPE[out_dtype])
+
+            phases = ["send", "recv"] if split else ["both"]
+            for phase in phases:
+                a2a.dispatch(x, indices, counts, expert_x, phase=phase)
+            want = expected_dispatch(inputs, comm.rank, world_size, num_experts)
+            for e in range(local):
+                assert counts[e] == len(want[e]), f"rank {comm.rank} expert {e}"
+                if want[e]:
+                    np.testing.assert_array_equal(expert_x[e, :counts[e]], np.stack(want[e]))
+                    expert = comm.rank * local + e
+                    expert_y[e, :counts[e]] = from_f32(
+                        expert_fn(to_f32(expert_x[e, :counts[e]], in_dtype), expert),
+                        expert_y_dtype)
+            for phase in phases:
+                a2a.combine(expert_y, indices, weights, y, phase=phase)
+            np.testing.assert_array_equal(
+                y, expected_combine(inputs[comm.rank][0], indices, weights, in_dtype,
+                                    expert_y_dtype, out_dtype))
+
+    def guarded(comm):
+        try:
+            rank_main(comm)
+        except AssertionError as e:  # keep going: peers must not wait for this rank
+            errors.append(f"rank {comm.rank}: {e}")
+            raise
+
+    pmoe.run_ranks(world_size, guarded)
+    assert not errors
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.parametrize("dtypes", [("f32", "f32"), ("f16", "f32"), ("bf16", "bf16")])
+def test_matches_numpy_reference(world_size, dtypes):
+    run_case(world_size, in_dtype=dtypes[0], out_dtype=dtypes[1])
+
+
+def test_no_tokens_on_odd_ranks_and_dropped_slots():
+    run_case(4, zero_on_odd=True, drop=0.3, calls=3)
+
+
+def test_top_k_equals_experts():
+    run_case(2, experts_per_rank=2, top_k=4)
+
+
+def test_split_phases():
+    run_case(2, split=True, calls=3)
+
+
+def test_in_place_buffers():
+    run_case(2, in_dtype="bf16", out_dtype="bf16", in_place=True, calls=3)
+
+
+def test_ranks_run_in_parallel_with_the_gil_released():
+    # Rank 0 waits in dispatch for rank 1, which can only call dispatch if the GIL is free.
+    seen = set()
+    def rank_main(comm):
+        seen.add(threading.get_ident())
+        run = pmoe.AllToAll(comm, max_num_tokens=2, num_experts=2, experts_per_token=1,
+                            hidden_dim=8, in_dtype="f32", out_dtype="f32")
+        x, indices = np.ones((2, 8), np.float32), np.full((2, 1), 1 - comm.rank, np.int32)
+        counts, expert_x = np.zeros(1, np.int32), np.zeros((1, 4, 8), np.float32)
+        run.dispatch(x, indices, counts, expert_x)
+        assert counts[0] == 2
+    pmoe.run_ranks(2, rank_main)
+    assert len(seen) == 2
+
+
+def small_op(comm, **overrides):
+    args = dict(max_num_tokens=4, num_experts=4, experts_per_token=2, hidden_dim=8,
+                in_dtype="f32", out_dtype="f32")
+    args.update(overrides)
+    return pmoe.AllToAll(comm, **args)
+
+
+def expect_error(fn, message):
+    def rank_main(comm):
+        with pytest.raises(pmoe.Error, match=message):
+            fn(comm)
+    pmoe.run_ranks(1, rank_main)
+
+
+def test_bad_config_raises_with_message():
+    expect_error(lambda comm: small_op(comm, experts_per_token=5),
+                 r"experts_per_token must be in \[1, num_experts = 4\], got 5")
+    expect_error(lambda comm: small_op(comm, in_dtype="f64"), "unknown dtype 'f64'")
+
+
+def test_bad_arrays_raise_with_message():
+    def wrong_dtype(comm):
+        op = small_op(comm)
+        op.dispatch(np.zeros((2, 8), np.float16), np.zeros((2, 2), np.int32),
+                    np.zeros(4, np.int32), np.zeros((4, 4, 8), np.float32))
+    expect_error(wrong_dtype, "`x` must be f32, got f16")
+
+    def bad_index(comm):
+        op = small_op(comm)
+        op.dispatch(np.zeros((2, 8), np.float32), np.array([[0, 1], [2, 7]], np.int32),
+                    np.zeros(4, np.int32), np.zeros((4, 4, 8), np.float32))
+    expect_error(bad_index, r"indices\[1, 1\] = 7 is outside \[-1, 4\)")
+
+    def unsupported(comm):
+        op = small_op(comm)
+        op.dispatch(np.zeros((2, 8), np.float64), np.zeros((2, 2), np.int32),
+                    np.zeros(4, np.int32), np.zeros((4, 4, 8), np.float32))
+    expect_error(unsupported, "`x`: unsupported array dtype")
+
+    expect_error(lambda comm: small_op(comm).dispatch(
+        np.zeros((2, 8), np.float32), np.zeros((2, 2), np.int32), np.zeros(4, np.int32),
+        np.zeros((4, 4, 8), np.float32), phase="later"), "phase must be 'both', 'send' or 'recv'")
+
+
+def test_error_on_one_rank_reaches_the_caller():
+    def rank_main(comm):
+        if comm.rank == 1:
+            raise ValueError("rank 1 gives up")
+        comm.barrier()
+    with pytest.raises(pmoe.Error, match="rank 1 gives up"):
+        pmoe.run_ranks(3, rank_main)
+
+
