@@ -28,6 +28,11 @@ TEST(Tensor, StridedViewIsNotContiguous) {
   EXPECT_FALSE(t.is_contiguous());
 }
 
+TEST(Tensor, ZeroRowsAreContiguousWhateverTheStrides) {
+  const int64_t shape[] = {0, 8}, strides[] = {0, 0};  // what some frameworks report for m = 0
+  EXPECT_TRUE(Tensor(nullptr, DType::f32, 2, shape, strides).is_contiguous());
+}
+
 TEST(Tensor, EmptyTensorStandsForAbsentArgument) {
   Tensor t;
   EXPECT_TRUE(t.empty());

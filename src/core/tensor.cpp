@@ -46,6 +46,7 @@ int64_t Tensor::numel() const {
 }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0 && ndim_ > 0) return true;  // no element to be out of place (any strides)
   int64_t expected = 1;
   for (int d = ndim_ - 1; d >= 0; --d) {
     if (shape_[d] != 1 && strides_[d] != expected) return false;
