@@ -12,7 +12,7 @@ debian_packages=(
   libcli11-dev
   nlohmann-json3-dev
 )
-python_packages=(matplotlib)  # pmoe-bench --plot; more arrive with the Python module
+python_packages=(numpy pytest nanobind matplotlib)  # the Python module, its tests, --plot
 
 missing=()
 for pkg in "${debian_packages[@]}"; do
