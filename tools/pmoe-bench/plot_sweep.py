@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Draws one pmoe-bench sweep: y over x, one line per series. Called by pmoe-bench --plot.
 
-usage: plot_sweep.py ROWS.csv OUT.png X_KEY Y_KEY SERIES_KEY TITLE   (SERIES_KEY may be "")
+usage: plot_sweep.py ROWS.csv OUT.png X_KEY Y_KEY SERIES_KEY TITLE [log]
+SERIES_KEY may be ""; "log" draws y on a log scale (for series that differ by orders of magnitude).
 """
 import csv
 import sys
@@ -12,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main(csv_path, png_path, x_key, y_key, series_key, title):
+def main(csv_path, png_path, x_key, y_key, series_key, title, scale="linear"):
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
     series = {}
@@ -23,6 +24,8 @@ def main(csv_path, png_path, x_key, y_key, series_key, title):
     for name, points in series.items():
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    if scale == "log":
+        ax.set_yscale("log")
     ax.set_xlabel(x_key)
     ax.set_ylabel(y_key)
     ax.set_title(title)
@@ -34,6 +37,6 @@ def main(csv_path, png_path, x_key, y_key, series_key, title):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 7:
+    if len(sys.argv) not in (7, 8):
         sys.exit(__doc__)
     main(*sys.argv[1:])

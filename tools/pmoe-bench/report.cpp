@@ -82,7 +82,8 @@ void write_json(const std::string& path, const nlohmann::json& config, const nlo
 }
 
 void plot_sweep(const std::string& png_path, const nlohmann::json& rows, const std::string& x_key,
-                const std::string& y_key, const std::string& series_key, const std::string& title) {
+                const std::string& y_key, const std::string& series_key, const std::string& title,
+                bool log_y) {
   char csv_path[] = "/tmp/pmoe-plot-XXXXXX";
   const int fd = mkstemp(csv_path);
   PMOE_CHECK(fd >= 0, "plot: cannot create a temporary file");
@@ -91,7 +92,7 @@ void plot_sweep(const std::string& png_path, const nlohmann::json& rows, const s
   const std::string command = std::string("python3 '") + PMOE_SOURCE_DIR +
                               "/tools/pmoe-bench/plot_sweep.py' '" + csv_path + "' '" + png_path +
                               "' '" + x_key + "' '" + y_key + "' '" + series_key + "' '" + title +
-                              "'";
+                              "'" + (log_y ? " log" : "");
   const int status = std::system(command.c_str());
   std::remove(csv_path);
   PMOE_CHECK(status == 0, "plot: '", command, "' failed (is matplotlib installed? ",

@@ -29,9 +29,11 @@ void write_json(const std::string& path, const nlohmann::json& config, const nlo
                 const nlohmann::json& extra = nlohmann::json::object());
 
 // A PNG of y_key over x_key, one line per distinct value of series_key (which may be ""),
-// drawn by tools/pmoe-bench/plot_sweep.py with matplotlib. Throws pmoe::Error if it fails.
+// drawn by tools/pmoe-bench/plot_sweep.py with matplotlib; `log_y` for series that differ by
+// orders of magnitude. Throws pmoe::Error if it fails.
 void plot_sweep(const std::string& png_path, const nlohmann::json& rows, const std::string& x_key,
-                const std::string& y_key, const std::string& series_key, const std::string& title);
+                const std::string& y_key, const std::string& series_key, const std::string& title,
+                bool log_y = false);
 
 std::string format(const char* fmt, double value);
 
