@@ -63,6 +63,32 @@ float busy_work(int rank) {
 
 }  // namespace
 
+// The op's view of host tensors: the tensors themselves on the CPU; on a GPU, device twins that
+// `in` fills from the host and `out` copies back.
+class OpMemory {
+ public:
+  OpMemory(Communicator& comm) : comm_(comm), device_(comm.device()) {}
+  bool on_host() const { return device_.kind == Device::Kind::cpu; }
+  Tensor in(const Tensor& host) {
+    if (on_host() || host.empty()) return host;
+    twins_.push_back(Buffer::like(host, device_));
+    copy(twins_.back(), host);
+    return twins_.back();
+  }
+  // Waits for the op's stream, raises what its kernels reported, and copies `op` to `host`.
+  void out(const Tensor& host, const Tensor& op) {
+    if (on_host() || host.empty()) return;
+    synchronize(comm_.stream());
+    copy(host, op);
+  }
+  void clear() { twins_.clear(); }
+
+ private:
+  Communicator& comm_;
+  Device device_;
+  std::vector<Buffer> twins_;
+};
+
 CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
   const AllToAllConfig& cfg = c.config;
   const int W = comm.size(), rank = comm.rank();
@@ -70,6 +96,8 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
   const int64_t rows = int64_t(W) * cfg.max_num_tokens;
   const bool f8 = cfg.in_dtype == DType::f8e4m3;
 
+  PMOE_CHECK(c.device == comm.device(), "case for ", c.device.str(), " run on a communicator of ",
+             comm.device().str());
   AllToAll a2a(comm, cfg);
   Buffer expert_num_tokens(DType::i32, {E_local});
   Buffer expert_x(cfg.in_dtype, {E_local, rows, H});
@@ -112,10 +140,17 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
       comm.barrier();  // send must complete without any peer's recv
       op(Phase::recv);
     };
+    OpMemory op(comm);
+    const Tensor op_x = op.in(x), op_x_scale = op.in(x_scale), op_indices = op.in(mine.indices),
+                 op_counts = op.in(expert_num_tokens), op_expert_x = op.in(expert_x),
+                 op_expert_x_scale = op.in(expert_x_scale_arg);
     run_phase([&](Phase phase) {
-      a2a.dispatch(x, x_scale, mine.indices, expert_num_tokens, expert_x, expert_x_scale_arg,
-                   phase);
+      a2a.dispatch(op_x, op_x_scale, op_indices, op_counts, op_expert_x, op_expert_x_scale, phase);
     });
+    op.out(expert_num_tokens, op_counts);
+    op.out(expert_x, op_expert_x);
+    op.out(expert_x_scale_arg, op_expert_x_scale);
+    a2a.check_errors();
     const auto expected = reference::reference_dispatch(cfg, W, rank, all);
     std::string error = reference::compare_dispatch(cfg, W, expected, expert_num_tokens, expert_x,
                                                expert_x_scale_arg, kSentinel);
@@ -125,7 +160,10 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
     std::memset(expert_y.data(), 0xff, expert_y.nbytes());
     reference::run_fake_experts(cfg, W, rank, expert_num_tokens, expert_x, expert_x_scale_arg,
                                 expert_y);
-    run_phase([&](Phase phase) { a2a.combine(expert_y, mine.indices, mine.weights, y, phase); });
+    const Tensor op_expert_y = op.in(expert_y), op_weights = op.in(mine.weights), op_y = op.in(y);
+    run_phase([&](Phase phase) { a2a.combine(op_expert_y, op_indices, op_weights, op_y, phase); });
+    op.out(y, op_y);
+    a2a.check_errors();
     if (error.empty()) {
       const Buffer want = reference::reference_combine(cfg, mine, expert_y_dtype);
       error = reference::compare_bytes("combine y", y, want);

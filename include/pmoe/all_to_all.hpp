@@ -51,8 +51,11 @@ class AllToAllBackend;
 
 class AllToAll {
  public:
-  // Collective over `comm`: allocates the symmetric buffers, sized once from `config`.
-  AllToAll(Communicator& comm, const AllToAllConfig& config, Device device = Device::cpu());
+  // Collective over `comm`: allocates the symmetric buffers, sized once from `config`, on the
+  // communicator's device (the CPU, or the GPU of run_ranks(n, fn, Device::cuda(i))).
+  AllToAll(Communicator& comm, const AllToAllConfig& config);
+  // The same, naming the device, which must be the communicator's.
+  AllToAll(Communicator& comm, const AllToAllConfig& config, Device device);
   ~AllToAll();
   AllToAll(const AllToAll&) = delete;
   AllToAll& operator=(const AllToAll&) = delete;
@@ -64,19 +67,31 @@ class AllToAll {
   // expert_x          [E_local, W * max_num_tokens, H] in_dtype, out: the first
   //                   expert_num_tokens[e] rows of expert e; rows past that are left untouched
   // expert_x_scale    [E_local, W * max_num_tokens, H / scale_block] f32 (f8e4m3), else empty
-  // After dispatch(send) returns, x, x_scale and indices may be overwritten.
+  // bound_m           optional [1] i32 on the op's device: the number of tokens this call,
+  //                   <= the rows of x, read where the op runs (by the kernels on a GPU), so
+  //                   that a captured CUDA graph can be replayed with another m
+  // After dispatch(send) returns, x, x_scale and indices may be overwritten (on a GPU: once the
+  // stream has passed the send).
   void dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& indices,
                 const Tensor& expert_num_tokens, const Tensor& expert_x,
-                const Tensor& expert_x_scale, Phase phase = Phase::both);
+                const Tensor& expert_x_scale, Phase phase = Phase::both,
+                const Tensor& bound_m = Tensor());
 
   // expert_y [E_local, W * max_num_tokens, H] f32, bf16 or f16, rows in dispatch's order
   // indices  [m, k] i32, the same as given to the matching dispatch
   // weights  [m, k] f32
   // y        [m, H] out_dtype, out: y[t] = sum over j of weights[t, j] * (expert_y row of token t
   //          at expert indices[t, j]), in f32, in j order, skipping -1 slots
+  // bound_m  as for dispatch (the same value)
   // After combine(send) returns, expert_y may be overwritten.
   void combine(const Tensor& expert_y, const Tensor& indices, const Tensor& weights,
-               const Tensor& y, Phase phase = Phase::both);
+               const Tensor& y, Phase phase = Phase::both, const Tensor& bound_m = Tensor());
+
+  // On a GPU the kernels check what the host cannot see (indices in device memory, peers that
+  // never arrive) and record the first error; every call raises it at entry, and so does this,
+  // which a caller runs after synchronizing the stream. Throws pmoe::Error. A no-op on the CPU,
+  // where every error is raised by the call that meets it.
+  void check_errors() const;
 
   // In-place buffers (config.in_place_buffers): memory of this op that peers on the same node
   // can read directly. Passing a view of the first m rows of input_buffer() (and of
@@ -101,6 +116,8 @@ class AllToAll {
   enum class Step : uint8_t { dispatch_send, dispatch_recv, combine_send, combine_recv };
   void enter(Step step, const char* op);  // checks the phase order
   void run_step(Step step, const char* op, const std::function<void()>& body);
+  // The tokens this call: `rows`, or *bound_m where the host can read it (validated).
+  int64_t tokens_this_call(const char* op, int64_t rows, const Tensor& bound_m) const;
 
   AllToAllConfig config_;
   int rank_ = 0;

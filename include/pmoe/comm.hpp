@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "pmoe/stream.hpp"
 #include "pmoe/tensor.hpp"
 
 namespace pmoe {
@@ -36,6 +37,8 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   Device device() const { return device_; }
+  // This rank's stream on a CUDA device (ops enqueue on it); the null Stream on the CPU.
+  Stream stream() const { return stream_; }
   double timeout_s() const { return timeout_s_; }
 
   // Returns once every rank has called it; throws pmoe::Error naming the missing ranks on timeout.
@@ -57,10 +60,12 @@ class Communicator {
  protected:
   Communicator(std::shared_ptr<detail::Group> group, Device device);
   const std::shared_ptr<detail::Group>& group() const { return group_; }
+  void set_stream(Stream stream) { stream_ = stream; }
 
  private:
   std::shared_ptr<detail::Group> group_;
   Device device_;
+  Stream stream_;
   double timeout_s_;
 };
 
@@ -82,6 +87,9 @@ class SymmetricMemory {
   int rank() const { return rank_; }
   int size() const { return int(peer_data_.size()); }
   size_t bytes() const { return bytes_; }
+  // Where the memory lives. On a CUDA device, local(), peer() and signal words are device
+  // pointers for kernels; the host-side put/signal/wait below are for CPU memory only.
+  Device device() const { return device_; }
   int signal_slots() const { return signal_slots_; }
 
   // This rank's region.
@@ -107,9 +115,15 @@ class SymmetricMemory {
   // owns whatever must outlive every access (mappings, heap regions).
   SymmetricMemory(int rank, size_t bytes, int signal_slots, std::vector<std::byte*> data,
                   std::vector<uint64_t*> signals, std::shared_ptr<void> keepalive,
-                  std::shared_ptr<detail::Group> group, double timeout_s);
+                  std::shared_ptr<detail::Group> group, double timeout_s,
+                  Device device = Device::cpu());
 
+ public:
+  // Rank r's signal word `slot` (for kernels, on a device).
   uint64_t* signal_word(int r, int slot) const;
+
+ protected:
+
   virtual void progress() const {}  // called while waiting, for transports that need it
 
  private:
@@ -121,11 +135,15 @@ class SymmetricMemory {
   std::shared_ptr<void> keepalive_;
   std::shared_ptr<detail::Group> group_;
   double timeout_s_;
+  Device device_;
 };
 
 // Runs fn(comm) on n ranks, each a thread of this process, and returns when all have returned.
 // If any rank throws, the other ranks' waits fail at once (instead of sitting out the timeout)
-// and the first exception thrown is rethrown here.
-void run_ranks(int n, const std::function<void(Communicator&)>& fn);
+// and the first exception thrown is rethrown here. With a CUDA `device`, all ranks share that
+// GPU: each gets its own stream (comm.stream()) and its symmetric memory is device memory that
+// the peers' kernels load and store directly (the NVLink path, within one GPU).
+void run_ranks(int n, const std::function<void(Communicator&)>& fn,
+               Device device = Device::cpu());
 
 }  // namespace pmoe

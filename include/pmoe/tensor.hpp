@@ -57,11 +57,14 @@ class Tensor {
   std::array<int64_t, kMaxDims> strides_{};
 };
 
-// Owning CPU memory, zero-filled, 64-byte aligned, for tools, tests and examples.
+// Owning memory, zero-filled, for tools, tests and examples: 64-byte aligned on the CPU,
+// cudaMalloc'd on a CUDA device (throws pmoe::Error where the build or machine has no CUDA).
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(DType dtype, std::initializer_list<int64_t> shape);
+  Buffer(DType dtype, std::initializer_list<int64_t> shape, Device device = Device::cpu());
+  // A zeroed buffer of t's dtype and shape on `device`.
+  static Buffer like(const Tensor& t, Device device);
 
   Tensor tensor() const { return tensor_; }
   operator Tensor() const { return tensor_; }  // NOLINT: a Buffer is used where a view is wanted
@@ -69,10 +72,19 @@ class Buffer {
   size_t nbytes() const { return tensor_.nbytes(); }
 
  private:
-  struct Free { void operator()(void* p) const; };
-  std::unique_ptr<void, Free> storage_;
+  struct Free {
+    Device device;
+    void operator()(void* p) const;
+  };
+  void allocate(DType dtype, int ndim, const int64_t* shape, Device device);
+
+  std::unique_ptr<void, Free> storage_{nullptr, Free{Device::cpu()}};
   Tensor tensor_;
 };
+
+// Copies src into dst, which must have the same dtype and shape and both be contiguous; either
+// may be on the CPU or a CUDA device. Blocking. Throws pmoe::Error on a mismatch.
+void copy(const Tensor& dst, const Tensor& src);
 
 // Allocates `bytes` (rounded up to 64) zero-filled and 64-byte aligned; never returns null.
 void* aligned_alloc_zeroed(size_t bytes);

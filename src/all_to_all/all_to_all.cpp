@@ -38,9 +38,9 @@ void check_absent(const char* op, const char* name, const Tensor& t, const char*
              dtype_name(t.dtype()), " ", t.shape_str());
 }
 
-// The rows of `indices` [m, k] hold experts in [-1, E) and no expert twice.
-void check_indices(const char* op, const Tensor& indices, int num_experts) {
-  const int64_t m = indices.size(0), k = indices.size(1);
+// The first m rows of `indices` [rows, k] hold experts in [-1, E) and no expert twice.
+void check_indices(const char* op, const Tensor& indices, int64_t m, int num_experts) {
+  const int64_t k = indices.size(1);
   const int32_t* idx = indices.data<int32_t>();
   for (int64_t t = 0; t < m; ++t) {
     for (int64_t j = 0; j < k; ++j) {
@@ -97,15 +97,17 @@ void AllToAllConfig::validate(int world_size) const {
   }
 }
 
+AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config)
+    : AllToAll(comm, config, comm.device()) {}
+
 AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device device)
     : config_(config), rank_(comm.rank()), world_size_(comm.size()), device_(device) {
   config_.validate(world_size_);
   PMOE_CHECK(device == comm.device(), "AllToAll: device ", device.str(),
              " differs from the communicator's ", comm.device().str());
-  PMOE_CHECK(device.kind == Device::Kind::cpu, "AllToAll: no backend for ", device.str(),
-             " in this build");
   num_local_experts_ = config_.num_experts / world_size_;
-  backend_ = detail::make_cpu_all_to_all(comm, config_);
+  backend_ = device.kind == Device::Kind::cpu ? detail::make_cpu_all_to_all(comm, config_)
+                                              : detail::make_cuda_all_to_all(comm, config_);
 }
 
 AllToAll::~AllToAll() = default;
@@ -150,39 +152,54 @@ void AllToAll::run_step(Step step, const char* op, const std::function<void()>& 
   next_ = Step((int(step) + 1) % 4);
 }
 
+int64_t AllToAll::tokens_this_call(const char* op, int64_t rows, const Tensor& bound_m) const {
+  if (bound_m.empty()) return rows;
+  check_tensor(op, "bound_m", bound_m, DType::i32, device_, {1});
+  if (device_.kind != Device::Kind::cpu) return rows;  // the kernels read it, and check it
+  const int32_t m = *bound_m.data<int32_t>();
+  PMOE_CHECK(m >= 0 && m <= rows, op, ": bound_m = ", m, " is outside [0, ", rows,
+             "] (the rows given)");
+  return m;
+}
+
 void AllToAll::dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& indices,
                         const Tensor& expert_num_tokens, const Tensor& expert_x,
-                        const Tensor& expert_x_scale, Phase phase) {
+                        const Tensor& expert_x_scale, Phase phase, const Tensor& bound_m) {
   const char* op = op_name(true, phase);
   enter(phase == Phase::recv ? Step::dispatch_recv : Step::dispatch_send, op);
   const int64_t H = config_.hidden_dim, k = config_.experts_per_token;
   const int64_t rows = int64_t(world_size_) * config_.max_num_tokens;
   PMOE_CHECK(x.dim() == 2, op, ": `x` must be 2-D [m, ", H, "], got ", x.shape_str());
-  const int64_t m = x.size(0);
-  PMOE_CHECK(m <= config_.max_num_tokens, op, ": m = ", m, " tokens exceeds max_num_tokens = ",
-             config_.max_num_tokens);
-  check_tensor(op, "x", x, config_.in_dtype, device_, {m, H});
-  check_tensor(op, "indices", indices, DType::i32, device_, {m, k});
+  const int64_t x_rows = x.size(0);
+  PMOE_CHECK(x_rows <= config_.max_num_tokens, op, ": m = ", x_rows,
+             " tokens exceeds max_num_tokens = ", config_.max_num_tokens);
+  check_tensor(op, "x", x, config_.in_dtype, device_, {x_rows, H});
+  check_tensor(op, "indices", indices, DType::i32, device_, {x_rows, k});
   check_tensor(op, "expert_num_tokens", expert_num_tokens, DType::i32, device_,
                {num_local_experts_});
   check_tensor(op, "expert_x", expert_x, config_.in_dtype, device_,
                {num_local_experts_, rows, H});
   if (config_.in_dtype == DType::f8e4m3) {
     const int64_t s = config_.scales_per_token();
-    check_tensor(op, "x_scale", x_scale, DType::f32, device_, {m, s});
+    check_tensor(op, "x_scale", x_scale, DType::f32, device_, {x_rows, s});
     check_tensor(op, "expert_x_scale", expert_x_scale, DType::f32, device_,
                  {num_local_experts_, rows, s});
   } else {
     check_absent(op, "x_scale", x_scale, "(scales are for f8e4m3 input only)");
     check_absent(op, "expert_x_scale", expert_x_scale, "(scales are for f8e4m3 input only)");
   }
-  check_indices(op, indices, config_.num_experts);
+  const int64_t m = tokens_this_call(op, x_rows, bound_m);
+  // Index values are checked here where the host can read them; a device's kernels check them.
+  const bool host_data = device_.kind == Device::Kind::cpu;
+  if (host_data) check_indices(op, indices, m, config_.num_experts);
 
   const detail::DispatchArgs args{x, x_scale, indices, expert_num_tokens, expert_x,
-                                  expert_x_scale, int(m)};
+                                  expert_x_scale, int(m), bound_m};
   if (phase != Phase::recv) {
-    const int32_t* idx = indices.data<int32_t>();
-    routed_indices_.assign(idx, idx + m * k);
+    if (host_data) {
+      const int32_t* idx = indices.data<int32_t>();
+      routed_indices_.assign(idx, idx + m * k);
+    }
     run_step(Step::dispatch_send, op, [&] { backend_->dispatch_send(args); });
   }
   if (phase != Phase::send)
@@ -190,38 +207,44 @@ void AllToAll::dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& in
 }
 
 void AllToAll::combine(const Tensor& expert_y, const Tensor& indices, const Tensor& weights,
-                       const Tensor& y, Phase phase) {
+                       const Tensor& y, Phase phase, const Tensor& bound_m) {
   const char* op = op_name(false, phase);
   enter(phase == Phase::recv ? Step::combine_recv : Step::combine_send, op);
   const int64_t H = config_.hidden_dim, k = config_.experts_per_token;
   const int64_t rows = int64_t(world_size_) * config_.max_num_tokens;
   PMOE_CHECK(y.dim() == 2, op, ": `y` must be 2-D [m, ", H, "], got ", y.shape_str());
-  const int64_t m = y.size(0);
+  const int64_t y_rows = y.size(0);
   PMOE_CHECK(is_output_dtype(expert_y.dtype()), op, ": `expert_y` must be f32, bf16 or f16, got ",
              dtype_name(expert_y.dtype()));
   check_tensor(op, "expert_y", expert_y, expert_y.dtype(), device_,
                {num_local_experts_, rows, H});
-  check_tensor(op, "indices", indices, DType::i32, device_, {m, k});
-  check_tensor(op, "weights", weights, DType::f32, device_, {m, k});
-  check_tensor(op, "y", y, config_.out_dtype, device_, {m, H});
-  PMOE_CHECK(size_t(m * k) == routed_indices_.size(), op, ": `y` has ", m,
-             " rows but the matching dispatch had ", routed_indices_.size() / size_t(k), " tokens");
-  const int32_t* idx = indices.data<int32_t>();
-  for (int64_t i = 0; i < m * k; ++i)
-    PMOE_CHECK(idx[i] == routed_indices_[size_t(i)], op, ": indices[", i / k, ", ", i % k,
-               "] = ", idx[i], " differs from the ", routed_indices_[size_t(i)],
-               " given to the matching dispatch");
+  check_tensor(op, "indices", indices, DType::i32, device_, {y_rows, k});
+  check_tensor(op, "weights", weights, DType::f32, device_, {y_rows, k});
+  check_tensor(op, "y", y, config_.out_dtype, device_, {y_rows, H});
+  const int64_t m = tokens_this_call(op, y_rows, bound_m);
+  if (device_.kind == Device::Kind::cpu) {
+    PMOE_CHECK(size_t(m * k) == routed_indices_.size(), op, ": `y` has ", m,
+               " rows but the matching dispatch had ", routed_indices_.size() / size_t(k),
+               " tokens");
+    const int32_t* idx = indices.data<int32_t>();
+    for (int64_t i = 0; i < m * k; ++i)
+      PMOE_CHECK(idx[i] == routed_indices_[size_t(i)], op, ": indices[", i / k, ", ", i % k,
+                 "] = ", idx[i], " differs from the ", routed_indices_[size_t(i)],
+                 " given to the matching dispatch");
+  }
   if (phase == Phase::recv)
     PMOE_CHECK(expert_y.dtype() == sent_expert_y_dtype_, op, ": `expert_y` is ",
                dtype_name(expert_y.dtype()), " but combine(send) sent ",
                dtype_name(sent_expert_y_dtype_));
   sent_expert_y_dtype_ = expert_y.dtype();
 
-  const detail::CombineArgs args{expert_y, indices, weights, y, int(m)};
+  const detail::CombineArgs args{expert_y, indices, weights, y, int(m), bound_m};
   if (phase != Phase::recv)
     run_step(Step::combine_send, op, [&] { backend_->combine_send(args); });
   if (phase != Phase::send)
     run_step(Step::combine_recv, op, [&] { backend_->combine_recv(args); });
 }
+
+void AllToAll::check_errors() const { backend_->check_errors(); }
 
 }  // namespace pmoe

@@ -11,12 +11,14 @@ namespace pmoe::detail {
 
 struct DispatchArgs {
   Tensor x, x_scale, indices, expert_num_tokens, expert_x, expert_x_scale;
-  int m;  // rows of x
+  int m;           // tokens this call (rows of x, or *bound_m on the CPU)
+  Tensor bound_m;  // on a device: [1] i32 read by the kernels instead of m; else empty
 };
 
 struct CombineArgs {
   Tensor expert_y, indices, weights, y;
-  int m;  // rows of y
+  int m;           // tokens this call
+  Tensor bound_m;  // as in DispatchArgs
 };
 
 class AllToAllBackend {
@@ -31,9 +33,14 @@ class AllToAllBackend {
   virtual Tensor input_buffer() const = 0;
   virtual Tensor input_scale_buffer() const = 0;
   virtual Tensor expert_output_buffer() const = 0;
+  // Throws pmoe::Error if a kernel reported an error (device backends); the CPU reports at once.
+  virtual void check_errors() const {}
 };
 
 std::unique_ptr<AllToAllBackend> make_cpu_all_to_all(Communicator& comm,
                                                       const AllToAllConfig& config);
+// Throws pmoe::Error in a build without CUDA.
+std::unique_ptr<AllToAllBackend> make_cuda_all_to_all(Communicator& comm,
+                                                       const AllToAllConfig& config);
 
 }  // namespace pmoe::detail

@@ -32,7 +32,8 @@ constexpr size_t kSignalStride = SymmetricMemory::kSignalBytes / sizeof(uint64_t
 SymmetricMemory::SymmetricMemory(int rank, size_t bytes, int signal_slots,
                                  std::vector<std::byte*> data, std::vector<uint64_t*> signals,
                                  std::shared_ptr<void> keepalive,
-                                 std::shared_ptr<detail::Group> group, double timeout_s)
+                                 std::shared_ptr<detail::Group> group, double timeout_s,
+                                 Device device)
     : rank_(rank),
       bytes_(bytes),
       signal_slots_(signal_slots),
@@ -40,7 +41,8 @@ SymmetricMemory::SymmetricMemory(int rank, size_t bytes, int signal_slots,
       peer_signals_(std::move(signals)),
       keepalive_(std::move(keepalive)),
       group_(std::move(group)),
-      timeout_s_(timeout_s) {}
+      timeout_s_(timeout_s),
+      device_(device) {}
 
 SymmetricMemory::~SymmetricMemory() = default;
 
@@ -49,6 +51,8 @@ uint64_t* SymmetricMemory::signal_word(int r, int slot) const {
 }
 
 void SymmetricMemory::put(int r, size_t offset, const void* src, size_t bytes) {
+  PMOE_CHECK(device_.kind == Device::Kind::cpu, "SymmetricMemory::put: memory on ",
+             device_.str(), " is written by kernels, not from the host");
   std::byte* base = peer_data_[r];
   PMOE_CHECK(base != nullptr, "SymmetricMemory::put: rank ", r,
              " is not load/store reachable from rank ", rank_, " and this backend has no transport");
@@ -56,6 +60,8 @@ void SymmetricMemory::put(int r, size_t offset, const void* src, size_t bytes) {
 }
 
 void SymmetricMemory::signal(int r, int slot, uint64_t value) {
+  PMOE_CHECK(device_.kind == Device::Kind::cpu, "SymmetricMemory::signal: memory on ",
+             device_.str(), " is signalled by kernels, not from the host");
   PMOE_CHECK(peer_signals_[r] != nullptr, "SymmetricMemory::signal: rank ", r,
              " is not load/store reachable from rank ", rank_, " and this backend has no transport");
   std::atomic_ref<uint64_t>(*signal_word(r, slot)).store(value, std::memory_order_release);
@@ -66,6 +72,8 @@ uint64_t SymmetricMemory::read_signal(int slot) const {
 }
 
 void SymmetricMemory::wait_signal(int slot, uint64_t value, const WaitFor& what) const {
+  PMOE_CHECK(device_.kind == Device::Kind::cpu, "SymmetricMemory::wait_signal: memory on ",
+             device_.str(), " is awaited by kernels, not from the host");
   detail::wait_until(
       timeout_s_, [&] { return read_signal(slot) >= value; },
       [&] {

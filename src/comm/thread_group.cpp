@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "comm/group.hpp"
+#include "core/device_runtime.hpp"
 #include "comm/wait.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
@@ -30,15 +31,18 @@ class ThreadSymmetricMemory final : public SymmetricMemory {
  public:
   ThreadSymmetricMemory(int rank, size_t bytes, int signal_slots, std::vector<std::byte*> data,
                         std::vector<uint64_t*> signals, std::shared_ptr<void> keepalive,
-                        std::shared_ptr<detail::Group> group, double timeout_s)
+                        std::shared_ptr<detail::Group> group, double timeout_s, Device device)
       : SymmetricMemory(rank, bytes, signal_slots, std::move(data), std::move(signals),
-                        std::move(keepalive), std::move(group), timeout_s) {}
+                        std::move(keepalive), std::move(group), timeout_s, device) {}
 };
 
 class ThreadCommunicator final : public Communicator {
  public:
-  ThreadCommunicator(std::shared_ptr<ThreadGroup> group, int rank)
-      : Communicator(group, Device::cpu()), group_(std::move(group)), rank_(rank) {}
+  ThreadCommunicator(std::shared_ptr<ThreadGroup> group, int rank, Device device)
+      : Communicator(group, device), group_(std::move(group)), rank_(rank) {
+    if (device.kind == Device::Kind::cuda) set_stream(detail::create_stream(device));
+  }
+  ~ThreadCommunicator() override { detail::destroy_stream(stream()); }
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size; }
@@ -98,8 +102,15 @@ class ThreadCommunicator final : public Communicator {
     PMOE_CHECK(signal_slots >= 0, "alloc_symmetric: negative signal count ", signal_slots);
     const size_t data_bytes = (bytes + 63) / 64 * 64;
     const size_t total = data_bytes + size_t(signal_slots) * SymmetricMemory::kSignalBytes;
-    std::shared_ptr<std::byte> region(static_cast<std::byte*>(aligned_alloc_zeroed(total)),
-                                      [](std::byte* p) { aligned_free(p); });
+    const Device where = device();
+    std::shared_ptr<std::byte> region;
+    if (where.kind == Device::Kind::cpu) {
+      region.reset(static_cast<std::byte*>(aligned_alloc_zeroed(total)),
+                   [](std::byte* p) { aligned_free(p); });
+    } else {
+      region.reset(static_cast<std::byte*>(detail::device_alloc(where, total)),
+                   [where](std::byte* p) { detail::device_free(where, p); });
+    }
     {
       std::lock_guard lock(group_->mutex);
       group_->regions[rank_] = region;
@@ -123,7 +134,7 @@ class ThreadCommunicator final : public Communicator {
     }
     return std::make_unique<ThreadSymmetricMemory>(
         rank_, bytes, signal_slots, std::move(data), std::move(signals), owned, group_,
-        timeout_s());
+        timeout_s(), device());
   }
 
  private:
@@ -133,7 +144,7 @@ class ThreadCommunicator final : public Communicator {
 
 }  // namespace
 
-void run_ranks(int n, const std::function<void(Communicator&)>& fn) {
+void run_ranks(int n, const std::function<void(Communicator&)>& fn, Device device) {
   PMOE_CHECK(n >= 1, "run_ranks: need at least 1 rank, got ", n);
   auto group = std::make_shared<ThreadGroup>(n);
   std::mutex first_mutex;
@@ -141,7 +152,8 @@ void run_ranks(int n, const std::function<void(Communicator&)>& fn) {
 
   auto body = [&](int rank) {
     try {
-      ThreadCommunicator comm(group, rank);
+      if (device.kind == Device::Kind::cuda) detail::set_device(device);
+      ThreadCommunicator comm(group, rank, device);
       fn(comm);
     } catch (...) {
       const std::exception_ptr error = std::current_exception();

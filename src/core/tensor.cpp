@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/device_runtime.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe {
@@ -71,12 +72,53 @@ void* aligned_alloc_zeroed(size_t bytes) {
 
 void aligned_free(void* p) { std::free(p); }
 
-void Buffer::Free::operator()(void* p) const { aligned_free(p); }
+void Buffer::Free::operator()(void* p) const {
+  if (device.kind == Device::Kind::cpu) {
+    aligned_free(p);
+  } else {
+    detail::device_free(device, p);
+  }
+}
 
-Buffer::Buffer(DType dtype, std::initializer_list<int64_t> shape) {
-  Tensor probe(nullptr, dtype, shape);
-  storage_.reset(aligned_alloc_zeroed(probe.nbytes()));
-  tensor_ = Tensor(storage_.get(), dtype, shape);
+Buffer::Buffer(DType dtype, std::initializer_list<int64_t> shape, Device device) {
+  allocate(dtype, int(shape.size()), shape.begin(), device);
+}
+
+Buffer Buffer::like(const Tensor& t, Device device) {
+  Buffer b;
+  int64_t shape[Tensor::kMaxDims];
+  for (int d = 0; d < t.dim(); ++d) shape[d] = t.size(d);
+  b.allocate(t.dtype(), t.dim(), shape, device);
+  return b;
+}
+
+void Buffer::allocate(DType dtype, int ndim, const int64_t* shape, Device device) {
+  int64_t strides[Tensor::kMaxDims];
+  int64_t stride = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= shape[d];
+  }
+  const Tensor probe(nullptr, dtype, ndim, shape, strides);
+  void* p = device.kind == Device::Kind::cpu ? aligned_alloc_zeroed(probe.nbytes())
+                                             : detail::device_alloc(device, probe.nbytes());
+  storage_ = std::unique_ptr<void, Free>(p, Free{device});
+  tensor_ = Tensor(storage_.get(), dtype, ndim, shape, strides, device);
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  PMOE_CHECK(dst.dtype() == src.dtype(), "copy: dtypes differ (", dtype_name(dst.dtype()),
+             " <- ", dtype_name(src.dtype()), ")");
+  bool same_shape = dst.dim() == src.dim();
+  for (int d = 0; same_shape && d < dst.dim(); ++d) same_shape = dst.size(d) == src.size(d);
+  PMOE_CHECK(same_shape, "copy: shapes differ (", dst.shape_str(), " <- ", src.shape_str(), ")");
+  PMOE_CHECK(dst.is_contiguous() && src.is_contiguous(), "copy: both tensors must be contiguous");
+  if (src.nbytes() == 0) return;
+  if (dst.device().kind == Device::Kind::cpu && src.device().kind == Device::Kind::cpu) {
+    std::memcpy(dst.data(), src.data(), src.nbytes());
+  } else {
+    detail::copy_bytes(dst.data(), dst.device(), src.data(), src.device(), src.nbytes());
+  }
 }
 
 }  // namespace pmoe

@@ -1,0 +1,198 @@
+// AllToAll's CUDA backend: allocates the symmetric region (the CPU backend's layout) and the
+// private scratch, fills one AllToAllParams per call and launches the kernels on the rank's
+// stream. Nothing here waits for the device, so dispatch + combine can be captured in a graph.
+#include <cstring>
+
+#include "all_to_all/backend.hpp"
+#include "cpu/all_to_all_layout.hpp"
+#include "cuda/all_to_all/kernels.hpp"
+#include "cuda/check.hpp"
+
+namespace pmoe::detail {
+namespace {
+
+using cuda::AllToAllParams;
+
+const char* kernel_name(int kernel) {
+  static const char* names[] = {"dispatch(send)", "dispatch(recv)", "combine(send)",
+                                "combine(recv)"};
+  return kernel >= 0 && kernel < 4 ? names[kernel] : "?";
+}
+
+class CudaAllToAll final : public AllToAllBackend {
+ public:
+  CudaAllToAll(Communicator& comm, const AllToAllConfig& config)
+      : config_(config),
+        layout_(config, comm.size()),
+        device_(comm.device()),
+        stream_(static_cast<cudaStream_t>(comm.stream().handle)) {
+    PMOE_CHECK(comm.size() <= cuda::kMaxRanks, "AllToAll on CUDA: at most ", cuda::kMaxRanks,
+               " ranks, got ", comm.size());
+    PMOE_CHECK(!config.in_place_buffers, "AllToAll on CUDA: in_place_buffers is not supported "
+               "on this backend yet; pass your own buffers");
+    memory_ = comm.alloc_symmetric(layout_.total_bytes, layout_.signal_slots());
+    const int W = comm.size(), L = config.num_experts / W;
+    const size_t max_routes = size_t(W) * config.max_num_tokens * layout_.max_pairs;
+
+    AllToAllParams& p = params_;
+    std::memset(&p, 0, sizeof p);
+    p.rank = comm.rank();
+    p.world_size = W;
+    p.num_local_experts = L;
+    p.top_k = config.experts_per_token;
+    p.hidden_dim = config.hidden_dim;
+    p.max_tokens = config.max_num_tokens;
+    p.scales_per_token = config.scales_per_token();
+    p.rows_per_expert = int64_t(W) * config.max_num_tokens;
+    p.in_elem_bytes = dtype_size(config.in_dtype);
+    p.out_dtype = int(config.out_dtype);
+    p.token_stride = layout_.token_stride;
+    p.header_bytes = layout_.header_bytes;
+    p.payload_offset_in_slot = layout_.payload_offset(0, 0) - layout_.token_offset(0, 0);
+    p.scale_offset_in_slot = layout_.scale_offset(0, 0) - layout_.token_offset(0, 0);
+    p.source_block = layout_.source_block;
+    p.combine_offset = layout_.combine_offset;
+    p.combine_row = layout_.combine_row;
+    p.combine_dtype_offset = layout_.combine_dtype_offset;
+    p.payload_bytes = layout_.payload_bytes;
+    p.scale_bytes = layout_.scale_bytes;
+    for (int r = 0; r < W; ++r) {
+      p.regions[r] = memory_->peer(r);
+      p.signals[r] = memory_->signal_word(r, 0);
+    }
+    // Private scratch, one allocation.
+    scratch_bytes_ = 0;
+    auto reserve = [&](size_t bytes) {
+      const size_t at = scratch_bytes_;
+      scratch_bytes_ += (bytes + 255) / 256 * 256;
+      return at;
+    };
+    const size_t send_slot = reserve(sizeof(int32_t) * config.max_num_tokens * W);
+    const size_t send_count = reserve(sizeof(int32_t) * W);
+    const size_t recv_count = reserve(sizeof(int32_t) * W * L);
+    const size_t routes = reserve(sizeof(cuda::Route) * max_routes);
+    const size_t route_count = reserve(sizeof(int32_t));
+    const size_t epoch = reserve(sizeof(uint64_t));
+    const size_t counters = reserve(sizeof(uint32_t) * 2);
+    PMOE_CUDA_CHECK(cudaMalloc(&scratch_, scratch_bytes_));
+    PMOE_CUDA_CHECK(cudaMemset(scratch_, 0, scratch_bytes_));
+    auto* base = static_cast<std::byte*>(scratch_);
+    p.send_slot = reinterpret_cast<int32_t*>(base + send_slot);
+    p.send_count = reinterpret_cast<int32_t*>(base + send_count);
+    p.recv_count = reinterpret_cast<int32_t*>(base + recv_count);
+    p.routes = reinterpret_cast<cuda::Route*>(base + routes);
+    p.route_count = reinterpret_cast<int32_t*>(base + route_count);
+    p.epoch = reinterpret_cast<uint64_t*>(base + epoch);
+    p.block_counters = reinterpret_cast<uint32_t*>(base + counters);
+    PMOE_CUDA_CHECK(cudaHostAlloc(&error_host_, sizeof(cuda::ErrorWord), cudaHostAllocMapped));
+    std::memset(error_host_, 0, sizeof(cuda::ErrorWord));
+    PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&p.error), error_host_, 0));
+    p.timeout_ns = uint64_t(comm.timeout_s() * 1e9);
+    int sms = 0;
+    PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_.index));
+    blocks_ = 2 * sms;
+  }
+
+  ~CudaAllToAll() override {
+    if (scratch_) (void)cudaFree(scratch_);
+    if (error_host_) (void)cudaFreeHost(error_host_);
+  }
+
+  size_t workspace_bytes() const override {
+    return layout_.total_bytes + size_t(layout_.signal_slots()) * SymmetricMemory::kSignalBytes +
+           scratch_bytes_;
+  }
+  Tensor input_buffer() const override { return {}; }
+  Tensor input_scale_buffer() const override { return {}; }
+  Tensor expert_output_buffer() const override { return {}; }
+
+  void check_errors() const override {
+    const auto* e = static_cast<const volatile cuda::ErrorWord*>(error_host_);
+    if (e->code == cuda::kOk) return;
+    const char* kernel = kernel_name(e->kernel);
+    switch (e->code) {
+      case cuda::kTimeout:
+        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, " (", device_.str(),
+                        "): rank ", e->detail, " did not arrive within ", params_.timeout_ns / 1e9,
+                        " s"));
+      case cuda::kTooManyTokens:
+        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": bound_m = ",
+                        e->detail, " exceeds max_num_tokens = ", params_.max_tokens));
+      case cuda::kBadIndex:
+        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": indices[",
+                        e->detail / params_.top_k, ", ", e->detail % params_.top_k, "] = ",
+                        e->value, " is outside [-1, ", params_.num_local_experts * params_.world_size,
+                        ") or repeats an expert of its row (the slot was skipped)"));
+      case cuda::kDtypeMismatch:
+        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": rank ", e->detail,
+                        " sent expert_y as ", dtype_name(DType(e->value)), " but this rank's is ",
+                        dtype_name(DType(params_.y_dtype)),
+                        "; every rank must pass the same expert_y dtype"));
+      default:
+        throw Error(cat("AllToAll on rank ", params_.rank, ": device error code ", e->code));
+    }
+  }
+
+  void dispatch_send(const DispatchArgs& a) override {
+    check_errors();
+    cuda::launch_dispatch_send(with_dispatch(a), stream_, blocks_);
+  }
+  void dispatch_recv(const DispatchArgs& a) override {
+    check_errors();
+    cuda::launch_dispatch_recv(with_dispatch(a), stream_, blocks_);
+  }
+  void combine_send(const CombineArgs& a) override {
+    check_errors();
+    cuda::launch_combine_send(with_combine(a), stream_, blocks_);
+  }
+  void combine_recv(const CombineArgs& a) override {
+    check_errors();
+    cuda::launch_combine_recv(with_combine(a), stream_, blocks_);
+  }
+
+ private:
+  AllToAllParams with_dispatch(const DispatchArgs& a) const {
+    AllToAllParams p = params_;
+    p.x = static_cast<const std::byte*>(a.x.data());
+    p.x_scale = a.x_scale.data<float>();
+    p.indices = a.indices.data<int32_t>();
+    p.expert_num_tokens = a.expert_num_tokens.data<int32_t>();
+    p.expert_x = static_cast<std::byte*>(a.expert_x.data());
+    p.expert_x_scale = a.expert_x_scale.data<float>();
+    p.m = a.m;
+    p.bound_m = a.bound_m.data<int32_t>();
+    return p;
+  }
+  AllToAllParams with_combine(const CombineArgs& a) const {
+    AllToAllParams p = params_;
+    p.expert_y = static_cast<const std::byte*>(a.expert_y.data());
+    p.y_elem_bytes = dtype_size(a.expert_y.dtype());
+    p.y_dtype = int(a.expert_y.dtype());
+    p.indices = a.indices.data<int32_t>();
+    p.weights = a.weights.data<float>();
+    p.y = static_cast<std::byte*>(a.y.data());
+    p.m = a.m;
+    p.bound_m = a.bound_m.data<int32_t>();
+    return p;
+  }
+
+  AllToAllConfig config_;
+  AllToAllLayout layout_;
+  Device device_;
+  cudaStream_t stream_;
+  std::unique_ptr<SymmetricMemory> memory_;
+  AllToAllParams params_;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  void* error_host_ = nullptr;
+  int blocks_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<AllToAllBackend> make_cuda_all_to_all(Communicator& comm,
+                                                       const AllToAllConfig& config) {
+  return std::make_unique<CudaAllToAll>(comm, config);
+}
+
+}  // namespace pmoe::detail

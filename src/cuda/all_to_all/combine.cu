@@ -1,0 +1,112 @@
+// AllToAll combine on the CUDA backend. Layout: params.cuh (and src/cpu/all_to_all_layout.hpp).
+//
+//   send:  return_rows (grid)  each routed row of expert_y to its source's combine area at
+//                              (token, top-k slot); the last block writes this rank's expert_y
+//                              dtype there and signals every source
+//   recv:  reduce_rows (grid)  waits for every owner, then y[t] = sum_j w[t, j] * row(t, j) in
+//                              f32, in j order, multiply and add rounded separately (no FMA), as
+//                              the CPU backend does: the two give the same bits
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda/all_to_all/device_utils.cuh"
+#include "cuda/all_to_all/kernels.hpp"
+#include "cuda/check.hpp"
+#include "pmoe/dtype.hpp"
+
+namespace pmoe::cuda {
+namespace {
+
+constexpr int kKernelCombineRecv = 3;  // for error reports (params.cuh ErrorWord::kernel)
+
+__global__ void return_rows(const AllToAllParams p) {
+  const int routes = *p.route_count;
+  const size_t row_bytes = size_t(p.hidden_dim) * p.y_elem_bytes;
+  for (int r = blockIdx.x; r < routes; r += gridDim.x) {
+    const Route route = p.routes[r];
+    std::byte* to = p.regions[route.source] + p.combine_offset +
+                    (size_t(route.token) * p.top_k + route.slot) * p.combine_row;
+    block_copy(to, p.expert_y + size_t(route.row) * row_bytes, row_bytes);
+  }
+  if (last_block(&p.block_counters[1])) {
+    const uint64_t epoch = *p.epoch;
+    for (int dest = 0; dest < p.world_size; ++dest)
+      *reinterpret_cast<int32_t*>(p.regions[dest] + p.combine_dtype_offset + 64 * size_t(p.rank)) =
+          p.y_dtype;
+    __threadfence_system();
+    for (int dest = 0; dest < p.world_size; ++dest)
+      signal_release(p.signals[dest] + size_t(p.world_size + p.rank) * 8, epoch);
+  }
+}
+
+__device__ __forceinline__ float load(const float* p, int i) { return p[i]; }
+__device__ __forceinline__ float load(const __nv_bfloat16* p, int i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float load(const __half* p, int i) { return __half2float(p[i]); }
+__device__ __forceinline__ void store(float* p, int i, float v) { p[i] = v; }
+__device__ __forceinline__ void store(__nv_bfloat16* p, int i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store(__half* p, int i, float v) { p[i] = __float2half_rn(v); }
+
+template <typename In, typename Out>
+__global__ void reduce_rows(const AllToAllParams p) {
+  const uint64_t epoch = *p.epoch;
+  __shared__ bool failed;
+  if (threadIdx.x == 0) failed = false;
+  __syncthreads();
+  for (int owner = threadIdx.x; owner < p.world_size; owner += blockDim.x) {
+    if (!wait_signal(p.signals[p.rank] + size_t(p.world_size + owner) * 8, epoch, p.timeout_ns,
+                     p.error, owner, kKernelCombineRecv)) {
+      failed = true;
+    } else {
+      const int32_t dtype = *reinterpret_cast<const volatile int32_t*>(
+          p.regions[p.rank] + p.combine_dtype_offset + 64 * size_t(owner));
+      if (dtype != p.y_dtype) {
+        report(p.error, kDtypeMismatch, owner, kKernelCombineRecv, dtype);
+        failed = true;
+      }
+    }
+  }
+  __syncthreads();
+  if (failed) return;
+  const int tokens = min(tokens_this_call(p), p.max_tokens), k = p.top_k, H = p.hidden_dim;
+  const std::byte* area = p.regions[p.rank] + p.combine_offset;
+  for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+      float acc = 0.0f;
+      for (int j = 0; j < k; ++j) {
+        if (p.indices[t * k + j] < 0) continue;
+        const auto* row = reinterpret_cast<const In*>(area + (size_t(t) * k + j) * p.combine_row);
+        acc = __fadd_rn(acc, __fmul_rn(p.weights[t * k + j], load(row, h)));
+      }
+      store(reinterpret_cast<Out*>(p.y) + size_t(t) * H, h, acc);
+    }
+  }
+}
+
+template <typename In>
+void launch_reduce(const AllToAllParams& p, cudaStream_t stream, int blocks) {
+  switch (DType(p.out_dtype)) {
+    case DType::f32: reduce_rows<In, float><<<blocks, 256, 0, stream>>>(p); break;
+    case DType::bf16: reduce_rows<In, __nv_bfloat16><<<blocks, 256, 0, stream>>>(p); break;
+    case DType::f16: reduce_rows<In, __half><<<blocks, 256, 0, stream>>>(p); break;
+    default: throw Error("combine: y must be f32, bf16 or f16");
+  }
+}
+
+}  // namespace
+
+void launch_combine_send(const AllToAllParams& p, cudaStream_t stream, int blocks) {
+  return_rows<<<blocks, 256, 0, stream>>>(p);
+  PMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_combine_recv(const AllToAllParams& p, cudaStream_t stream, int blocks) {
+  switch (DType(p.y_dtype)) {
+    case DType::f32: launch_reduce<float>(p, stream, blocks); break;
+    case DType::bf16: launch_reduce<__nv_bfloat16>(p, stream, blocks); break;
+    case DType::f16: launch_reduce<__half>(p, stream, blocks); break;
+    default: throw Error("combine: expert_y must be f32, bf16 or f16");
+  }
+  PMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace pmoe::cuda

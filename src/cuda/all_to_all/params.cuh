@@ -1,0 +1,84 @@
+// What AllToAll's kernels receive: one struct, by value. The buffer layout is the CPU backend's
+// (src/cpu/all_to_all_layout.hpp, drawn there); these are its offsets plus the device pointers.
+//
+//   rank r's symmetric region (device memory, same GPU or CUDA IPC)
+//   | dispatch area: block per source s: count+flags | token slots (header, payload, scales) |
+//   | combine area: rows (t, j) | row refs (unused here) | combine dtypes | (in-place buffers) |
+//   signals: slot s = dispatch data from s; slot W + s = combine rows from s
+//
+//   rank r's private scratch (device memory)
+//   | send_slot [max_tokens, W] i32: token t's slot at destination d, or -1                |
+//   | send_count [W] i32 | recv_count [W, E_local] i32 | routes [route capacity] Route     |
+//   | route_count i32 | epoch u64 | block counters u32 x 2                                 |
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pmoe::cuda {
+
+constexpr int kMaxRanks = 64;  // ranks one op spans on the CUDA backend (pointer tables below)
+
+// One (token, local expert) row received by this rank: where it came from and where it lies.
+struct Route {
+  int32_t source;    // rank the token came from
+  int32_t token;     // its index at the source
+  int32_t slot;      // top-k slot j at the source
+  int32_t row;       // flat row e * rows_per_expert + position in expert_x / expert_y
+  int32_t src_slot;  // its token slot in this rank's dispatch block of `source`
+  int32_t pad[3];
+};
+
+// Codes a kernel leaves in the error word for the host to turn into pmoe::Error.
+enum ErrorCode : int32_t {
+  kOk = 0,
+  kTimeout = 1,        // a peer did not signal in time (detail: the peer)
+  kTooManyTokens = 2,  // bound_m > max_num_tokens (detail: m)
+  kBadIndex = 3,       // an index out of range or repeated (detail: position, value: index)
+  kDtypeMismatch = 4,  // an owner sent expert_y in another dtype (detail: owner, value: dtype)
+};
+
+struct ErrorWord {
+  int32_t code;    // ErrorCode
+  int32_t detail;  // the peer (timeout), m (too many tokens) or the flat index position
+  int32_t kernel;  // which kernel: 0 dispatch send, 1 dispatch recv, 2 combine send, 3 recv
+  int32_t value;   // the offending index value (bad index)
+};
+
+struct AllToAllParams {
+  // Shape.
+  int rank, world_size, num_local_experts, top_k, hidden_dim, max_tokens, scales_per_token;
+  int64_t rows_per_expert;
+  int in_elem_bytes, y_elem_bytes, out_dtype, y_dtype;  // y_dtype/out_dtype: pmoe::DType values
+  // Layout (bytes).
+  size_t token_stride, header_bytes, payload_offset_in_slot, scale_offset_in_slot, source_block;
+  size_t combine_offset, combine_row, combine_dtype_offset;
+  size_t payload_bytes, scale_bytes;
+  // Symmetric memory: every rank's region and signal array.
+  std::byte* regions[kMaxRanks];
+  uint64_t* signals[kMaxRanks];
+  // This call's tensors (device pointers) and m.
+  const std::byte* x;
+  const float* x_scale;
+  const int32_t* indices;
+  const float* weights;
+  int32_t* expert_num_tokens;
+  std::byte* expert_x;
+  float* expert_x_scale;
+  const std::byte* expert_y;
+  std::byte* y;
+  int m;                  // rows of x / y given on the host
+  const int32_t* bound_m; // or, when set, the actual m, read on the device (graph replays)
+  // Private scratch.
+  int32_t* send_slot;
+  int32_t* send_count;
+  int32_t* recv_count;
+  Route* routes;
+  int32_t* route_count;
+  uint64_t* epoch;
+  uint32_t* block_counters;
+  ErrorWord* error;       // host-mapped
+  uint64_t timeout_ns;
+};
+
+}  // namespace pmoe::cuda

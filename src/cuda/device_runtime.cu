@@ -1,0 +1,58 @@
+// The device runtime on CUDA: memory, copies and streams for the host code.
+#include "core/device_runtime.hpp"
+#include "cuda/check.hpp"
+
+namespace pmoe {
+
+bool cuda_available_in_build() { return true; }
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver or no device: not an error for the caller
+    return 0;
+  }
+  return count;
+}
+
+namespace detail {
+
+void set_device(Device device) {
+  PMOE_CHECK(device.kind == Device::Kind::cuda, "set_device: ", device.str(), " is not CUDA");
+  PMOE_CUDA_CHECK(cudaSetDevice(device.index));
+}
+
+void* device_alloc(Device device, size_t bytes) {
+  set_device(device);
+  void* p = nullptr;
+  PMOE_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 64));
+  PMOE_CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 64));
+  return p;
+}
+
+void device_free(Device device, void* p) {
+  if (p) (void)cudaFree(p);  // never throws: called from destructors
+}
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  PMOE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));  // unified addressing
+}
+
+Stream create_stream(Device device) {
+  set_device(device);
+  cudaStream_t stream;
+  PMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return Stream{stream};
+}
+
+void destroy_stream(Stream stream) {
+  if (stream.handle) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream.handle));
+}
+
+}  // namespace detail
+
+void synchronize(Stream stream) {
+  PMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle)));
+}
+
+}  // namespace pmoe
