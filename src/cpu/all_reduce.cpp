@@ -65,8 +65,9 @@ void AllReduceSum::run(float* data, int64_t n, const std::string& op) {
     const int c = (rank_ + step) % W;  // start with the next rank, so peers do not all hit rank 0
     const RowRange chunk = shard_rows(int(n), W, c);
     memory_->put(c, partial_offset(rank_), &n, sizeof n);
-    memory_->put(c, partial_offset(rank_) + kHeaderBytes, data + chunk.begin,
-                 sizeof(float) * size_t(chunk.size()));
+    if (chunk.size() > 0)
+      memory_->put(c, partial_offset(rank_) + kHeaderBytes, data + chunk.begin,
+                   sizeof(float) * size_t(chunk.size()));
     memory_->signal(c, rank_, epoch_);
   }
   const RowRange mine = shard_rows(int(n), W, rank_);
@@ -88,7 +89,8 @@ void AllReduceSum::run(float* data, int64_t n, const std::string& op) {
   // All-gather: this rank's summed chunk goes to every rank.
   for (int step = 1; step < W; ++step) {
     const int r = (rank_ + step) % W;
-    memory_->put(r, reduced_offset(rank_), sum.data(), sizeof(float) * sum.size());
+    if (!sum.empty())
+      memory_->put(r, reduced_offset(rank_), sum.data(), sizeof(float) * sum.size());
     memory_->signal(r, W + rank_, epoch_);
   }
   std::copy(sum.begin(), sum.end(), data + mine.begin);
@@ -96,8 +98,9 @@ void AllReduceSum::run(float* data, int64_t n, const std::string& op) {
     if (o == rank_) continue;
     memory_->wait_signal(W + o, epoch_, {op, o, "its reduced chunk (all-reduce)"});
     const RowRange chunk = shard_rows(int(n), W, o);
-    std::memcpy(data + chunk.begin, region + reduced_offset(o),
-                sizeof(float) * size_t(chunk.size()));
+    if (chunk.size() > 0)
+      std::memcpy(data + chunk.begin, region + reduced_offset(o),
+                  sizeof(float) * size_t(chunk.size()));
   }
 }
 
