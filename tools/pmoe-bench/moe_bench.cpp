@@ -47,6 +47,7 @@ struct Options {
   std::string dtype = "f32";
   std::string variants = "simple,tp,ep";
   int micro_batches = 1;
+  int blas_threads = 0;
   int iters = 20, warmup = 3;
   uint64_t seed = 1;
   bool gemm_rate = false;
@@ -198,6 +199,7 @@ void run(Options o, const CLI::App& cmd) {
       spec.iters = o.iters;
       spec.warmup = o.warmup;
       spec.gemm_rate = o.gemm_rate;
+      spec.blas_threads = o.blas_threads;
       const MoeRunResult r = run_moe_variant(spec, x, expected);
       rows.push_back(row_json(variant_key(v), c, batch, o.benchmark_type, value, r));
       for (const GemmRate& g : r.gemm_rates)
@@ -310,6 +312,9 @@ void add_moe_command(CLI::App& app) {
   cmd->add_option("--variants", o->variants, "which layers, comma-separated")
       ->capture_default_str();
   cmd->add_option("--micro-batches", o->micro_batches, "EP micro-batches, 1 or 2")
+      ->capture_default_str();
+  cmd->add_option("--blas-threads", o->blas_threads,
+                  "BLAS threads per rank; 0: Simple all cores, TP/EP cores / ranks")
       ->capture_default_str();
   cmd->add_option("--iters", o->iters, "timed iterations")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed warm-up iterations")->capture_default_str();

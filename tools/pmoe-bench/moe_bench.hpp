@@ -25,6 +25,7 @@ struct MoeRunSpec {
   int micro_batches = 1;  // EP
   int iters = 20, warmup = 3;
   bool gemm_rate = false;  // EP: also time dense GEMMs of the same FLOPs on every rank
+  int blas_threads = 0;    // per rank; 0: Simple all cores, TP and EP cores / ranks (>= 1)
 };
 
 // One rank's expert-stage rate against a dense BLAS GEMM of the same FLOPs, both measured on all

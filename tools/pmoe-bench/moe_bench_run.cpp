@@ -122,8 +122,9 @@ void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   if (launched_by_mpi()) {
     const int local = int(comm.node_ranks().size());
-    cpu::set_blas_threads(spec.variant == MoeVariantKind::simple ? cores
-                                                                 : std::max(1, cores / local));
+    cpu::set_blas_threads(spec.blas_threads > 0                    ? spec.blas_threads
+                          : spec.variant == MoeVariantKind::simple ? cores
+                                                                   : std::max(1, cores / local));
     reset_peak_rss();
   }
 
@@ -213,7 +214,9 @@ MoeRunResult run_moe_variant(const MoeRunSpec& spec, const Tensor& x,
   const int W = simple && !mpi ? 1 : spec.ranks;
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   if (!mpi) {
-    cpu::set_blas_threads(simple ? cores : std::max(1, cores / W));
+    cpu::set_blas_threads(spec.blas_threads > 0 ? spec.blas_threads
+                          : simple              ? cores
+                                                : std::max(1, cores / W));
     reset_peak_rss();
   }
   MoeRunResult result;
