@@ -103,7 +103,8 @@ class Router {
  public:
   explicit Router(const MoeConfig& config);  // builds Wg from config.seed; validates config
   // x [m, feature_dim] f32 or bf16 (rows may be strided); indices [m, top_k] i32 (out);
-  // weights [m, top_k] f32 (out), summing to 1 per token. Computed in f32.
+  // weights [m, top_k] f32 (out), summing to 1 per token. Computed in f32. Throws pmoe::Error
+  // on a wrong shape, dtype or device.
   void route(const Tensor& x, const Tensor& indices, const Tensor& weights);
   size_t weight_bytes() const;
   size_t workspace_bytes() const { return logits_.nbytes(); }
@@ -128,7 +129,8 @@ class Experts {
 
   // y = act(x . W1_e[:, slice]) . W2_e[slice, :] for local expert `local` (expert
   // first_expert + local). x [rows, feature_dim] and y [rows, out_dim] are f32 or bf16, rows may
-  // be strided (unit stride in the last dimension); computed in f32, y rounded once.
+  // be strided (unit stride in the last dimension); computed in f32, y rounded once. Throws
+  // pmoe::Error on a wrong expert, shape, dtype or device.
   void forward(int local, const Tensor& x, const Tensor& y);
 
   int first_expert() const { return first_; }
@@ -193,8 +195,10 @@ class EpMoe {
         int micro_batches = 1);
   ~EpMoe();
 
-  // Collective. x [m, feature_dim] config.dtype: this rank's tokens, 0 <= m <=
-  // max_tokens_per_rank (m may differ between ranks); y [m, out_dim] config.dtype (out).
+  // Collective: every rank calls it, once per layer step. x [m, feature_dim] config.dtype: this
+  // rank's tokens, 0 <= m <= max_tokens_per_rank (m may differ between ranks); y [m, out_dim]
+  // config.dtype (out). Arguments are checked before anything is sent; a rejected call throws
+  // pmoe::Error and leaves the layer usable.
   void forward(const Tensor& x, const Tensor& y);
 
   const MoeConfig& config() const;
