@@ -235,7 +235,7 @@ void run(Options o, const CLI::App& cmd) {
       "time = slowest rank per iteration\n",
       o.benchmark_type.c_str(), o.preset.empty() ? "seed 004 defaults" : o.preset.c_str(), o.ranks,
       o.experts, o.benchmark_type == "feature_dim" ? "swept" : std::to_string(o.feature).c_str(),
-      o.hidden, o.output == 0 ? "= feature" : std::to_string(o.output).c_str(),
+      o.hidden, o.output == 0 ? "feature" : std::to_string(o.output).c_str(),
       o.benchmark_type == "batch_size" ? "swept" : std::to_string(o.batch).c_str(),
       o.benchmark_type == "topk" ? "swept" : std::to_string(o.topk).c_str(), o.act.c_str(),
       o.dtype.c_str(), o.micro_batches, o.iters, o.warmup);
