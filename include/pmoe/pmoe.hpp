@@ -5,4 +5,6 @@
 #include "pmoe/comm.hpp"
 #include "pmoe/dtype.hpp"
 #include "pmoe/error.hpp"
+#include "pmoe/memory.hpp"
+#include "pmoe/moe.hpp"
 #include "pmoe/tensor.hpp"

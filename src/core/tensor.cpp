@@ -5,6 +5,7 @@
 #include <new>
 
 #include "core/device_runtime.hpp"
+#include "core/memory_counters.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe {
@@ -62,15 +63,30 @@ std::string Tensor::shape_str() const {
   return s + "]";
 }
 
+// Each block carries a 64-byte header in front of it holding its size, so that aligned_free can
+// count the bytes back out (pmoe/memory.hpp). The header keeps the data 64-byte aligned.
+namespace {
+constexpr size_t kHeaderBytes = 64;
+}  // namespace
+
 void* aligned_alloc_zeroed(size_t bytes) {
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
-  if (!p) throw std::bad_alloc();
-  std::memset(p, 0, rounded ? rounded : 64);
-  return p;
+  const size_t rounded = bytes ? (bytes + 63) / 64 * 64 : 64;
+  auto* block = static_cast<std::byte*>(std::aligned_alloc(64, kHeaderBytes + rounded));
+  if (!block) throw std::bad_alloc();
+  std::memcpy(block, &rounded, sizeof rounded);
+  std::memset(block + kHeaderBytes, 0, rounded);
+  detail::count_alloc(int64_t(rounded));
+  return block + kHeaderBytes;
 }
 
-void aligned_free(void* p) { std::free(p); }
+void aligned_free(void* p) {
+  if (!p) return;
+  std::byte* block = static_cast<std::byte*>(p) - kHeaderBytes;
+  size_t rounded;
+  std::memcpy(&rounded, block, sizeof rounded);
+  detail::count_free(int64_t(rounded));
+  std::free(block);
+}
 
 void Buffer::Free::operator()(void* p) const {
   if (device.kind == Device::Kind::cpu) {

@@ -8,4 +8,8 @@ namespace pmoe::bench {
 // `pmoe-bench all-to-all`: dispatch and combine latency, checked against the reference first.
 void add_all_to_all_command(CLI::App& app);
 
+// `pmoe-bench moe`: Simple vs TP vs EP MoE layers over a batch, top-k or feature sweep, each
+// setting checked against the reference first.
+void add_moe_command(CLI::App& app);
+
 }  // namespace pmoe::bench

@@ -1,0 +1,215 @@
+// MoE layers: the router, the experts, and three ways to place a layer on ranks.
+//
+//   y[t] = sum over j < top_k of weight[t, j] * FFN_{expert[t, j]}(x[t])
+//   FFN_e(v) = act(v . W1_e) . W2_e          (swiglu: (silu(v . W1_e) * (v . W1b_e)) . W2_e)
+//
+// The router picks each token's top_k experts by logit (x . Wg) and weighs them with the softmax
+// of those k logits. Every weight is a pure function of (config.seed, tensor, expert, row, column)
+// (moe_weight()), so every rank and every variant builds the same model without communicating,
+// and SimpleMoe, TpMoe and EpMoe give the same outputs up to the dtype's rounding.
+//
+//   SimpleMoe  one rank holds the whole model and runs all tokens
+//   TpMoe      every expert split over the W ranks (W1 by columns, W2 by rows); tokens
+//              replicated; one all-reduce of the layer output per forward
+//   EpMoe      E / W whole experts per rank, tokens sharded; AllToAll dispatch, one GEMM per local
+//              expert over the rows it received, AllToAll combine; micro_batches = 2 splits the
+//              tokens in two halves so that one half's exchange waits while the other's experts run
+//
+// All CPU GEMMs go through BLAS (src/cpu/gemm.hpp) in f32. Constructors and forward() validate
+// everything before a byte leaves the rank and throw pmoe::Error saying what to change.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "pmoe/comm.hpp"
+#include "pmoe/dtype.hpp"
+#include "pmoe/tensor.hpp"
+
+namespace pmoe {
+
+enum class Activation : uint8_t {
+  relu,    // max(0, v): the seed's
+  gelu,    // v * Phi(v), the exact (erf) form
+  swiglu,  // silu(v . W1) * (v . W1b): W1 has two halves, the gate and the linear part
+};
+std::string_view activation_name(Activation act);
+// "relu", "gelu" or "swiglu"; throws pmoe::Error on anything else.
+Activation parse_activation(std::string_view name);
+
+struct MoeConfig {
+  int feature_dim = 0;  // H: input width, >= 1
+  int ffn_dim = 0;      // F: expert hidden width, >= 1
+  int output_dim = 0;   // O: expert output width; 0 means feature_dim (the seed used 64 != 32)
+  int num_experts = 0;  // E >= 1
+  int top_k = 0;        // experts per token, 1..E
+  Activation act = Activation::relu;
+  // f32 or bf16: the inputs and outputs of forward(), what travels between ranks, and the values
+  // of the weights (bf16 weights are bf16 values kept in f32, because BLAS computes in f32).
+  DType dtype = DType::f32;
+  uint64_t seed = 0;  // the weights (and nothing else)
+
+  int out_dim() const { return output_dim > 0 ? output_dim : feature_dim; }
+  // 2 for swiglu (gate and linear halves of W1), else 1.
+  int w1_halves() const { return act == Activation::swiglu ? 2 : 1; }
+  // Throws pmoe::Error saying what to change if no layer can be built from this config.
+  void validate() const;
+};
+
+// The weight tensors of the model, for moe_weight().
+enum class MoeTensor : uint8_t {
+  router,     // Wg [feature_dim, num_experts] (the expert argument is ignored)
+  w1,         // W1_e [feature_dim, ffn_dim]; for swiglu the gate half
+  w1_linear,  // W1b_e [feature_dim, ffn_dim]; swiglu's linear half
+  w2,         // W2_e [ffn_dim, out_dim]
+};
+
+// Element (row, col) of a weight tensor of `config`'s model: uniform in [-a, a) with
+// a = sqrt(3 / rows of the tensor) (unit variance in, unit variance out), rounded to
+// config.dtype. A pure function: the same arguments always give the same value.
+float moe_weight(const MoeConfig& config, MoeTensor tensor, int expert, int64_t row, int64_t col);
+
+// What the last forward() did on this rank, for benchmarks: its work, its traffic and where its
+// time went. Times are wall-clock seconds on this rank.
+struct MoeStats {
+  int64_t tokens = 0;       // tokens this rank routed
+  int64_t expert_rows = 0;  // (token, expert) rows this rank's experts computed
+  double expert_flops = 0;  // GEMM FLOPs of those rows (2 per multiply-add)
+  double router_flops = 0;  // GEMM FLOPs of the router logits
+  // This rank's share of the traffic between ranks, so that the sum over ranks is the total:
+  // EpMoe: its tokens' payloads to other ranks plus their expert rows back from other ranks;
+  // TpMoe: what it sends in the all-reduce (it receives as much). SimpleMoe: 0.
+  int64_t bytes_moved = 0;
+  double route_s = 0;     // router, and for EpMoe staging the tokens
+  double dispatch_s = 0;  // EpMoe: AllToAll dispatch, send and recv
+  double experts_s = 0;   // the expert stage: gathers, GEMMs, activations
+  double combine_s = 0;   // EpMoe: AllToAll combine; SimpleMoe and TpMoe: the weighted sum
+  double reduce_s = 0;    // TpMoe: the all-reduce
+};
+
+// The split of `rows` tokens over `world_size` ranks that EpMoe's callers use: rank r gets
+// [begin, end), the first rows % world_size ranks one row more than the others.
+struct RowRange {
+  int begin = 0, end = 0;
+  int size() const { return end - begin; }
+};
+RowRange shard_rows(int rows, int world_size, int rank);
+
+// The router: logits = x . Wg [feature_dim, num_experts]; each token's top_k experts by
+// descending logit (ties to the lower expert), weighted by the softmax of those k logits.
+class Router {
+ public:
+  explicit Router(const MoeConfig& config);  // builds Wg from config.seed; validates config
+  // x [m, feature_dim] f32 or bf16 (rows may be strided); indices [m, top_k] i32 (out);
+  // weights [m, top_k] f32 (out), summing to 1 per token. Computed in f32. Throws pmoe::Error
+  // on a wrong shape, dtype or device.
+  void route(const Tensor& x, const Tensor& indices, const Tensor& weights);
+  size_t weight_bytes() const;
+  size_t workspace_bytes() const { return logits_.nbytes(); }
+  double flops(int64_t tokens) const;  // GEMM FLOPs of the logits of `tokens` tokens
+
+ private:
+  MoeConfig config_;
+  Buffer weights_;  // Wg [H, E] f32
+  Buffer logits_;   // [m, E] f32, grown on demand
+};
+
+// A set of experts, each possibly restricted to a slice of its hidden columns: experts
+// [first_expert, first_expert + count), hidden columns [ffn_begin, ffn_end) (all of them,
+// 0..ffn_dim, for SimpleMoe and EpMoe; one rank's shard for TpMoe, whose outputs are then
+// partial sums that add up over the shards).
+class Experts {
+ public:
+  Experts(const MoeConfig& config, int first_expert, int count, int ffn_begin, int ffn_end);
+  ~Experts();
+  Experts(Experts&&) noexcept;
+  Experts& operator=(Experts&&) noexcept;
+
+  // y = act(x . W1_e[:, slice]) . W2_e[slice, :] for local expert `local` (expert
+  // first_expert + local). x [rows, feature_dim] and y [rows, out_dim] are f32 or bf16, rows may
+  // be strided (unit stride in the last dimension); computed in f32, y rounded once. Throws
+  // pmoe::Error on a wrong expert, shape, dtype or device.
+  void forward(int local, const Tensor& x, const Tensor& y);
+
+  int first_expert() const { return first_; }
+  int count() const { return count_; }
+  size_t weight_bytes() const;
+  size_t workspace_bytes() const;
+  double flops(int64_t rows) const;  // GEMM FLOPs of forward() over `rows` rows
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int first_ = 0, count_ = 0;
+};
+
+class SimpleMoe {
+ public:
+  // The whole model on this rank, for up to max_tokens tokens per forward.
+  SimpleMoe(const MoeConfig& config, int max_tokens);
+  ~SimpleMoe();
+
+  // x [m, feature_dim] config.dtype, 0 <= m <= max_tokens; y [m, out_dim] config.dtype (out).
+  void forward(const Tensor& x, const Tensor& y);
+
+  const MoeConfig& config() const;
+  size_t weight_bytes() const;     // router and experts
+  size_t workspace_bytes() const;  // everything else this layer holds
+  const MoeStats& last_stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class TpMoe {
+ public:
+  // Collective over comm: rank r holds hidden columns [r F / W, (r + 1) F / W) of every expert
+  // (config.ffn_dim % W == 0) and the whole router.
+  TpMoe(Communicator& comm, const MoeConfig& config, int max_tokens);
+  ~TpMoe();
+
+  // Collective. x [m, feature_dim] config.dtype, the same tokens on every rank (TP replicates
+  // them), 0 <= m <= max_tokens; y [m, out_dim] config.dtype (out), the same bits on every rank.
+  // One all-reduce of the f32 partial outputs per call, summed in rank order. A rank that
+  // receives partials for another m than its own throws pmoe::Error naming both counts.
+  void forward(const Tensor& x, const Tensor& y);
+
+  const MoeConfig& config() const;
+  size_t weight_bytes() const;
+  size_t workspace_bytes() const;  // includes the all-reduce buffers
+  const MoeStats& last_stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class EpMoe {
+ public:
+  // Collective over comm: rank r owns experts [r E / W, (r + 1) E / W) (config.num_experts % W
+  // == 0) and the whole router. micro_batches is 1 or 2.
+  EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
+        int micro_batches = 1);
+  ~EpMoe();
+
+  // Collective: every rank calls it, once per layer step. x [m, feature_dim] config.dtype: this
+  // rank's tokens, 0 <= m <= max_tokens_per_rank (m may differ between ranks); y [m, out_dim]
+  // config.dtype (out). Arguments are checked before anything is sent; a rejected call throws
+  // pmoe::Error and leaves the layer usable.
+  void forward(const Tensor& x, const Tensor& y);
+
+  const MoeConfig& config() const;
+  int micro_batches() const;
+  size_t weight_bytes() const;
+  size_t workspace_bytes() const;  // includes the AllToAll buffers
+  const MoeStats& last_stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pmoe

@@ -1,0 +1,117 @@
+#include "moe_cases.hpp"
+
+#include <cstring>
+
+#include "pmoe/error.hpp"
+#include "reference/moe_reference.hpp"
+
+namespace pmoe::testing {
+
+const char* variant_name(MoeVariant v) {
+  switch (v) {
+    case MoeVariant::simple:
+      return "simple";
+    case MoeVariant::tp:
+      return "tp";
+    case MoeVariant::ep:
+      return "ep";
+  }
+  return "?";
+}
+
+MoeConfig make_moe_config(int feature, int ffn, int experts, int top_k, Activation act, DType dtype,
+                          int output) {
+  MoeConfig c;
+  c.feature_dim = feature;
+  c.ffn_dim = ffn;
+  c.output_dim = output;
+  c.num_experts = experts;
+  c.top_k = top_k;
+  c.act = act;
+  c.dtype = dtype;
+  c.seed = 42;
+  return c;
+}
+
+std::string describe(const MoeCase& c, int world_size) {
+  const MoeConfig& m = c.config;
+  return detail::cat(variant_name(c.variant), " W=", world_size, " H=", m.feature_dim,
+                     " F=", m.ffn_dim, " O=", m.out_dim(), " E=", m.num_experts, " k=", m.top_k,
+                     " ", activation_name(m.act), " ", dtype_name(m.dtype), " batch=", c.batch,
+                     " micro_batches=", c.micro_batches, " calls=", c.calls);
+}
+
+namespace {
+
+// Rows [begin, begin + rows) of x, as a view.
+Tensor rows_of(const Buffer& x, int begin, int rows) {
+  const Tensor t = x;
+  const size_t row_bytes = size_t(t.size(1)) * dtype_size(t.dtype());
+  return Tensor(static_cast<std::byte*>(t.data()) + size_t(begin) * row_bytes, t.dtype(),
+                {rows, t.size(1)});
+}
+
+std::vector<float> as_floats(const Tensor& y) {
+  std::vector<float> out(size_t(y.numel()));
+  for (int64_t i = 0; i < y.numel(); ++i)
+    out[size_t(i)] = y.dtype() == DType::f32 ? y.data<float>()[i] : to_float(y.data<bf16>()[i]);
+  return out;
+}
+
+}  // namespace
+
+MoeCaseResult run_moe_case(Communicator& comm, const MoeCase& c) {
+  const int W = comm.size(), rank = comm.rank(), O = c.config.out_dim();
+  const RowRange most = shard_rows(c.batch, W, 0);  // rank 0 holds the most EP tokens
+  std::unique_ptr<SimpleMoe> simple;
+  std::unique_ptr<TpMoe> tp;
+  std::unique_ptr<EpMoe> ep;
+  switch (c.variant) {
+    case MoeVariant::simple:
+      simple = std::make_unique<SimpleMoe>(c.config, c.batch);
+      break;
+    case MoeVariant::tp:
+      tp = std::make_unique<TpMoe>(comm, c.config, c.batch);
+      break;
+    case MoeVariant::ep:
+      ep = std::make_unique<EpMoe>(comm, c.config, std::max(1, most.size()), c.micro_batches);
+      break;
+  }
+
+  MoeCaseResult result;
+  for (int call = 0; call < c.calls; ++call) {
+    const int batch = std::max(0, c.batch - call % 3);
+    const Buffer x = reference::make_moe_input(c.config, batch, c.input_seed + uint64_t(call));
+    RowRange mine{0, batch};
+    if (c.variant == MoeVariant::ep) mine = shard_rows(batch, W, rank);
+    Buffer y(c.config.dtype, {mine.size(), O});
+    std::memset(y.data<void>(), 0xA5, y.nbytes());  // a forward that skips a row shows up
+    const Tensor x_mine = rows_of(x, mine.begin, mine.size());
+    if (simple) simple->forward(x_mine, y);
+    if (tp) tp->forward(x_mine, y);
+    if (ep) ep->forward(x_mine, y);
+
+    std::vector<int> rows;
+    for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);
+    const auto expected = reference::reference_moe(c.config, x, rows);
+    const auto cmp = reference::compare_moe(c.config, expected, y, mine.begin,
+                                            reference::moe_tolerance(c.config.dtype));
+    result.compared += cmp.compared;
+    result.skipped += cmp.skipped;
+    if (!cmp.error.empty() && result.error.empty())
+      result.error = detail::cat(describe(c, W), " rank ", rank, " call ", call, ": ", cmp.error);
+    result.y = as_floats(y);
+
+    if (tp && !result.y.empty()) {  // every rank must hold the same bits
+      const auto all = comm.all_gather(std::as_bytes(std::span(result.y)));
+      for (int r = 0; r < W && result.error.empty(); ++r)
+        if (std::memcmp(all.data() + size_t(r) * result.y.size() * sizeof(float), result.y.data(),
+                        result.y.size() * sizeof(float)) != 0)
+          result.error = detail::cat(describe(c, W), " call ", call, ": rank ", r,
+                                     "'s output differs from rank ", rank, "'s");
+    }
+  }
+  return result;
+}
+
+}  // namespace pmoe::testing

@@ -1,0 +1,330 @@
+// `pmoe-bench moe --benchmark_type batch_size|topk|feature_dim`: Simple, TP and EP MoE layers
+// over one sweep, seed 004's table with pmoe's measurement protocol. Defaults are the seed's:
+// 4 ranks, 4 experts, feature 32, hidden 128, output 64, relu, batch 8, top-k 2; sweeps batch
+// 8/16/32/64, top-k 1/2/4 or feature 32/64/128/256. --preset runs a real model's layer shape.
+//
+// Every setting is first checked against the plain reference (every token when that is cheap,
+// otherwise the first and last token of every rank's share); a mismatch exits non-zero.
+#include <mpi.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moe_bench.hpp"
+#include "pmoe/error.hpp"
+#include "report.hpp"
+#include "subcommands.hpp"
+
+namespace pmoe::bench {
+namespace {
+
+struct Preset {
+  const char* name;
+  int feature, ffn, experts, top_k, batch;
+  const char* note;
+};
+
+// Real layer shapes (feature = hidden size, ffn = the expert's intermediate size), all swiglu,
+// with a batch that fits this machine and gives each expert enough rows for BLAS.
+constexpr Preset kPresets[] = {
+    {"mixtral-8x7b", 4096, 14336, 8, 2, 256, "Mixtral 8x7B: all 8 experts (5.6 GB of f32 weights)"},
+    {"deepseek-v3", 7168, 2048, 32, 8, 256,
+     "DeepSeek-V3: 32 of its 256 routed experts, so the weights fit (5.6 GB of f32; all 256 are "
+     "45 GB); H, F, top-8 and swiglu are the model's; its shared expert is left out"},
+    {"qwen3-30b-a3b", 2048, 768, 128, 8, 512,
+     "Qwen3-30B-A3B: all 128 experts (2.4 GB of f32 weights)"},
+};
+
+struct Options {
+  std::string benchmark_type = "batch_size";
+  std::string values;  // the sweep's values; empty: the seed's for the type, or the preset batch
+  std::string preset;
+  int ranks = 4;
+  int experts = 4, feature = 32, hidden = 128, output = 64, batch = 8, topk = 2;
+  std::string act = "relu";
+  std::string dtype = "f32";
+  std::string variants = "simple,tp,ep";
+  int micro_batches = 1;
+  int blas_threads = 0;
+  int iters = 20, warmup = 3;
+  uint64_t seed = 1;
+  bool gemm_rate = false;
+  std::string json_path, csv_path, plot_path;
+};
+
+const Preset& find_preset(const std::string& name) {
+  for (const Preset& p : kPresets)
+    if (name == p.name) return p;
+  throw Error(detail::cat("--preset '", name,
+                          "' is unknown: expected mixtral-8x7b, deepseek-v3 or qwen3-30b-a3b"));
+}
+
+std::vector<MoeVariantKind> parse_variants(const std::string& text) {
+  std::vector<MoeVariantKind> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, end - start);
+    if (item == "simple")
+      out.push_back(MoeVariantKind::simple);
+    else if (item == "tp")
+      out.push_back(MoeVariantKind::tp);
+    else if (item == "ep")
+      out.push_back(MoeVariantKind::ep);
+    else
+      throw Error(detail::cat("--variants: '", item, "' is not simple, tp or ep"));
+    start = end + 1;
+  }
+  return out;
+}
+
+// The sweep key's default values.
+std::string default_values(const Options& o) {
+  if (!o.preset.empty()) return std::to_string(o.batch);
+  if (o.benchmark_type == "batch_size") return "8,16,32,64";
+  if (o.benchmark_type == "topk") return "1,2,4";
+  return "32,64,128,256";
+}
+
+// The rows checked against the reference: all of them when the reference is cheap, otherwise
+// the first and last token of every rank's EP share (each rank's output is then checked).
+std::vector<int> rows_to_check(const MoeConfig& c, int batch, int ranks) {
+  const double macs =
+      double(batch) * c.top_k *
+      (double(c.w1_halves()) * c.feature_dim * c.ffn_dim + double(c.ffn_dim) * c.out_dim());
+  if (macs <= 3e8) return reference::all_rows(batch);
+  std::vector<int> rows;
+  for (int r = 0; r < ranks; ++r) {
+    const RowRange share = shard_rows(batch, ranks, r);
+    if (share.size() > 0) rows.push_back(share.begin);
+    if (share.size() > 1) rows.push_back(share.end - 1);
+  }
+  return rows;
+}
+
+nlohmann::json row_json(const std::string& variant, const MoeConfig& c, int batch,
+                        const std::string& key, int value, const MoeRunResult& r) {
+  return {{"variant", variant},
+          {key, value},
+          {"batch_size", batch},
+          {"topk", c.top_k},
+          {"feature_dim", c.feature_dim},
+          {"min_ms", r.ms.min},
+          {"median_ms", r.ms.median},
+          {"max_ms", r.ms.max},
+          {"mean_ms", r.ms.mean},
+          {"std_ms", r.ms.std},
+          {"max_mem_mb", r.max_mem_mb},
+          {"weights_mb_per_rank", r.weights_mb},
+          {"workspace_mb_per_rank", r.workspace_mb},
+          {"peak_rss_mb", r.rss_mb},
+          {"gflop_per_rank", r.gflop_max},
+          {"mb_moved_per_rank", r.mb_moved_max},
+          {"route_ms", r.route_ms},
+          {"dispatch_ms", r.dispatch_ms},
+          {"experts_ms", r.experts_ms},
+          {"combine_ms", r.combine_ms},
+          {"reduce_ms", r.reduce_ms},
+          {"ranks", r.ranks},
+          {"blas_threads", r.blas_threads},
+          {"check_max_rel_error", r.check_error},
+          {"checked_rows", r.checked_rows}};
+}
+
+nlohmann::json gemm_rate_json(const std::string& key, int value, const GemmRate& g) {
+  return {{key, value},
+          {"rank", g.rank},
+          {"rows", g.rows},
+          {"local_experts", g.experts},
+          {"gflop", g.gflop},
+          {"grouped_ms", g.grouped_ms},
+          {"grouped_gflops", g.grouped_ms > 0 ? g.gflop / g.grouped_ms * 1e3 : 0.0},
+          {"dense_ms", g.dense_ms},
+          {"dense_gflops", g.dense_ms > 0 ? g.gflop / g.dense_ms * 1e3 : 0.0},
+          {"ratio", g.grouped_ms > 0 ? g.dense_ms / g.grouped_ms : 0.0}};
+}
+
+void run(Options o, const CLI::App& cmd) {
+  PMOE_CHECK(o.benchmark_type == "batch_size" || o.benchmark_type == "topk" ||
+                 o.benchmark_type == "feature_dim",
+             "--benchmark_type must be batch_size, topk or feature_dim, got '", o.benchmark_type,
+             "'");
+  PMOE_CHECK(o.iters >= 1 && o.warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
+  std::string preset_note;
+  if (!o.preset.empty()) {
+    const Preset& p = find_preset(o.preset);
+    auto unless_given = [&](const char* flag, auto& field, auto value) {
+      if (cmd.get_option(flag)->count() == 0) field = value;
+    };
+    unless_given("--feature", o.feature, p.feature);
+    unless_given("--hidden", o.hidden, p.ffn);
+    unless_given("--output", o.output, 0);
+    unless_given("--experts", o.experts, p.experts);
+    unless_given("--topk", o.topk, p.top_k);
+    unless_given("--batch", o.batch, p.batch);
+    unless_given("--act", o.act, std::string("swiglu"));
+    if (cmd.get_option("--gemm-rate")->count() == 0) o.gemm_rate = true;
+    preset_note = p.note;
+  }
+  if (launched_by_mpi()) MPI_Comm_size(MPI_COMM_WORLD, &o.ranks);
+  const std::vector<MoeVariantKind> variants = parse_variants(o.variants);
+  const std::vector<int> values =
+      parse_int_list(o.values.empty() ? default_values(o) : o.values, "--values");
+
+  nlohmann::json rows = nlohmann::json::array(), rates = nlohmann::json::array();
+  std::vector<std::pair<int, MoeRunResult>> ep_results;
+  for (int value : values) {
+    MoeConfig c;
+    c.feature_dim = o.benchmark_type == "feature_dim" ? value : o.feature;
+    c.ffn_dim = o.hidden;
+    c.output_dim = o.output;
+    c.num_experts = o.experts;
+    c.top_k = o.benchmark_type == "topk" ? value : o.topk;
+    c.act = parse_activation(o.act);
+    c.dtype = parse_dtype(o.dtype);
+    c.seed = o.seed;
+    c.validate();
+    const int batch = o.benchmark_type == "batch_size" ? value : o.batch;
+    const Buffer x = reference::make_moe_input(c, batch, o.seed + 1);
+    const auto expected = reference::reference_moe(c, x, rows_to_check(c, batch, o.ranks));
+    for (MoeVariantKind v : variants) {
+      MoeRunSpec spec;
+      spec.variant = v;
+      spec.config = c;
+      spec.batch = batch;
+      spec.ranks = o.ranks;
+      spec.micro_batches = o.micro_batches;
+      spec.iters = o.iters;
+      spec.warmup = o.warmup;
+      spec.gemm_rate = o.gemm_rate;
+      spec.blas_threads = o.blas_threads;
+      const MoeRunResult r = run_moe_variant(spec, x, expected);
+      rows.push_back(row_json(variant_key(v), c, batch, o.benchmark_type, value, r));
+      for (const GemmRate& g : r.gemm_rates)
+        rates.push_back(gemm_rate_json(o.benchmark_type, value, g));
+      if (is_printing_rank())
+        std::fprintf(stderr, "  %s %s=%d: median %.3f ms\n", variant_key(v),
+                     o.benchmark_type.c_str(), value, r.ms.median);
+    }
+  }
+  if (!is_printing_rank()) return;
+
+  const nlohmann::json config = {{"benchmark_type", o.benchmark_type},
+                                 {"values", values},
+                                 {"preset", o.preset},
+                                 {"preset_note", preset_note},
+                                 {"ranks", o.ranks},
+                                 {"experts", o.experts},
+                                 {"feature_dim", o.feature},
+                                 {"hidden_dim", o.hidden},
+                                 {"output_dim", o.output == 0 ? o.feature : o.output},
+                                 {"batch_size", o.batch},
+                                 {"topk", o.topk},
+                                 {"act", o.act},
+                                 {"dtype", o.dtype},
+                                 {"micro_batches", o.micro_batches},
+                                 {"iters", o.iters},
+                                 {"warmup", o.warmup},
+                                 {"seed", o.seed},
+                                 {"launcher", launched_by_mpi() ? "mpirun" : "threads"}};
+  std::printf(
+      "\nMoE layers, %s sweep: %s; ranks=%d experts=%d feature=%s hidden=%d output=%s "
+      "batch=%s top-k=%s %s %s, micro_batches=%d; %d iterations after %d warm-ups, "
+      "time = slowest rank per iteration\n",
+      o.benchmark_type.c_str(), o.preset.empty() ? "seed 004 defaults" : o.preset.c_str(), o.ranks,
+      o.experts, o.benchmark_type == "feature_dim" ? "swept" : std::to_string(o.feature).c_str(),
+      o.hidden, o.output == 0 ? "feature" : std::to_string(o.output).c_str(),
+      o.benchmark_type == "batch_size" ? "swept" : std::to_string(o.batch).c_str(),
+      o.benchmark_type == "topk" ? "swept" : std::to_string(o.topk).c_str(), o.act.c_str(),
+      o.dtype.c_str(), o.micro_batches, o.iters, o.warmup);
+  if (!preset_note.empty()) std::printf("%s\n", preset_note.c_str());
+  std::printf("\n");
+  const std::string key = o.benchmark_type;
+  print_markdown({column("variant", "variant"), column(key, key),
+                  column("Min Duration (ms)", "min_ms", "%.3f"),
+                  column("Median Duration (ms)", "median_ms", "%.3f"),
+                  column("Max Duration (ms)", "max_ms", "%.3f"),
+                  column("Max Memory (MB)", "max_mem_mb", "%.2f")},
+                 rows);
+  std::printf(
+      "\nPer rank (max over ranks): work, traffic, memory, and the median time of each "
+      "phase of a forward\n\n");
+  print_markdown({column("variant", "variant"),
+                  column(key, key),
+                  {"mean ± std (ms)",
+                   [](const nlohmann::json& r) {
+                     return format("%.3f", r["mean_ms"]) + " ± " + format("%.3f", r["std_ms"]);
+                   }},
+                  column("GFLOP", "gflop_per_rank", "%.4f"),
+                  column("MB moved", "mb_moved_per_rank", "%.4f"),
+                  column("weights MB", "weights_mb_per_rank", "%.2f"),
+                  column("workspace MB", "workspace_mb_per_rank", "%.2f"),
+                  column("peak RSS MB", "peak_rss_mb", "%.0f"),
+                  column("route", "route_ms", "%.3f"),
+                  column("dispatch", "dispatch_ms", "%.3f"),
+                  column("experts", "experts_ms", "%.3f"),
+                  column("combine/sum", "combine_ms", "%.3f"),
+                  column("all-reduce", "reduce_ms", "%.3f"),
+                  column("max rel. error", "check_max_rel_error", "%.1e")},
+                 rows);
+  if (!rates.empty()) {
+    std::printf(
+        "\nEP expert GEMMs vs a dense BLAS GEMM of the same FLOPs, per rank, all ranks "
+        "at once (medians)\n\n");
+    print_markdown(
+        {column(key, key), column("rank", "rank"), column("rows", "rows"),
+         column("local experts", "local_experts"), column("GFLOP", "gflop", "%.3f"),
+         column("expert stage (ms)", "grouped_ms", "%.2f"),
+         column("GFLOP/s", "grouped_gflops", "%.2f"), column("dense GEMM (ms)", "dense_ms", "%.2f"),
+         column("GFLOP/s", "dense_gflops", "%.2f"), column("ratio", "ratio", "%.3f")},
+        rates);
+  }
+  if (!o.json_path.empty()) write_json(o.json_path, config, rows, {{"gemm_rate", rates}});
+  if (!o.csv_path.empty()) write_csv(o.csv_path, rows);
+  if (!o.plot_path.empty())
+    plot_sweep(o.plot_path, rows, key, "median_ms", "variant",
+               "MoE layers: median forward time (" +
+                   (o.preset.empty() ? std::string("seed 004") : o.preset) + ")");
+}
+
+}  // namespace
+
+void add_moe_command(CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("moe", "Simple vs TP vs EP MoE layers (seed 004's report)");
+  cmd->add_option("--benchmark_type", o->benchmark_type, "batch_size, topk or feature_dim")
+      ->capture_default_str();
+  cmd->add_option("--values", o->values,
+                  "the sweep's values, comma-separated (default: the seed's for the type)");
+  cmd->add_option("--preset", o->preset, "mixtral-8x7b, deepseek-v3 or qwen3-30b-a3b");
+  cmd->add_option("--ranks", o->ranks, "ranks (threads; under mpirun, the processes)")
+      ->capture_default_str();
+  cmd->add_option("--experts", o->experts, "number of experts")->capture_default_str();
+  cmd->add_option("--feature", o->feature, "feature (input) width")->capture_default_str();
+  cmd->add_option("--hidden", o->hidden, "expert hidden width")->capture_default_str();
+  cmd->add_option("--output", o->output, "expert output width, 0 = feature")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "tokens per forward (whole batch)")->capture_default_str();
+  cmd->add_option("--topk", o->topk, "experts per token")->capture_default_str();
+  cmd->add_option("--act", o->act, "relu, gelu or swiglu")->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, "f32 or bf16")->capture_default_str();
+  cmd->add_option("--variants", o->variants, "which layers, comma-separated")
+      ->capture_default_str();
+  cmd->add_option("--micro-batches", o->micro_batches, "EP micro-batches, 1 or 2")
+      ->capture_default_str();
+  cmd->add_option("--blas-threads", o->blas_threads,
+                  "BLAS threads per rank; 0: Simple all cores, TP/EP cores / ranks")
+      ->capture_default_str();
+  cmd->add_option("--iters", o->iters, "timed iterations")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "untimed warm-up iterations")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "weights and input seed")->capture_default_str();
+  cmd->add_flag("--gemm-rate", o->gemm_rate,
+                "EP: also time dense GEMMs of the same FLOPs per rank (on with --preset)");
+  cmd->add_option("--json", o->json_path, "write {machine, commit, config, rows} to this file");
+  cmd->add_option("--csv", o->csv_path, "write the rows as CSV to this file");
+  cmd->add_option("--plot", o->plot_path, "draw median time over the sweep into this PNG");
+  cmd->callback([o, cmd] { run(*o, *cmd); });
+}
+
+}  // namespace pmoe::bench

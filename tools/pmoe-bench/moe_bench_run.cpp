@@ -1,0 +1,257 @@
+// Measures one MoE layer variant at one setting: build it on its ranks, check one forward against
+// the plain reference, time forwards with the protocol of bench_common (barrier before every
+// iteration, the slowest rank's time), and collect every rank's memory, work and phase times.
+//
+// BLAS threads: Simple runs on one rank with every core's BLAS thread (the whole machine for the
+// whole model); TP and EP ranks get cores / ranks threads each (at least 1), so the ranks never
+// oversubscribe the machine by accident; with 4 thread ranks on 2 cores each rank has 1 thread
+// and the OS shares the cores between them.
+//
+// The GEMM rate (EP, --gemm-rate): after the layer is timed and freed, every rank times a dense
+// GEMM pair over as many rows as its experts computed ([rows, H] x [H, g F], then [rows, F] x
+// [F, O]: the same FLOPs, one expert's weight shapes), with all ranks running at once after a
+// barrier, exactly as during EpMoe's expert stage. The rate of each is that rank's FLOPs over
+// the median of its own times.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "cpu/gemm.hpp"
+#include "moe_bench.hpp"
+#include "pmoe/error.hpp"
+#include "pmoe/memory.hpp"
+
+namespace pmoe::bench {
+
+const char* variant_key(MoeVariantKind v) {
+  switch (v) {
+    case MoeVariantKind::simple:
+      return "simple";
+    case MoeVariantKind::tp:
+      return "tp";
+    case MoeVariantKind::ep:
+      return "ep";
+  }
+  return "?";
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+double median_of(std::vector<double> values) { return summarize(std::move(values)).median; }
+
+// One of the three layers behind one interface.
+struct Layer {
+  std::unique_ptr<SimpleMoe> simple;
+  std::unique_ptr<TpMoe> tp;
+  std::unique_ptr<EpMoe> ep;
+
+  void forward(const Tensor& x, const Tensor& y) {
+    if (simple) simple->forward(x, y);
+    if (tp) tp->forward(x, y);
+    if (ep) ep->forward(x, y);
+  }
+  const MoeStats& stats() const {
+    return simple ? simple->last_stats() : tp ? tp->last_stats() : ep->last_stats();
+  }
+  size_t weight_bytes() const {
+    return simple ? simple->weight_bytes() : tp ? tp->weight_bytes() : ep->weight_bytes();
+  }
+  size_t workspace_bytes() const {
+    return simple ? simple->workspace_bytes() : tp ? tp->workspace_bytes() : ep->workspace_bytes();
+  }
+  bool active() const { return simple || tp || ep; }
+};
+
+// What each rank reports; all doubles, so that all_gather moves it as bytes.
+struct RankReport {
+  double peak_bytes, weight_bytes, workspace_bytes, rss_bytes;
+  double gflop, bytes_moved;
+  double route_ms, dispatch_ms, experts_ms, combine_ms, reduce_ms;
+  double check_error, checked_rows;
+  double rows, gemm_flops, grouped_ms, dense_ms;
+};
+
+Tensor rows_of(const Tensor& x, int begin, int rows) {
+  const size_t row_bytes = size_t(x.size(1)) * dtype_size(x.dtype());
+  return Tensor(static_cast<std::byte*>(x.data()) + size_t(begin) * row_bytes, x.dtype(),
+                {rows, x.size(1)});
+}
+
+void fill_pattern(const Buffer& b) {
+  float* p = b.data<float>();
+  const size_t n = b.nbytes() / sizeof(float);
+  for (size_t i = 0; i < n; ++i) p[i] = float((uint32_t(i) * 2654435761u) >> 24) / 256.0f - 0.5f;
+}
+
+// Times the dense GEMM pair of the same FLOPs as this rank's expert stage; returns its median ms.
+double time_dense_gemms(Communicator& comm, const MoeRunSpec& spec, int64_t rows) {
+  const MoeConfig& c = spec.config;
+  const int H = c.feature_dim, F = c.ffn_dim, O = c.out_dim(), G = c.w1_halves() * F;
+  const int64_t m = std::max<int64_t>(rows, 0);
+  Buffer a(DType::f32, {m, H}), w1(DType::f32, {H, G}), w2(DType::f32, {F, O});
+  Buffer hidden(DType::f32, {m, G}), out(DType::f32, {m, O});
+  fill_pattern(a);
+  fill_pattern(w1);
+  fill_pattern(w2);
+  std::vector<double> mine;
+  auto step = [&] {
+    const auto start = Clock::now();
+    cpu::gemm_f32(int(m), G, H, a.data<float>(), H, w1.data<float>(), G, hidden.data<float>(), G);
+    cpu::gemm_f32(int(m), O, F, hidden.data<float>(), G, w2.data<float>(), O, out.data<float>(), O);
+    mine.push_back(ms_since(start));
+  };
+  time_steps(comm, spec.warmup, spec.iters, {step});
+  return median_of(std::vector<double>(mine.end() - spec.iters, mine.end()));
+}
+
+void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
+              const reference::MoeExpected& expected, std::vector<RankReport>& reports,
+              std::vector<double>& iteration_ms) {
+  const MoeConfig& c = spec.config;
+  const int W = comm.size(), rank = comm.rank();
+  const bool ep = spec.variant == MoeVariantKind::ep;
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (launched_by_mpi()) {
+    const int local = int(comm.node_ranks().size());
+    cpu::set_blas_threads(spec.blas_threads > 0                    ? spec.blas_threads
+                          : spec.variant == MoeVariantKind::simple ? cores
+                                                                   : std::max(1, cores / local));
+    reset_peak_rss();
+  }
+
+  reset_thread_peak();
+  const int64_t base = thread_memory().current_bytes;
+  const RowRange mine = ep ? shard_rows(spec.batch, W, rank) : RowRange{0, spec.batch};
+  Layer layer;
+  switch (spec.variant) {
+    case MoeVariantKind::simple:
+      if (rank == 0) layer.simple = std::make_unique<SimpleMoe>(c, std::max(1, spec.batch));
+      break;
+    case MoeVariantKind::tp:
+      layer.tp = std::make_unique<TpMoe>(comm, c, std::max(1, spec.batch));
+      break;
+    case MoeVariantKind::ep:
+      layer.ep = std::make_unique<EpMoe>(comm, c, std::max(1, shard_rows(spec.batch, W, 0).size()),
+                                         spec.micro_batches);
+      break;
+  }
+  const Tensor x_mine = rows_of(x, mine.begin, mine.size());
+  Buffer y(c.dtype, {layer.active() ? mine.size() : 0, c.out_dim()});
+
+  // The check: the first forward must match the reference on every rank.
+  RankReport report{};
+  std::string error;
+  if (layer.active()) {
+    layer.forward(x_mine, y);
+    const auto cmp =
+        reference::compare_moe(c, expected, y, mine.begin, reference::moe_tolerance(c.dtype));
+    error = cmp.error;
+    report.check_error = cmp.max_error;
+    report.checked_rows = cmp.compared;
+  }
+  const char failed = error.empty() ? 0 : 1;
+  const auto votes = comm.all_gather(std::as_bytes(std::span(&failed, 1)));
+  for (int r = 0; r < W; ++r)
+    PMOE_CHECK(votes[size_t(r)] == std::byte{0}, "moe check failed: ", variant_key(spec.variant),
+               " batch=", spec.batch, " top_k=", c.top_k, " feature_dim=", c.feature_dim,
+               (r == rank ? ": " + error : " on rank " + std::to_string(r)));
+
+  std::vector<MoeStats> per_iteration;
+  auto forward = [&] {
+    if (!layer.active()) return;
+    layer.forward(x_mine, y);
+    per_iteration.push_back(layer.stats());
+  };
+  iteration_ms = time_steps(comm, spec.warmup, spec.iters, {forward})[0];
+  for (double& t : iteration_ms) t /= 1000.0;  // µs -> ms
+
+  report.peak_bytes = double(thread_memory().peak_bytes - base);
+  if (layer.active()) {
+    const std::vector<MoeStats> timed(per_iteration.end() - spec.iters, per_iteration.end());
+    auto phase_ms = [&](double MoeStats::*field) {
+      std::vector<double> v;
+      for (const MoeStats& s : timed) v.push_back(1e3 * (s.*field));
+      return median_of(v);
+    };
+    const MoeStats& last = timed.back();
+    report.weight_bytes = double(layer.weight_bytes());
+    report.workspace_bytes = double(layer.workspace_bytes());
+    report.gflop = (last.expert_flops + last.router_flops) / 1e9;
+    report.bytes_moved = double(last.bytes_moved);
+    report.route_ms = phase_ms(&MoeStats::route_s);
+    report.dispatch_ms = phase_ms(&MoeStats::dispatch_s);
+    report.experts_ms = phase_ms(&MoeStats::experts_s);
+    report.combine_ms = phase_ms(&MoeStats::combine_s);
+    report.reduce_ms = phase_ms(&MoeStats::reduce_s);
+    report.rows = double(last.expert_rows);
+    report.gemm_flops = last.expert_flops;
+    report.grouped_ms = report.experts_ms;
+  }
+  layer = Layer();  // free the model before the dense GEMMs allocate theirs
+  if (ep && spec.gemm_rate) report.dense_ms = time_dense_gemms(comm, spec, int64_t(report.rows));
+  report.rss_bytes = double(peak_rss_bytes());
+
+  const auto all = comm.all_gather(std::as_bytes(std::span(&report, 1)));
+  reports.resize(size_t(W));
+  std::memcpy(reports.data(), all.data(), all.size());
+}
+
+}  // namespace
+
+MoeRunResult run_moe_variant(const MoeRunSpec& spec, const Tensor& x,
+                             const reference::MoeExpected& expected) {
+  const bool mpi = launched_by_mpi();
+  const bool simple = spec.variant == MoeVariantKind::simple;
+  const int W = simple && !mpi ? 1 : spec.ranks;
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (!mpi) {
+    cpu::set_blas_threads(spec.blas_threads > 0 ? spec.blas_threads
+                          : simple              ? cores
+                                                : std::max(1, cores / W));
+    reset_peak_rss();
+  }
+  MoeRunResult result;
+  std::mutex mutex;
+  run_on_ranks(mpi ? 0 : W, [&](Communicator& comm) {
+    std::vector<RankReport> reports;
+    std::vector<double> iteration_ms;
+    run_rank(comm, spec, x, expected, reports, iteration_ms);
+    if (comm.rank() != 0) return;
+    std::lock_guard lock(mutex);
+    result.ms = summarize(iteration_ms);
+    result.ranks = comm.size();
+    result.blas_threads = cpu::blas_threads();
+    const int E_local = spec.config.num_experts / comm.size();
+    for (int r = 0; r < comm.size(); ++r) {
+      const RankReport& p = reports[size_t(r)];
+      result.max_mem_mb = std::max(result.max_mem_mb, p.peak_bytes / 1e6);
+      result.weights_mb = std::max(result.weights_mb, p.weight_bytes / 1e6);
+      result.workspace_mb = std::max(result.workspace_mb, p.workspace_bytes / 1e6);
+      result.rss_mb = std::max(result.rss_mb, p.rss_bytes / 1e6);
+      result.gflop_max = std::max(result.gflop_max, p.gflop);
+      result.mb_moved_max = std::max(result.mb_moved_max, p.bytes_moved / 1e6);
+      result.route_ms = std::max(result.route_ms, p.route_ms);
+      result.dispatch_ms = std::max(result.dispatch_ms, p.dispatch_ms);
+      result.experts_ms = std::max(result.experts_ms, p.experts_ms);
+      result.combine_ms = std::max(result.combine_ms, p.combine_ms);
+      result.reduce_ms = std::max(result.reduce_ms, p.reduce_ms);
+      result.check_error = std::max(result.check_error, p.check_error);
+      result.checked_rows += int(p.checked_rows);
+      if (spec.variant == MoeVariantKind::ep && spec.gemm_rate)
+        result.gemm_rates.push_back(
+            {r, int64_t(p.rows), E_local, p.gemm_flops / 1e9, p.grouped_ms, p.dense_ms});
+    }
+  });
+  return result;
+}
+
+}  // namespace pmoe::bench
