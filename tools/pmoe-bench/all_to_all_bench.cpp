@@ -2,8 +2,10 @@
 // roofline. For each rank count and tokens per rank, every path is first checked against the
 // plain reference (a wrong result exits non-zero), then timed by the DESIGN.md protocol.
 //
-// The roofline is the memory-copy bandwidth measured in the same run: all ranks memcpy a private
-// 16 MiB buffer at once; copy_gbps = (bytes read + bytes written) / time, per rank. An op's GB/s
+// The roofline is the memory-copy bandwidth measured in the same run, right before each
+// configuration is timed: all ranks memcpy a private 16 MiB buffer (allocated like the ops'
+// buffers) at once, at least 50 times; copy_gbps = (bytes read + bytes written) / median time,
+// per rank. An op's GB/s
 // counts the bytes it must read and write, per rank (averaged over ranks):
 //   dispatch: (tokens arriving + rows landed in expert_x) x (payload + scale bytes): every token
 //             that crosses to the rank read once, every (token, local expert) row written once;
@@ -85,11 +87,14 @@ void agree_on_check(Communicator& comm, const std::string& what, const std::stri
   }
 }
 
-// Per-rank copy bandwidth with every rank copying at once: (read + written bytes) / time.
+// Per-rank copy bandwidth with every rank copying at once: (read + written bytes) / median time.
+// The buffers come from the allocator the ops' buffers come from (huge pages included).
 double measure_copy_gbps(Communicator& comm, const Options& o) {
-  std::vector<std::byte> from(kCopyBytes, std::byte{1}), to(kCopyBytes, std::byte{2});
-  const auto times = time_steps(comm, o.warmup, o.iters,
-                                {[&] { std::memcpy(to.data(), from.data(), kCopyBytes); }});
+  Buffer from(DType::f32, {int64_t(kCopyBytes / 4)}), to(DType::f32, {int64_t(kCopyBytes / 4)});
+  std::memset(from.data<void>(), 1, kCopyBytes);
+  const auto times =
+      time_steps(comm, o.warmup, std::max(o.iters, 50),
+                 {[&] { std::memcpy(to.data<void>(), from.data<void>(), kCopyBytes); }});
   return 2.0 * double(kCopyBytes) / (summarize(times[0]).median * 1e3);
 }
 
@@ -241,7 +246,7 @@ std::string cell(const json& row) {
          format("%.1f", row["std_us"].get<double>());
 }
 
-void print_tables(const Options& o, const json& rows, const std::map<int, double>& copy) {
+void print_tables(const Options& o, const json& rows) {
   std::printf("\n## pmoe-bench all-to-all: E=%d, top-k=%d, H=%d, %s (combine out bf16)\n\n",
               o.experts, o.topk, o.hidden, o.dtype.c_str());
   std::printf("%d timed iterations after %d warm-ups; an iteration's time is the slowest rank's. "
@@ -273,9 +278,8 @@ void print_tables(const Options& o, const json& rows, const std::map<int, double
       std::printf("\n");
     }
   }
-  std::printf("\n### Bandwidth (copy_gbps per rank, all ranks copying at once:");
-  for (const auto& [W, gbps] : copy) std::printf(" EP%d %.2f GB/s;", W, gbps);
-  std::printf(")\n\n");
+  std::printf("\n### Bandwidth against the memory-copy roofline (copy GB/s: per rank, all ranks "
+              "copying at once, measured just before each configuration)\n\n");
   auto fraction = [](const json& r) {
     return r["copy_fraction"].is_null() ? std::string("") : format("%.2f", r["copy_fraction"].get<double>());
   };
@@ -288,7 +292,8 @@ void print_tables(const Options& o, const json& rows, const std::map<int, double
                : format("%.1f", r["workspace_bytes"].get<double>() / double(1 << 20));
   };
   print_markdown({column("op", "op"), column("ranks", "ranks"), column("tokens", "tokens"),
-                  {"mean ± std (µs)", cell}, {"GB/s", gbps}, {"of copy bw", fraction},
+                  {"mean ± std (µs)", cell}, {"GB/s", gbps}, column("copy GB/s", "copy_gbps", "%.2f"),
+                  {"of copy bw", fraction},
                   {"workspace/rank (MiB)", workspace}},
                  rows);
 }
@@ -325,27 +330,26 @@ void run(const Options& o) {
   const std::vector<int> token_counts = parse_int_list(o.tokens, "--tokens");
   for (int tokens : token_counts) config_for(o, tokens);  // reject bad options before any work
   json rows = json::array();
-  std::map<int, double> copy;
   for (int W : rank_counts) {
     std::mutex mutex;
     run_on_ranks(launched_by_mpi() ? 0 : W, [&](Communicator& comm) {
-      const double copy_gbps = measure_copy_gbps(comm, o);
       for (int tokens : token_counts) {
-        Context ctx{o, comm.size(), tokens, copy_gbps};
+        Context ctx{o, comm.size(), tokens, measure_copy_gbps(comm, o)};
         run_config(comm, ctx);
         if (comm.rank() == 0) {
           std::lock_guard lock(mutex);
           for (auto& r : ctx.rows) rows.push_back(r);
-          copy[comm.size()] = copy_gbps;
         }
       }
     });
   }
   if (!is_printing_rank()) return;
-  print_tables(o, rows, copy);
+  print_tables(o, rows);
   print_targets(rows);
-  json copy_json = json::object();
-  for (const auto& [W, gbps] : copy) copy_json[std::to_string(W)] = gbps;
+  json copy_json = json::object();  // "ranks x tokens" -> the copy bandwidth measured for it
+  for (const auto& r : rows)
+    copy_json[std::to_string(r["ranks"].get<int>()) + "x" + std::to_string(r["tokens"].get<int>())] =
+        r["copy_gbps"];
   const json config = {{"experts", o.experts}, {"topk", o.topk}, {"hidden", o.hidden},
                        {"dtype", o.dtype},     {"out_dtype", "bf16"}, {"iters", o.iters},
                        {"warmup", o.warmup},   {"seed", o.seed},  {"copy_bytes", kCopyBytes}};
