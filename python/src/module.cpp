@@ -12,4 +12,5 @@ NB_MODULE(_pmoe, m) {
   nb::exception<pmoe::Error>(m, "Error", PyExc_RuntimeError);
   pmoe::python::bind_comm(m);
   pmoe::python::bind_all_to_all(m);
+  pmoe::python::bind_moe(m);
 }

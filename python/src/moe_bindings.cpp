@@ -1,0 +1,138 @@
+// MoE layers: MoeConfig, SimpleMoe, TpMoe and EpMoe with forward(x), and the weights they build.
+#include <nanobind/stl/string.h>
+
+#include <cstring>
+#include <string>
+
+#include "bindings.hpp"
+#include "pmoe/error.hpp"
+#include "pmoe/moe.hpp"
+#include "tensor_interop.hpp"
+
+namespace pmoe::python {
+
+namespace nb = nanobind;
+
+namespace {
+
+MoeTensor parse_moe_tensor(const std::string& name) {
+  if (name == "router") return MoeTensor::router;
+  if (name == "w1") return MoeTensor::w1;
+  if (name == "w1_linear") return MoeTensor::w1_linear;
+  if (name == "w2") return MoeTensor::w2;
+  throw Error("tensor must be 'router', 'w1', 'w1_linear' or 'w2', got '" + name + "'");
+}
+
+// forward(x, y=None): y is allocated (NumPy, x's dtype) when not given, and returned.
+template <typename Layer>
+nb::object forward(Layer& layer, nb::ndarray<> x, nb::handle y) {
+  const Tensor tx = to_tensor(x, "x");
+  nb::object out;
+  Tensor ty;
+  if (y.is_none()) {
+    PMOE_CHECK(tx.dim() == 2, "`x` must be 2-D [m, feature_dim], got ", tx.shape_str());
+    const MoeConfig& c = layer.config();
+    out = nb::module_::import_("numpy").attr("zeros")(
+        nb::make_tuple(tx.size(0), c.out_dim()), tx.dtype() == DType::bf16 ? "uint16" : "float32");
+    ty = to_tensor(nb::cast<nb::ndarray<>>(out), "y");
+  } else {
+    out = nb::borrow(y);
+    ty = to_tensor(nb::cast<nb::ndarray<>>(y), "y");
+  }
+  {
+    nb::gil_scoped_release release;
+    layer.forward(tx, ty);
+  }
+  return out;
+}
+
+const char* kForwardDoc = R"(Runs the layer: y = sum_j weight_j * FFN_{expert_j}(x).
+
+x  [m, feature_dim] float32 (dtype f32) or uint16 bf16 bits (dtype bf16)
+y  optional output [m, out_dim], same dtype; allocated (NumPy) and returned when omitted)";
+
+}  // namespace
+
+void bind_moe(nb::module_& m) {
+  nb::class_<MoeConfig>(m, "MoeConfig", "The shape and weights of an MoE layer (see DESIGN.md).")
+      .def(
+          "__init__",
+          [](MoeConfig* self, int feature_dim, int ffn_dim, int num_experts, int top_k,
+             int output_dim, const std::string& act, const std::string& dtype, uint64_t seed) {
+            new (self) MoeConfig();
+            self->feature_dim = feature_dim;
+            self->ffn_dim = ffn_dim;
+            self->num_experts = num_experts;
+            self->top_k = top_k;
+            self->output_dim = output_dim;
+            self->act = parse_activation(act);
+            self->dtype = parse_dtype(dtype);
+            self->seed = seed;
+            self->validate();
+          },
+          nb::kw_only(), nb::arg("feature_dim"), nb::arg("ffn_dim"), nb::arg("num_experts"),
+          nb::arg("top_k"), nb::arg("output_dim") = 0, nb::arg("act") = "relu",
+          nb::arg("dtype") = "f32", nb::arg("seed") = 0,
+          "act: relu, gelu or swiglu; dtype: f32 or bf16; output_dim 0 means feature_dim.")
+      .def_ro("feature_dim", &MoeConfig::feature_dim)
+      .def_ro("ffn_dim", &MoeConfig::ffn_dim)
+      .def_ro("num_experts", &MoeConfig::num_experts)
+      .def_ro("top_k", &MoeConfig::top_k)
+      .def_prop_ro("out_dim", &MoeConfig::out_dim)
+      .def_prop_ro("act", [](const MoeConfig& c) { return std::string(activation_name(c.act)); })
+      .def_prop_ro("dtype", [](const MoeConfig& c) { return std::string(dtype_name(c.dtype)); })
+      .def_ro("seed", &MoeConfig::seed);
+
+  m.def(
+      "moe_weights",
+      [](const MoeConfig& config, const std::string& tensor, int expert) {
+        const MoeTensor t = parse_moe_tensor(tensor);
+        const int64_t rows = t == MoeTensor::w2 ? config.ffn_dim : config.feature_dim;
+        const int64_t cols = t == MoeTensor::router ? config.num_experts
+                             : t == MoeTensor::w2   ? config.out_dim()
+                                                    : config.ffn_dim;
+        nb::object out = nb::module_::import_("numpy").attr("zeros")(nb::make_tuple(rows, cols),
+                                                                     "float32");
+        float* values = static_cast<float*>(nb::cast<nb::ndarray<>>(out).data());
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) values[r * cols + c] = moe_weight(config, t, expert, r, c);
+        return out;
+      },
+      nb::arg("config"), nb::arg("tensor"), nb::arg("expert") = 0,
+      "The weights every layer builds from config.seed, as float32 [rows, cols]: 'router' Wg "
+      "[feature_dim, E], 'w1' and 'w1_linear' [feature_dim, ffn_dim], 'w2' [ffn_dim, out_dim].");
+
+  nb::class_<SimpleMoe>(m, "SimpleMoe", "The whole layer on one rank.")
+      .def(nb::init<const MoeConfig&, int>(), nb::arg("config"), nb::arg("max_tokens"))
+      .def("forward", &forward<SimpleMoe>, nb::arg("x"), nb::arg("y") = nb::none(), kForwardDoc)
+      .def("weight_bytes", &SimpleMoe::weight_bytes);
+
+  nb::class_<TpMoe>(m, "TpMoe", R"(Every expert split over the ranks (W1 by columns, W2 by rows);
+tokens replicated (every rank passes the same x); one all-reduce per forward. Collective.)")
+      .def(
+          "__init__",
+          [](TpMoe* self, Communicator& comm, const MoeConfig& config, int max_tokens) {
+            nb::gil_scoped_release release;
+            new (self) TpMoe(comm, config, max_tokens);
+          },
+          nb::arg("comm"), nb::arg("config"), nb::arg("max_tokens"), nb::keep_alive<1, 2>())
+      .def("forward", &forward<TpMoe>, nb::arg("x"), nb::arg("y") = nb::none(), kForwardDoc)
+      .def("weight_bytes", &TpMoe::weight_bytes);
+
+  nb::class_<EpMoe>(m, "EpMoe", R"(Whole experts spread over the ranks; each rank passes its own
+tokens; AllToAll dispatch, grouped expert GEMMs, combine. micro_batches=2 splits the tokens in
+two halves so one half's exchange overlaps the other's experts. Collective.)")
+      .def(
+          "__init__",
+          [](EpMoe* self, Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
+             int micro_batches) {
+            nb::gil_scoped_release release;
+            new (self) EpMoe(comm, config, max_tokens_per_rank, micro_batches);
+          },
+          nb::arg("comm"), nb::arg("config"), nb::arg("max_tokens_per_rank"),
+          nb::arg("micro_batches") = 1, nb::keep_alive<1, 2>())
+      .def("forward", &forward<EpMoe>, nb::arg("x"), nb::arg("y") = nb::none(), kForwardDoc)
+      .def("weight_bytes", &EpMoe::weight_bytes);
+}
+
+}  // namespace pmoe::python
