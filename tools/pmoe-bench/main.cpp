@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   pmoe::bench::add_all_to_all_command(app);
   pmoe::bench::add_moe_command(app);
+  pmoe::bench::add_all_command(app);
   int code = 0;
   try {
     app.parse(argc, argv);

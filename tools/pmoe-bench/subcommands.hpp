@@ -12,4 +12,7 @@ void add_all_to_all_command(CLI::App& app);
 // setting checked against the reference first.
 void add_moe_command(CLI::App& app);
 
+// `pmoe-bench all`: a quick pass of every benchmark, each part checked; the README's make bench.
+void add_all_command(CLI::App& app);
+
 }  // namespace pmoe::bench

@@ -1,0 +1,67 @@
+// `pmoe-bench all`: a quick pass of every benchmark, the README's main-job command (make bench).
+// Each part runs as its own process (this executable again), so one part's failure is reported
+// and the others still run; the exit code is non-zero if any part failed its check or crashed.
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "pmoe/error.hpp"
+#include "subcommands.hpp"
+
+namespace pmoe::bench {
+namespace {
+
+struct Options {
+  std::string out_dir = "build/bench";
+};
+
+std::string self_path() {
+  char path[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  PMOE_CHECK(n > 0, "pmoe-bench all: cannot find its own executable");
+  return std::string(path, size_t(n));
+}
+
+void run(const Options& o) {
+  PMOE_CHECK(!launched_by_mpi(), "pmoe-bench all runs its parts with thread ranks; under mpirun, "
+             "run the subcommands themselves");
+  PMOE_CHECK(std::system(("mkdir -p '" + o.out_dir + "'").c_str()) == 0, "cannot create ",
+             o.out_dir);
+  const std::string self = self_path(), dir = o.out_dir;
+  const std::vector<std::pair<std::string, std::string>> parts = {
+      {"all-to-all", "all-to-all --ranks 2 --tokens 1,128 --json " + dir + "/all_to_all.json"},
+      {"moe", "moe --benchmark_type batch_size --json " + dir + "/moe_batch_size.json"},
+      {"ag-gemm", "ag-gemm --ranks 2 --json " + dir + "/ag_gemm.json"},
+      {"gemm-rs", "gemm-rs --ranks 2 --json " + dir + "/gemm_rs.json"},
+  };
+  std::vector<std::string> failed;
+  for (const auto& [name, args] : parts) {
+    std::printf("\n# pmoe-bench %s\n", args.c_str());
+    std::fflush(stdout);
+    if (std::system(("'" + self + "' " + args).c_str()) != 0) failed.push_back(name);
+  }
+  std::printf("\n%zu of %zu benchmarks passed their checks; JSON in %s\n",
+              parts.size() - failed.size(), parts.size(), dir.c_str());
+  if (!failed.empty()) {
+    std::string names;
+    for (const auto& f : failed) names += (names.empty() ? "" : ", ") + f;
+    throw Error("pmoe-bench all: failed: " + names);
+  }
+}
+
+}  // namespace
+
+void add_all_command(CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("all", "a quick pass of every benchmark (make bench)");
+  cmd->add_option("--out", o->out_dir, "where the JSON results go")->capture_default_str();
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace pmoe::bench
