@@ -5,4 +5,5 @@
 #include "pmoe/comm.hpp"
 #include "pmoe/dtype.hpp"
 #include "pmoe/error.hpp"
+#include "pmoe/overlap.hpp"
 #include "pmoe/tensor.hpp"
