@@ -26,6 +26,7 @@ void CommWorker::start(std::function<void()> job) {
     has_job_ = true;
     busy_ = true;
     error_ = nullptr;
+    progress_ = 0;
     stop_.store(false, std::memory_order_release);
     failed_.store(false, std::memory_order_release);
   }
@@ -47,8 +48,31 @@ void CommWorker::finish() {
   }
 }
 
+void CommWorker::publish(int progress) {
+  {
+    std::lock_guard lock(mutex_);
+    progress_ = progress;
+  }
+  wake_.notify_all();
+}
+
+void CommWorker::wait_progress(int value, const char* op) {
+  std::unique_lock lock(mutex_);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+  const bool reached = wake_.wait_until(
+      lock, deadline, [&] { return progress_ >= value || stop_.load(std::memory_order_acquire); });
+  PMOE_CHECK(!stop_.load(std::memory_order_acquire), "communication thread: stopped by its rank");
+  PMOE_CHECK(reached, op, ": the communication thread waited ", timeout_s_, " s for GEMM ", value,
+             " of its rank");
+}
+
 void CommWorker::abandon() noexcept {
-  stop_.store(true, std::memory_order_release);
+  {
+    std::lock_guard lock(mutex_);  // so that a job blocked in wait_progress sees it
+    stop_.store(true, std::memory_order_release);
+  }
+  wake_.notify_all();
   std::unique_lock lock(mutex_);
   // No deadline: every wait of a job polls stop_requested(), so the job returns within one put.
   wake_.wait(lock, [&] { return !busy_; });

@@ -33,6 +33,12 @@ class CommWorker {
   // that it touches no caller memory afterwards. Never throws.
   void abandon() noexcept;
 
+  // The calling thread's progress in the current job (pieces multiplied), 0 at start(). The
+  // job blocks on it (no spinning or napping, which would take cycles from the GEMM sharing
+  // the core) until it reaches `value`; it throws pmoe::Error on abandon() or after timeout_s.
+  void publish(int progress);
+  void wait_progress(int value, const char* op);
+
   // Polled by the job's waits: the calling thread gave up on this call.
   bool stop_requested() const { return stop_.load(std::memory_order_acquire); }
   // Polled by the calling thread's waits: the job threw, finish() will rethrow it.
@@ -43,11 +49,12 @@ class CommWorker {
 
   double timeout_s_;
   std::mutex mutex_;
-  std::condition_variable wake_;  // a job or quit for the thread; the end of a job for callers
+  std::condition_variable wake_;  // a job, progress or quit for the thread; a job's end for callers
   std::function<void()> job_;
   bool has_job_ = false;
   bool busy_ = false;
   bool quit_ = false;
+  int progress_ = 0;
   std::exception_ptr error_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};

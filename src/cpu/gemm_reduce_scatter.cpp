@@ -13,7 +13,6 @@
 // rank r-1 (ring). For its own block the worker sums the arrivals and its own piece into C.
 // Sums run in f32 in the order ranks b-1, b-2, ..., b+1, then b, whatever the order option.
 #include <algorithm>
-#include <atomic>
 #include <vector>
 
 #include "cpu/gemm.hpp"
@@ -55,18 +54,17 @@ class CpuGemmReduceScatter final : public CpuOverlapBase {
       }
       return;
     }
-    multiplied_.store(0, std::memory_order_release);
     pipeline(
         [&] {
           for (size_t i = 0; i < steps_.size(); ++i) {
-            wait_counter(multiplied_, int(i) + 1, kRun);
+            worker_->wait_progress(int(i) + 1, kRun);
             communicate(args, steps_[i], /*on_worker=*/true);
           }
         },
         [&] {
           for (size_t i = 0; i < steps_.size(); ++i) {
             multiply(args, steps_[i]);
-            multiplied_.store(int(i) + 1, std::memory_order_release);
+            worker_->publish(int(i) + 1);
           }
         });
   }
@@ -223,7 +221,6 @@ class CpuGemmReduceScatter final : public CpuOverlapBase {
   std::vector<float> sum_;          // [M/W, N]: running sums of this rank's pieces
   std::vector<std::byte> staging_;  // [M/W, N] in dtype: what a put sends, rounded
   std::vector<float> a32_, b32_;    // bf16 only: widened A_r and B_r
-  std::atomic<int> multiplied_{0};  // pieces of this call multiplied so far (run() with worker)
 };
 
 }  // namespace

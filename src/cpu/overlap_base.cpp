@@ -54,16 +54,6 @@ void CpuOverlapBase::wait_signal(int slot, uint64_t value, const WaitFor& what,
                });
 }
 
-void CpuOverlapBase::wait_counter(const std::atomic<int>& counter, int value,
-                                  const char* op) const {
-  wait_bounded([&] { return counter.load(std::memory_order_acquire) >= value; },
-               /*on_worker=*/true,
-               [&] {
-                 return cat(op, " on rank ", rank_, ": the communication thread waited ",
-                            comm_.timeout_s(), " s for GEMM ", value, " of this rank");
-               });
-}
-
 void CpuOverlapBase::wait_bounded(const std::function<bool()>& ready, bool on_worker,
                                   const std::function<std::string()>& timeout_message) const {
   wait_until(

@@ -8,7 +8,6 @@
 // then there is no worker and the ops interleave transfers and GEMMs on the calling thread.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,8 +33,6 @@ class CpuOverlapBase : public OverlapBackend {
   void wait_ready(int dest, const char* op, bool on_worker) const;
   // Waits until this rank's signal `slot` reaches `value`.
   void wait_signal(int slot, uint64_t value, const WaitFor& what, bool on_worker) const;
-  // Waits until `counter` (bumped by the calling thread) reaches `value`; on the worker only.
-  void wait_counter(const std::atomic<int>& counter, int value, const char* op) const;
 
   // Runs `transfers` on the worker while `multiply` runs on this thread; returns when both have
   // ended. If `multiply` throws, the worker is stopped before the exception leaves.

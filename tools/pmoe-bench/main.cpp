@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   CLI::App app{"pmoe-bench: MoE communication benchmarks (see README.md)"};
   app.require_subcommand(1);
   pmoe::bench::add_all_to_all_command(app);
+  pmoe::bench::add_overlap_commands(app);
   int code = 0;
   try {
     app.parse(argc, argv);
