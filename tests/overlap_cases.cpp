@@ -39,7 +39,7 @@ OverlapResult run_case(Communicator& comm, const OverlapCase& c) {
   result.overlaps = op.overlaps();
   const OverlapConfig& cfg = c.config;
   Buffer C = gather ? Buffer(cfg.dtype, {cfg.m, cfg.n / W}) : Buffer(cfg.dtype, {cfg.m / W, cfg.n});
-  for (int i = 0; i < c.calls && result.error.empty(); ++i) {
+  for (int i = 0; i < c.calls; ++i) {  // every call on every rank, even after an error: peers wait
     const uint64_t seed = c.seed + uint64_t(i);
     std::vector<reference::OverlapInputs> inputs;
     for (int r = 0; r < W; ++r)
@@ -61,11 +61,12 @@ OverlapResult run_case(Communicator& comm, const OverlapCase& c) {
     const reference::Expected want =
         gather ? reference::all_gather_gemm_reference(a_parts, mine.B, cfg.dtype)
                : reference::gemm_reduce_scatter_reference(a_parts, b_parts, rank, cfg.dtype);
-    result.error = reference::compare_close(detail::cat("call ", i, " rank ", rank, " C"), C, want);
-    if (result.error.empty() &&
-        (std::memcmp(a_before.data(), mine.A.data<void>(), a_before.size()) != 0 ||
-         std::memcmp(b_before.data(), mine.B.data<void>(), b_before.size()) != 0))
-      result.error = detail::cat("call ", i, " rank ", rank, ": the op changed its inputs");
+    std::string error =
+        reference::compare_close(detail::cat("call ", i, " rank ", rank, " C"), C, want);
+    if (error.empty() && (std::memcmp(a_before.data(), mine.A.data<void>(), a_before.size()) != 0 ||
+                          std::memcmp(b_before.data(), mine.B.data<void>(), b_before.size()) != 0))
+      error = detail::cat("call ", i, " rank ", rank, ": the op changed its inputs");
+    if (result.error.empty()) result.error = error;  // the first one
     result.digest = digest_of(result.digest, C);
   }
   // Over MPI messages, a peer's last ready signal may still be in flight; the barrier polls
