@@ -26,6 +26,7 @@ struct OverlapCase {
   uint64_t seed = 1;
 };
 
+// min_overlap_bytes = 0: even these small calls use the communication thread where there is one.
 OverlapConfig make_overlap_config(int64_t m, int64_t n, int64_t k, DType dtype, int chunks = 0,
                                   OverlapOrder order = OverlapOrder::all_pairs);
 

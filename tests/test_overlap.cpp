@@ -138,15 +138,18 @@ class OverlapRanks : public ::testing::TestWithParam<int> {
 
 // M = 60, N = 84, K = 108: divisible by 1..4, not powers of two; M/W = 60, 30, 20, 15 rows
 // cut into 1, 2 or 3 pieces (uneven for 15 / 2 and 20 / 3).
-void sweep(int W, OverlapKind kind) {
+// `thread`: with the communication thread; else min_overlap_bytes keeps every call on the
+// calling thread (the schedule MPI ranks with off-node peers use).
+void sweep(int W, OverlapKind kind, bool thread = true) {
   for (DType dtype : {DType::f32, DType::bf16})
     for (OverlapOrder order : {OverlapOrder::all_pairs, OverlapOrder::ring})
       for (int per_rank : {1, 2, 3}) {
         OverlapCase c;
         c.kind = kind;
         c.config = make_overlap_config(60, 84, 108, dtype, per_rank * W, order);
+        if (!thread) c.config.min_overlap_bytes = int64_t(1) << 40;
         const OverlapResult r = expect_case(W, c);
-        EXPECT_EQ(r.overlaps, W > 1) << describe(c);
+        EXPECT_EQ(r.overlaps, thread && W > 1) << describe(c);
       }
 }
 
@@ -156,6 +159,11 @@ TEST_P(OverlapRanks, AllGatherGemmMatchesAllGatherThenGemm) {
 
 TEST_P(OverlapRanks, GemmReduceScatterMatchesGemmThenReduceScatter) {
   sweep(GetParam(), OverlapKind::gemm_reduce_scatter);
+}
+
+TEST_P(OverlapRanks, WithoutTheThreadBothOpsMatchToo) {
+  sweep(GetParam(), OverlapKind::all_gather_gemm, /*thread=*/false);
+  sweep(GetParam(), OverlapKind::gemm_reduce_scatter, /*thread=*/false);
 }
 
 TEST_P(OverlapRanks, DefaultChunksAndOnePieceOfOneRowEach) {
@@ -264,6 +272,23 @@ TEST(Overlap, GemmOnlyRepeatsTheGemmsWithoutCommunicating) {
       }
     });
   }
+}
+
+// The thread is used from min_overlap_bytes moved per call and rank: AllGatherGemm on 2 ranks
+// moves one block of A (30 x 108 bf16 = 6480 bytes), GemmReduceScatter one of C (30 x 84 x 2).
+TEST(Overlap, TheThreadStartsAtMinOverlapBytes) {
+  run_ranks(2, [](Communicator& comm) {
+    OverlapConfig cfg = make_overlap_config(60, 84, 108, DType::bf16);
+    cfg.min_overlap_bytes = 6480;
+    EXPECT_TRUE(AllGatherGemm(comm, cfg).overlaps());
+    cfg.min_overlap_bytes = 6481;
+    EXPECT_FALSE(AllGatherGemm(comm, cfg).overlaps());
+    cfg.min_overlap_bytes = 5040;
+    EXPECT_TRUE(GemmReduceScatter(comm, cfg).overlaps());
+    cfg.min_overlap_bytes = 5041;
+    EXPECT_FALSE(GemmReduceScatter(comm, cfg).overlaps());
+    EXPECT_FALSE(AllGatherGemm(comm, OverlapConfig{60, 84, 108}).overlaps());  // default: 1 MiB
+  });
 }
 
 TEST(Overlap, ReportsWorkspaceAndTheResolvedConfig) {

@@ -146,6 +146,13 @@ TEST(OverlapErrors, RejectsMoreChunksThanRows) {
       "GemmReduceScatter: chunks (62) exceeds M (60): every piece needs at least one row");
 }
 
+TEST(OverlapErrors, RejectsNegativeMinOverlapBytes) {
+  OverlapConfig cfg = kGood;
+  cfg.min_overlap_bytes = -1;
+  expect_config_rejected<AllGatherGemm>(cfg,
+                                        "AllGatherGemm: min_overlap_bytes must be >= 0, got -1");
+}
+
 TEST(OverlapErrors, RejectsConfigsThatDifferBetweenRanks) {
   std::mutex mutex;
   std::vector<std::string> errors(2);

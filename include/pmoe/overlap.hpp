@@ -42,6 +42,10 @@ struct OverlapConfig {
   DType dtype = DType::bf16;  // A, B and C: f32 or bf16 (bf16 is multiplied in f32 on the CPU)
   int chunks = 0;             // pieces of M in the pipeline: a multiple of W, at most M; 0 means W
   OverlapOrder order = OverlapOrder::all_pairs;
+  // A call that moves fewer bytes per rank than this does not overlap: its transfers run between
+  // its GEMMs on the calling thread, because handing them to the CPU communication thread (a
+  // wake-up and a hand-back per call) costs more than the transfer it would hide. 0: always.
+  int64_t min_overlap_bytes = int64_t(1) << 20;
 
   // Throws pmoe::Error saying what to change if `op` ("AllGatherGemm" or "GemmReduceScatter")
   // cannot run with this config on `world_size` ranks.
@@ -87,9 +91,10 @@ class AllGatherGemm {
   // run() would cost if communication were free.
   void run_gemm_only(const Tensor& A, const Tensor& B, const Tensor& C);
 
-  // True when run() moves data on a communication thread (every peer is load/store reachable);
-  // false when some peer is off-node, where MPI calls must stay on the rank's own thread and
-  // run() moves the pieces itself, between its GEMMs.
+  // True when run() moves data on a communication thread: every peer is load/store reachable
+  // and a call moves at least config.min_overlap_bytes. False when some peer is off-node (MPI
+  // calls must stay on the rank's own thread) or the call is too small to gain: then run()
+  // moves the pieces itself, between its GEMMs, in the same order.
   bool overlaps() const;
   // Bytes this op allocated per rank: symmetric buffer, signals, f32 staging for bf16.
   size_t workspace_bytes() const;

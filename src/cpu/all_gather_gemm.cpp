@@ -22,8 +22,9 @@ namespace {
 class CpuAllGatherGemm final : public CpuOverlapBase {
  public:
   CpuAllGatherGemm(Communicator& comm, const OverlapConfig& config)
-      : CpuOverlapBase(comm, config,
-                       size_t(config.m * config.k) * size_t(dtype_size(config.dtype))),
+      : CpuOverlapBase(comm, config, size_t(config.m * config.k) * size_t(dtype_size(config.dtype)),
+                       size_t((comm.size() - 1) * (config.m / comm.size()) * config.k) *
+                           size_t(dtype_size(config.dtype))),
         n_local_(config.n / comm.size()),
         steps_(all_gather_steps(rank_, layout_)),
         sends_(all_gather_sends(rank_, layout_, config.order == OverlapOrder::ring)) {

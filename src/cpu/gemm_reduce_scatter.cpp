@@ -25,8 +25,9 @@ namespace {
 class CpuGemmReduceScatter final : public CpuOverlapBase {
  public:
   CpuGemmReduceScatter(Communicator& comm, const OverlapConfig& config)
-      : CpuOverlapBase(comm, config,
-                       size_t(config.m * config.n) * size_t(dtype_size(config.dtype))),
+      : CpuOverlapBase(comm, config, size_t(config.m * config.n) * size_t(dtype_size(config.dtype)),
+                       size_t((comm.size() - 1) * (config.m / comm.size()) * config.n) *
+                           size_t(dtype_size(config.dtype))),
         k_local_(config.k / comm.size()),
         steps_(reduce_scatter_steps(rank_, layout_)),
         partial_(size_t(config.m * config.n)),

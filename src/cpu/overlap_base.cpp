@@ -15,7 +15,7 @@ bool every_peer_reachable(const SymmetricMemory& memory) {
 }  // namespace
 
 CpuOverlapBase::CpuOverlapBase(Communicator& comm, const OverlapConfig& config,
-                               size_t symmetric_bytes)
+                               size_t symmetric_bytes, size_t bytes_per_call)
     : comm_(comm),
       config_(config),
       rank_(comm.rank()),
@@ -23,7 +23,8 @@ CpuOverlapBase::CpuOverlapBase(Communicator& comm, const OverlapConfig& config,
       dsize_(size_t(dtype_size(config.dtype))),
       layout_(config.m, comm.size(), config.chunks),
       memory_(comm.alloc_symmetric(symmetric_bytes, layout_.signal_slots())) {
-  if (world_size_ > 1 && every_peer_reachable(*memory_))
+  if (world_size_ > 1 && every_peer_reachable(*memory_) &&
+      int64_t(bytes_per_call) >= config.min_overlap_bytes)
     worker_ = std::make_unique<CommWorker>(comm.timeout_s());
 }
 

@@ -5,7 +5,8 @@
 // When every peer is load/store reachable (thread ranks, MPI ranks on one node), transfers run
 // on a CommWorker while the rank's thread multiplies. When some peer is off-node, puts and
 // signals to it are MPI calls, which must stay on the rank's own thread (MPI_THREAD_SERIALIZED);
-// then there is no worker and the ops interleave transfers and GEMMs on the calling thread.
+// then there is no worker and the ops interleave transfers and GEMMs on the calling thread, as
+// they also do for calls smaller than config.min_overlap_bytes. Both ways follow one protocol.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +26,9 @@ class CpuOverlapBase : public OverlapBackend {
 
  protected:
   // Collective: allocates `symmetric_bytes` plus the layout's signals. `comm` must outlive the op.
-  CpuOverlapBase(Communicator& comm, const OverlapConfig& config, size_t symmetric_bytes);
+  // `bytes_per_call`: what one call moves out of this rank, compared with min_overlap_bytes.
+  CpuOverlapBase(Communicator& comm, const OverlapConfig& config, size_t symmetric_bytes,
+                 size_t bytes_per_call);
 
   // Starts the next call: every peer learns that this rank's memory is free to be written.
   void begin_call();

@@ -33,6 +33,8 @@ void OverlapConfig::validate(const char* op, int world_size) const {
              "): each rank's block of M/W rows is cut into chunks/W pieces");
   PMOE_CHECK(resolved <= m, op, ": chunks (", resolved, ") exceeds M (", m,
              "): every piece needs at least one row");
+  PMOE_CHECK(min_overlap_bytes >= 0, op, ": min_overlap_bytes must be >= 0, got ",
+             min_overlap_bytes);
   PMOE_CHECK(order == OverlapOrder::all_pairs || order == OverlapOrder::ring, op,
              ": order must be all_pairs or ring, got ", int(order));
 }

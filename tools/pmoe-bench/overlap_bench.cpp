@@ -50,6 +50,7 @@ struct Options {
   std::string order = "all-pairs";
   int ranks = 2;
   int blas_threads = 0;  // 0: automatic, see blas_threads_for()
+  int64_t min_overlap_bytes = OverlapConfig{}.min_overlap_bytes;
   uint64_t seed = 1;
   std::string json_path, csv_path;
 };
@@ -82,6 +83,7 @@ OverlapConfig config_of(const Options& o) {
   c.dtype = parse_dtype(o.dtype);
   c.chunks = o.chunks;
   c.order = parse_order(o.order.c_str());
+  c.min_overlap_bytes = o.min_overlap_bytes;
   return c;
 }
 
@@ -291,6 +293,9 @@ void add_command(CLI::App& app, bool gather) {
       ->capture_default_str();
   cmd->add_option("--blas-threads", o->blas_threads,
                   "BLAS threads per rank (0: cores per rank - 1 when >= 2, else 1)")
+      ->capture_default_str();
+  cmd->add_option("--min-overlap-bytes", o->min_overlap_bytes,
+                  "calls moving fewer bytes per rank keep their transfers on the calling thread")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "input seed")->capture_default_str();
   cmd->add_option("--json", o->json_path, "write the results as JSON to this file");
