@@ -8,10 +8,12 @@
 //   partial   [M, N] f32, private: A_r . B_r, written piece by piece by this thread
 //
 // run(): this thread multiplies the pieces in reduce_scatter_steps order (own block last) into
-// `partial` and counts them; the worker takes each piece once it is multiplied and either puts
-// it to its block's owner (all-pairs), or adds what came from rank r+1 and forwards the sum to
-// rank r-1 (ring). For its own block the worker sums the arrivals and its own piece into C.
-// Sums run in f32 in the order ranks b-1, b-2, ..., b+1, then b, whatever the order option.
+// `partial` and publishes its progress; the worker takes each piece once it is multiplied and
+// either writes it, rounded to the dtype, to its block's owner (all-pairs), or adds it to what
+// came from rank r+1 and forwards the sum to rank r-1 (ring). For its own block the worker sums
+// the arrivals (while the GEMM of the piece still runs) and then its own piece into C. Sums run
+// in f32 in the order ranks b-1, b-2, ..., b+1, then b, whatever the order option. Pieces go
+// straight into a reachable peer's memory; `staging` holds them rounded for an MPI put.
 #include <algorithm>
 #include <vector>
 
@@ -50,16 +52,18 @@ class CpuGemmReduceScatter final : public CpuOverlapBase {
     prepare_b(args);
     if (!worker_) {
       for (const PieceStep& s : steps_) {
-        multiply(args, s);
-        communicate(args, s, /*on_worker=*/false);
+        multiply(args, s);  // first: a ring's arrival comes after the sender's GEMM of the step
+        gather_arrivals(s, /*on_worker=*/false);
+        finish_piece(args, s, /*on_worker=*/false);
       }
       return;
     }
     pipeline(
         [&] {
           for (size_t i = 0; i < steps_.size(); ++i) {
+            gather_arrivals(steps_[i], /*on_worker=*/true);
             worker_->wait_progress(int(i) + 1, kRun);
-            communicate(args, steps_[i], /*on_worker=*/true);
+            finish_piece(args, steps_[i], /*on_worker=*/true);
           }
         },
         [&] {
@@ -122,37 +126,25 @@ class CpuGemmReduceScatter final : public CpuOverlapBase {
       widen(config_.dtype, args.B.data(), b32_.data(), k_local_ * config_.n);
   }
 
-  // What happens to piece s once multiplied (see the file comment).
-  void communicate(const OverlapArgs& args, const PieceStep& s, bool on_worker) {
-    const int64_t rows = layout_.piece_rows(s.piece), begin = layout_.piece_begin(s.piece);
-    const int64_t count = row_elems(rows);
-    const float* mine = partial_.data() + row_elems(layout_.row(s.block, s.piece));
+  // What happens to piece s (see the file comment), in two halves. gather_arrivals() needs only
+  // what peers sent: it waits for their pieces and folds them into `sum_` (nothing when the
+  // piece only leaves). finish_piece() needs this rank's product of the piece: it adds it and
+  // sends the result on, or rounds it into C. The worker runs the first half while the GEMM
+  // is still going. Either way the f32 sums run in the same order.
+  void gather_arrivals(const PieceStep& s, bool on_worker) {
+    const int64_t begin = layout_.piece_begin(s.piece),
+                  count = row_elems(layout_.piece_rows(s.piece));
     const uint64_t arrived = layout_.piece_signal(call_, s.piece);
     float* sum = sum_.data() + row_elems(begin);
-
     if (config_.order == OverlapOrder::ring) {
-      const int next = ring_index(rank_ + 1, world_size_),
-                prev = ring_index(rank_ - 1, world_size_);
-      const float* total = mine;
-      if (s.step > 0) {  // add the running sum of ranks b-1 .. r+1
-        wait_signal(layout_.arrival_slot(s.block), arrived, {kRun, next, "a running sum to add to"},
-                    on_worker);
-        widen(config_.dtype, slot_rows(s.block, begin), sum, count);
-        accumulate(sum, mine, count);
-        total = sum;
-      }
-      if (s.block == rank_) {
-        narrow(total, config_.dtype, c_rows(args, begin), count);
-        return;
-      }
-      send(prev, s.block, begin, s.piece, total, count, on_worker);
+      if (s.step == 0) return;  // the chain of block b starts here
+      const int next = ring_index(rank_ + 1, world_size_);
+      wait_signal(layout_.arrival_slot(s.block), arrived, {kRun, next, "a running sum to add to"},
+                  on_worker);
+      widen(config_.dtype, slot_rows(s.block, begin), sum, count);  // ranks b-1 .. r+1
       return;
     }
-
-    if (s.block != rank_) {
-      send(s.block, rank_, begin, s.piece, mine, count, on_worker);
-      return;
-    }
+    if (s.block != rank_) return;
     std::fill(sum, sum + count, 0.0f);
     for (int i = 1; i < world_size_; ++i) {  // sources b-1, b-2, ..., b+1
       const int source = ring_index(rank_ - i, world_size_);
@@ -160,26 +152,45 @@ class CpuGemmReduceScatter final : public CpuOverlapBase {
                   on_worker);
       accumulate(sum, config_.dtype, slot_rows(source, begin), count);
     }
-    accumulate(sum, mine, count);
-    narrow(sum, config_.dtype, c_rows(args, begin), count);
+  }
+
+  void finish_piece(const OverlapArgs& args, const PieceStep& s, bool on_worker) {
+    const int64_t begin = layout_.piece_begin(s.piece),
+                  count = row_elems(layout_.piece_rows(s.piece));
+    const float* mine = partial_.data() + row_elems(layout_.row(s.block, s.piece));
+    float* sum = sum_.data() + row_elems(begin);
+    const bool ring = config_.order == OverlapOrder::ring;
+    const bool has_arrivals = ring ? s.step > 0 : s.block == rank_;
+    if (has_arrivals) accumulate(sum, mine, count);
+    const float* total = has_arrivals ? sum : mine;
+    if (s.block == rank_) {
+      narrow(total, config_.dtype, c_rows(args, begin), count);
+      return;
+    }
+    const int dest = ring ? ring_index(rank_ - 1, world_size_) : s.block;
+    const int slot = ring ? s.block : rank_;
+    wait_ready(dest, kRun, on_worker);
+    put_rounded(dest, slot_offset(slot, begin), total, count);
+    memory_->signal(dest, layout_.arrival_slot(slot), layout_.piece_signal(call_, s.piece));
   }
 
   std::byte* c_rows(const OverlapArgs& args, int64_t row) const {
     return static_cast<std::byte*>(args.C.data()) + size_t(row_elems(row)) * dsize_;
   }
 
-  // Puts `count` f32 values, in the op's dtype, into slot `slot` of rank `dest` at row
-  // `row_in_block`, and announces piece `piece`.
-  void send(int dest, int slot, int64_t row_in_block, int piece, const float* values, int64_t count,
-            bool on_worker) {
+  // Writes `count` f32 values, rounded to the op's dtype, into rank `dest`'s memory at `offset`:
+  // straight into it where it is load/store reachable, else through staging and a put.
+  void put_rounded(int dest, size_t offset, const float* values, int64_t count) {
+    if (std::byte* peer = memory_->peer(dest)) {
+      narrow(values, config_.dtype, peer + offset, count);
+      return;
+    }
     const void* payload = values;
     if (config_.dtype != DType::f32) {
       narrow(values, config_.dtype, staging_.data(), count);
       payload = staging_.data();
     }
-    wait_ready(dest, kRun, on_worker);
-    memory_->put(dest, slot_offset(slot, row_in_block), payload, size_t(count) * dsize_);
-    memory_->signal(dest, layout_.arrival_slot(slot), layout_.piece_signal(call_, piece));
+    memory_->put(dest, offset, payload, size_t(count) * dsize_);
   }
 
   // The baseline's GEMM: all M rows at once.
@@ -195,13 +206,9 @@ class CpuGemmReduceScatter final : public CpuOverlapBase {
     const int64_t count = row_elems(layout_.block_rows());
     for (int s = 0; s + 1 < world_size_; ++s) {
       const int dest = ring_index(rank_ + 1 + s, world_size_);
-      const void* payload = partial_.data() + row_elems(int64_t(dest) * layout_.block_rows());
-      if (config_.dtype != DType::f32) {
-        narrow(static_cast<const float*>(payload), config_.dtype, staging_.data(), count);
-        payload = staging_.data();
-      }
       wait_ready(dest, kSerial, /*on_worker=*/false);
-      memory_->put(dest, slot_offset(rank_, 0), payload, size_t(count) * dsize_);
+      put_rounded(dest, slot_offset(rank_, 0),
+                  partial_.data() + row_elems(int64_t(dest) * layout_.block_rows()), count);
       memory_->signal(dest, layout_.arrival_slot(rank_), layout_.block_signal(call_));
     }
     std::fill(sum_.begin(), sum_.end(), 0.0f);
