@@ -302,5 +302,37 @@ TEST(Overlap, ReportsWorkspaceAndTheResolvedConfig) {
   });
 }
 
+// The README's example, kept true.
+TEST(Overlap, ReadmeExample) {
+  cpu::set_blas_threads(1);
+  pmoe::run_ranks(2, [](pmoe::Communicator& comm) {
+    pmoe::OverlapConfig cfg;
+    cfg.m = 256, cfg.n = 1024, cfg.k = 1024;  // global sizes, as the seed's harness takes them
+    cfg.dtype = pmoe::DType::bf16;
+    cfg.chunks = 4;                             // pieces of M: a multiple of W (default W)
+    cfg.order = pmoe::OverlapOrder::all_pairs;  // or ring
+    const int64_t W = comm.size();
+
+    pmoe::AllGatherGemm ag(comm, cfg);  // collective; buffers sized once
+    pmoe::Buffer A(cfg.dtype, {cfg.m / W, cfg.k}), B(cfg.dtype, {cfg.k, cfg.n / W});
+    pmoe::Buffer C(cfg.dtype, {cfg.m, cfg.n / W});
+    // ... fill A and B ...
+    reference::fill_operand(A, 1, reference::Operand::a, comm.rank() * (cfg.m / W), 0);
+    reference::fill_operand(B, 1, reference::Operand::b, 0, comm.rank() * (cfg.n / W));
+    ag.run(A, B, C);         // C = all_gather_rows(A) . B, the all-gather behind the GEMM
+    ag.run_serial(A, B, C);  // the baseline: all-gather, then one GEMM
+
+    pmoe::GemmReduceScatter rs(comm, cfg);
+    pmoe::Buffer A2(cfg.dtype, {cfg.m, cfg.k / W}), B2(cfg.dtype, {cfg.k / W, cfg.n});
+    pmoe::Buffer C2(cfg.dtype, {cfg.m / W, cfg.n});
+    rs.run(A2, B2, C2);  // C2 = rows [r M/W, (r+1) M/W) of the sum over ranks of A2 . B2
+
+    const auto want =
+        reference::sampled_reference(true, cfg, 2, comm.rank(), 1, {0, 127, 255}, {0, 1, 511});
+    EXPECT_EQ(reference::compare_close("C", C, want), "");
+    for (size_t i = 0; i < C2.nbytes(); ++i) ASSERT_EQ(C2.data<unsigned char>()[i], 0);  // 0 . 0
+  });
+}
+
 }  // namespace
 }  // namespace pmoe::testing
