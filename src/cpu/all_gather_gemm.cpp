@@ -41,7 +41,6 @@ class CpuAllGatherGemm final : public CpuOverlapBase {
 
   void run(const OverlapArgs& args) override {
     begin_call();
-    prepare_b(args);
     const int P = layout_.pieces();
     if (worker_) {
       pipeline(
@@ -49,10 +48,12 @@ class CpuAllGatherGemm final : public CpuOverlapBase {
             for (const GatherSend& s : sends_) send(args, s, /*on_worker=*/true);
           },
           [&] {
+            prepare_b(args);  // here, so that the first piece leaves at once
             for (const PieceStep& s : steps_) receive_and_multiply(args, s);
           });
       return;
     }
+    prepare_b(args);
     // No worker: step i+P's send comes just before step i+P's wait, so a ring relay always
     // forwards a piece that an earlier step received.
     for (size_t i = 0; i < steps_.size(); ++i) {

@@ -49,8 +49,8 @@ class CpuGemmReduceScatter final : public CpuOverlapBase {
 
   void run(const OverlapArgs& args) override {
     begin_call();
-    prepare_b(args);
     if (!worker_) {
+      prepare_b(args);
       for (const PieceStep& s : steps_) {
         multiply(args, s);  // first: a ring's arrival comes after the sender's GEMM of the step
         gather_arrivals(s, /*on_worker=*/false);
@@ -67,6 +67,7 @@ class CpuGemmReduceScatter final : public CpuOverlapBase {
           }
         },
         [&] {
+          prepare_b(args);
           for (size_t i = 0; i < steps_.size(); ++i) {
             multiply(args, steps_[i]);
             worker_->publish(int(i) + 1);
