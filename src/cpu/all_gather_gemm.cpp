@@ -7,8 +7,9 @@
 //   gathered  | block 0 | block 1 | ... | block W-1 |     C_r = gathered . B_r, piece by piece
 //
 // run(): the worker puts pieces (overlap_plan.hpp: all_gather_sends) and signals each; this
-// thread multiplies the pieces in all_gather_steps order, waiting for each one's signal. Private
-// f32 staging exists for bf16 only: widened A rows, the widened B, and C before rounding.
+// thread multiplies its own block (one GEMM), then the other pieces in all_gather_steps order,
+// waiting for each one's signal. Private f32 staging exists for bf16 only: widened A rows, the
+// widened B, and C before rounding.
 #include <cstring>
 #include <vector>
 
@@ -41,7 +42,7 @@ class CpuAllGatherGemm final : public CpuOverlapBase {
 
   void run(const OverlapArgs& args) override {
     begin_call();
-    const int P = layout_.pieces();
+    const size_t P = size_t(layout_.pieces());
     if (worker_) {
       pipeline(
           [&] {
@@ -49,15 +50,17 @@ class CpuAllGatherGemm final : public CpuOverlapBase {
           },
           [&] {
             prepare_b(args);  // here, so that the first piece leaves at once
-            for (const PieceStep& s : steps_) receive_and_multiply(args, s);
+            multiply_own_block(args);
+            for (size_t i = P; i < steps_.size(); ++i) receive_and_multiply(args, steps_[i]);
           });
       return;
     }
     prepare_b(args);
-    // No worker: step i+P's send comes just before step i+P's wait, so a ring relay always
-    // forwards a piece that an earlier step received.
-    for (size_t i = 0; i < steps_.size(); ++i) {
-      if (i >= size_t(P)) send(args, sends_[i - P], /*on_worker=*/false);
+    multiply_own_block(args);
+    // No worker: step i's send comes just before step i's wait, so a ring relay always forwards
+    // a piece that an earlier step received.
+    for (size_t i = P; i < steps_.size(); ++i) {
+      send(args, sends_[i - P], /*on_worker=*/false);
       receive_and_multiply(args, steps_[i]);
     }
   }
@@ -69,7 +72,10 @@ class CpuAllGatherGemm final : public CpuOverlapBase {
 
   void run_gemm_only(const OverlapArgs& args) override {
     prepare_b(args);
-    for (const PieceStep& s : steps_) multiply(args, s);
+    multiply_own_block(args);
+    for (size_t i = size_t(layout_.pieces()); i < steps_.size(); ++i)
+      multiply(args, steps_[i].block, layout_.piece_begin(steps_[i].piece),
+               layout_.piece_rows(steps_[i].piece));
   }
 
  private:
@@ -104,14 +110,21 @@ class CpuAllGatherGemm final : public CpuOverlapBase {
       wait_signal(layout_.arrival_slot(s.block), layout_.piece_signal(call_, s.piece),
                   {kRun, from, "a piece of A"}, /*on_worker=*/false);
     }
-    multiply(args, s);
+    multiply(args, s.block, layout_.piece_begin(s.piece), layout_.piece_rows(s.piece));
   }
 
-  // C rows of piece s = (rows of A) . B.
-  void multiply(const OverlapArgs& args, const PieceStep& s) {
-    const int64_t rows = layout_.piece_rows(s.piece), row = layout_.row(s.block, s.piece);
+  // The own block's pieces (steps 0 .. P-1) in one GEMM: they are all here from the start, and
+  // a BLAS call costs a packing of all of B whatever its rows, so pieces that need not wait for
+  // a transfer are not worth splitting. Timing never changes the split, so neither do results.
+  void multiply_own_block(const OverlapArgs& args) {
+    multiply(args, rank_, 0, layout_.block_rows());
+  }
+
+  // C rows of `rows` rows of `block` from `row_in_block` = (those rows of A) . B.
+  void multiply(const OverlapArgs& args, int block, int64_t row_in_block, int64_t rows) {
+    const int64_t row = int64_t(block) * layout_.block_rows() + row_in_block;
     const int64_t K = config_.k;
-    const std::byte* a = rows_of(args, s.block, layout_.piece_begin(s.piece));
+    const std::byte* a = rows_of(args, block, row_in_block);
     if (config_.dtype == DType::f32) {
       cpu::gemm_f32(int(rows), int(n_local_), int(K), reinterpret_cast<const float*>(a), int(K),
                     args.B.data<float>(), int(n_local_), args.C.data<float>() + row * n_local_,
