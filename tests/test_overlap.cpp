@@ -136,14 +136,15 @@ class OverlapRanks : public ::testing::TestWithParam<int> {
   void SetUp() override { cpu::set_blas_threads(1); }  // ranks x BLAS threads <= cores
 };
 
-// M = 60, N = 84, K = 108: divisible by 1..4, not powers of two; M/W = 60, 30, 20, 15 rows
-// cut into 1, 2 or 3 pieces (uneven for 15 / 2 and 20 / 3).
+// M = 60, N = 84, K = 108: divisible by 1..4, not powers of two; chunks W, 2W, 3W and 5W cut
+// M/W = 60, 30, 20, 15 rows (AllGatherGemm) or N = 84 columns (GemmReduceScatter) into 1, 2, 3
+// or 5 pieces, unevenly for 15 / 2, 20 / 3 and 84 / 5.
 // `thread`: with the communication thread; else min_overlap_bytes keeps every call on the
 // calling thread (the schedule MPI ranks with off-node peers use).
 void sweep(int W, OverlapKind kind, bool thread = true) {
   for (DType dtype : {DType::f32, DType::bf16})
     for (OverlapOrder order : {OverlapOrder::all_pairs, OverlapOrder::ring})
-      for (int per_rank : {1, 2, 3}) {
+      for (int per_rank : {1, 2, 3, 5}) {
         OverlapCase c;
         c.kind = kind;
         c.config = make_overlap_config(60, 84, 108, dtype, per_rank * W, order);

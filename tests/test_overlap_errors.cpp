@@ -140,10 +140,17 @@ TEST(OverlapErrors, RejectsNegativeChunks) {
       "GemmReduceScatter: chunks must be >= 0 (0 means one per rank), got -2");
 }
 
-TEST(OverlapErrors, RejectsMoreChunksThanRows) {
-  expect_config_rejected<GemmReduceScatter>(
+TEST(OverlapErrors, AllGatherGemmRejectsMoreChunksThanRows) {
+  expect_config_rejected<AllGatherGemm>(
       make_overlap_config(60, 84, 108, DType::bf16, 62),
-      "GemmReduceScatter: chunks (62) exceeds M (60): every piece needs at least one row");
+      "AllGatherGemm: chunks (62) exceeds M (60): every piece needs at least one row");
+}
+
+TEST(OverlapErrors, GemmReduceScatterRejectsMorePiecesThanColumns) {
+  expect_config_rejected<GemmReduceScatter>(
+      make_overlap_config(60, 84, 108, DType::bf16, 170),
+      "GemmReduceScatter: chunks / W (85) exceeds N (84): every piece of a block needs at least "
+      "one column");
 }
 
 TEST(OverlapErrors, RejectsNegativeMinOverlapBytes) {

@@ -7,10 +7,12 @@
 //
 // M, N and K are the global sizes (the seed's profiling harness takes them on its command line);
 // W is the world size. The M rows are cut into W blocks of M/W rows (block b belongs to rank b),
-// and each block into chunks / W pieces (sizes differing by at most one row). run() multiplies
-// piece after piece while the communication of the next piece is under way: on the CPU backend a
-// communication thread of the rank moves piece i+1 while BLAS multiplies piece i. run_serial() is
-// the baseline: the whole collective, then one GEMM (or the other way round).
+// and each block into chunks / W pieces, sizes differing by at most one: pieces of rows for
+// AllGatherGemm (what travels is rows of A), pieces of columns for GemmReduceScatter (so that
+// the GEMM of a piece reads only its slice of B; BLAS packs its B operand anew in every call).
+// run() multiplies piece after piece while the communication of the next piece is under way: on
+// the CPU backend a communication thread of the rank moves piece i+1 while BLAS multiplies piece
+// i. run_serial() is the baseline: the whole collective, then one GEMM (or the other way round).
 //
 // Every call is collective: every rank makes the same call (run, or run_serial with the same
 // step) with the same config. Arguments are validated before a byte leaves the rank; a rejected
@@ -40,7 +42,8 @@ struct OverlapConfig {
   int64_t n = 0;  // global N: columns of B and of the product
   int64_t k = 0;  // global K: the contracted dimension
   DType dtype = DType::bf16;  // A, B and C: f32 or bf16 (bf16 is multiplied in f32 on the CPU)
-  int chunks = 0;             // pieces of M in the pipeline: a multiple of W, at most M; 0 means W
+  int chunks = 0;  // pieces in the pipeline, a multiple of W (0 means W); AllGatherGemm: at
+                   // most M (pieces of rows); GemmReduceScatter: chunks / W at most N (columns)
   OverlapOrder order = OverlapOrder::all_pairs;
   // A call that moves fewer bytes per rank than this does not overlap: its transfers run between
   // its GEMMs on the calling thread, because handing them to the CPU communication thread (a

@@ -4,7 +4,8 @@
 //
 // Rows of M:   | block 0 (rank 0) | block 1 (rank 1) | ... | block W-1 |, M/W rows each;
 //              each block cut into P = chunks / W pieces: | piece 0 | piece 1 | ... |
-//              (piece sizes differ by at most one row, larger ones first).
+//              (piece sizes differ by at most one row, larger ones first). GemmReduceScatter
+//              cuts a block's N columns into its P pieces instead.
 //
 // Signals, 2W slots per rank, each a monotonic count of pieces (calls are numbered 1, 2, ...):
 //   arrival(x), x < W:  pieces of slot x's data that have landed here. Piece p of call e is
@@ -19,9 +20,21 @@
 
 namespace pmoe::detail {
 
+// `extent` cut into `parts` consecutive parts whose sizes differ by at most one, larger first.
+struct EvenSplit {
+  int64_t extent;
+  int parts;
+
+  int64_t size(int p) const { return extent / parts + (p < extra() ? 1 : 0); }
+  int64_t begin(int p) const { return int64_t(p) * (extent / parts) + (p < extra() ? p : extra()); }
+  int64_t extra() const { return extent % parts; }
+};
+
 class ChunkLayout {
  public:
-  // m: global rows (a multiple of world_size); chunks: a multiple of world_size, <= m.
+  // m: global rows (a multiple of world_size); chunks: a multiple of world_size. AllGatherGemm
+  // cuts each block into chunks / W pieces of rows (chunks <= m); GemmReduceScatter cuts its
+  // columns instead (gemm_reduce_scatter.cpp says why) and uses the counts and signals only.
   ChunkLayout(int64_t m, int world_size, int chunks)
       : world_size_(world_size), block_rows_(m / world_size), pieces_(chunks / world_size) {}
 
@@ -29,10 +42,8 @@ class ChunkLayout {
   int pieces() const { return pieces_; }
   int64_t block_rows() const { return block_rows_; }
   // Rows of piece p and where it starts inside its block.
-  int64_t piece_rows(int p) const { return block_rows_ / pieces_ + (p < extra() ? 1 : 0); }
-  int64_t piece_begin(int p) const {
-    return int64_t(p) * (block_rows_ / pieces_) + (p < extra() ? p : extra());
-  }
+  int64_t piece_rows(int p) const { return EvenSplit{block_rows_, pieces_}.size(p); }
+  int64_t piece_begin(int p) const { return EvenSplit{block_rows_, pieces_}.begin(p); }
   // The first global row of piece p of block b.
   int64_t row(int block, int p) const { return int64_t(block) * block_rows_ + piece_begin(p); }
 
@@ -44,8 +55,6 @@ class ChunkLayout {
   uint64_t block_signal(uint64_t call) const { return call * pieces_; }
 
  private:
-  int64_t extra() const { return block_rows_ % pieces_; }
-
   int world_size_;
   int64_t block_rows_;
   int pieces_;

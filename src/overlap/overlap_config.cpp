@@ -31,8 +31,13 @@ void OverlapConfig::validate(const char* op, int world_size) const {
   PMOE_CHECK(resolved % world_size == 0, op, ": chunks (", resolved,
              ") must be a multiple of the world size (", world_size,
              "): each rank's block of M/W rows is cut into chunks/W pieces");
-  PMOE_CHECK(resolved <= m, op, ": chunks (", resolved, ") exceeds M (", m,
-             "): every piece needs at least one row");
+  if (gather) {
+    PMOE_CHECK(resolved <= m, op, ": chunks (", resolved, ") exceeds M (", m,
+               "): every piece needs at least one row");
+  } else {
+    PMOE_CHECK(resolved / world_size <= n, op, ": chunks / W (", resolved / world_size,
+               ") exceeds N (", n, "): every piece of a block needs at least one column");
+  }
   PMOE_CHECK(min_overlap_bytes >= 0, op, ": min_overlap_bytes must be >= 0, got ",
              min_overlap_bytes);
   PMOE_CHECK(order == OverlapOrder::all_pairs || order == OverlapOrder::ring, op,

@@ -36,12 +36,13 @@ void expect_case(const OverlapCase& c) {
   EXPECT_EQ(result.overlaps, shared_memory() && comm.size() > 1) << describe(c);
 }
 
-// M = 60, N = 84, K = 108 (not powers of two), chunks W, 2W and 3W, every dtype and order.
+// M = 60, N = 84, K = 108 (not powers of two), chunks W, 2W, 3W and 5W (uneven pieces), every
+// dtype and order.
 void sweep(OverlapKind kind) {
   const int W = world_size();
   for (DType dtype : {DType::f32, DType::bf16})
     for (OverlapOrder order : {OverlapOrder::all_pairs, OverlapOrder::ring})
-      for (int per_rank : {1, 2, 3}) {
+      for (int per_rank : {1, 2, 3, 5}) {
         OverlapCase c;
         c.kind = kind;
         c.config = make_overlap_config(60, 84, 108, dtype, per_rank * W, order);

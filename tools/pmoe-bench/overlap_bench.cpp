@@ -12,8 +12,8 @@
 // figure the overlap target is stated in (1 would be perfect overlap).
 //
 // Before timing, run() and run_serial() are checked against the reference at sampled elements
-// of every rank's C (the first and last row of every piece, plus random ones); run() is checked
-// again after timing. A failed check exits non-zero.
+// of every rank's C (the first and last row or column of every piece, plus random ones); run()
+// is checked again after timing. A failed check exits non-zero.
 #include <mpi.h>
 
 #include <algorithm>
@@ -87,21 +87,25 @@ OverlapConfig config_of(const Options& o) {
   return c;
 }
 
-// Rows of this rank's C to check: the first and last row of every piece, and 4 random rows;
-// columns: the first, the last and 2 random ones.
+// Elements of this rank's C to check: the first and last row (AllGatherGemm) or column
+// (GemmReduceScatter) of every piece, plus 4 random rows and 2 random columns, and the first and
+// last of the other dimension.
 void sample(const Options& o, const OverlapConfig& c, int W, int rank, std::vector<int64_t>& rows,
             std::vector<int64_t>& cols) {
-  const detail::ChunkLayout layout(c.m, W, c.chunks_for(W));
+  const int P = c.chunks_for(W) / W;
   const int64_t c_rows = o.gather ? c.m : c.m / W, c_cols = o.gather ? c.n / W : c.n;
+  rows = {0, c_rows - 1};
+  cols = {0, c_cols - 1};
   for (int b = 0; b < (o.gather ? W : 1); ++b)
-    for (int p = 0; p < layout.pieces(); ++p) {
-      const int64_t first = int64_t(b) * layout.block_rows() + layout.piece_begin(p);
-      rows.push_back(first);
-      rows.push_back(first + layout.piece_rows(p) - 1);
+    for (int p = 0; p < P; ++p) {
+      const detail::EvenSplit split{o.gather ? c.m / W : c.n, P};
+      const int64_t first = (o.gather ? b * (c.m / W) : 0) + split.begin(p);
+      auto& boundaries = o.gather ? rows : cols;
+      boundaries.push_back(first);
+      boundaries.push_back(first + split.size(p) - 1);
     }
   for (uint64_t i = 0; i < 4; ++i)
     rows.push_back(int64_t(reference::hash64(o.seed, 17, uint64_t(rank), i) % uint64_t(c_rows)));
-  cols = {0, c_cols - 1};
   for (uint64_t i = 0; i < 2; ++i)
     cols.push_back(int64_t(reference::hash64(o.seed, 18, uint64_t(rank), i) % uint64_t(c_cols)));
   std::sort(rows.begin(), rows.end());
