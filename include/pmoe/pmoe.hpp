@@ -7,4 +7,5 @@
 #include "pmoe/error.hpp"
 #include "pmoe/memory.hpp"
 #include "pmoe/moe.hpp"
+#include "pmoe/overlap.hpp"
 #include "pmoe/tensor.hpp"

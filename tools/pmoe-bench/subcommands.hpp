@@ -15,4 +15,8 @@ void add_moe_command(CLI::App& app);
 // `pmoe-bench all`: a quick pass of every benchmark, each part checked; the README's make bench.
 void add_all_command(CLI::App& app);
 
+// `pmoe-bench ag-gemm M N K` and `pmoe-bench gemm-rs M N K`: AllGatherGemm / GemmReduceScatter
+// overlapped against the serial baseline, checked against the reference first.
+void add_overlap_commands(CLI::App& app);
+
 }  // namespace pmoe::bench

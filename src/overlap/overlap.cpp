@@ -1,0 +1,180 @@
+// The overlap ops' front end: checks that every rank has the same config, validates each call's
+// tensors before anything moves, and retires the op after a failed wait. Everything else is the
+// backend's (src/cpu/all_gather_gemm.cpp, src/cpu/gemm_reduce_scatter.cpp).
+#include <array>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <span>
+#include <string>
+
+#include "overlap/backend.hpp"
+#include "pmoe/error.hpp"
+#include "pmoe/overlap.hpp"
+
+namespace pmoe {
+namespace detail {
+namespace {
+
+// What two ranks must agree on, as plain bytes for the set-up all_gather.
+struct ConfigRecord {
+  int64_t m, n, k;
+  int32_t dtype, chunks, order, pad;
+  bool operator==(const ConfigRecord&) const = default;
+};
+
+ConfigRecord record_of(const OverlapConfig& c) {
+  return {c.m, c.n, c.k, int32_t(c.dtype), int32_t(c.chunks), int32_t(c.order), 0};
+}
+
+std::string describe(const ConfigRecord& r) {
+  return cat("M = ", r.m, ", N = ", r.n, ", K = ", r.k, ", ", dtype_name(DType(r.dtype)),
+             ", chunks = ", r.chunks, ", ", order_name(OverlapOrder(r.order)));
+}
+
+// Checks one tensor argument: present, dtype, device, exact shape, row-major contiguity.
+void check_tensor(const std::string& op, const char* name, const Tensor& t, DType dtype,
+                  Device device, std::initializer_list<int64_t> shape) {
+  const std::string want = Tensor(nullptr, dtype, shape).shape_str();
+  PMOE_CHECK(!t.empty(), op, ": `", name, "` is missing (expected ", dtype_name(dtype), " ", want,
+             ")");
+  PMOE_CHECK(t.dtype() == dtype, op, ": `", name, "` must be ", dtype_name(dtype), ", got ",
+             dtype_name(t.dtype()));
+  PMOE_CHECK(t.device() == device, op, ": `", name, "` must be on ", device.str(), ", got ",
+             t.device().str());
+  bool same_shape = t.dim() == int(shape.size());
+  int d = 0;
+  for (int64_t extent : shape) same_shape = same_shape && t.size(d++) == extent;
+  PMOE_CHECK(same_shape, op, ": `", name, "` must have shape ", want, ", got ", t.shape_str());
+  PMOE_CHECK(t.is_contiguous(), op, ": `", name, "` must be row-major contiguous");
+  PMOE_CHECK(t.data() != nullptr, op, ": `", name, "` has no data pointer");
+}
+
+}  // namespace
+
+class OverlapOp {
+ public:
+  // `gather`: AllGatherGemm, else GemmReduceScatter.
+  OverlapOp(Communicator& comm, const OverlapConfig& config, Device device, bool gather)
+      : name_(gather ? "AllGatherGemm" : "GemmReduceScatter"),
+        config_(config),
+        rank_(comm.rank()),
+        world_size_(comm.size()),
+        device_(device) {
+    config_.validate(name_, world_size_);
+    PMOE_CHECK(device == comm.device(), name_, ": device ", device.str(),
+               " differs from the communicator's ", comm.device().str());
+    PMOE_CHECK(device.kind == Device::Kind::cpu, name_, ": no backend for ", device.str(),
+               " in this build");
+    check_same_config(comm);
+    config_.chunks = config_.chunks_for(world_size_);
+    const int64_t W = world_size_, M = config_.m, N = config_.n, K = config_.k;
+    if (gather) {
+      a_shape_ = {M / W, K};
+      b_shape_ = {K, N / W};
+      c_shape_ = {M, N / W};
+      backend_ = make_cpu_all_gather_gemm(comm, config_);
+    } else {
+      a_shape_ = {M, K / W};
+      b_shape_ = {K / W, N};
+      c_shape_ = {M / W, N};
+      backend_ = make_cpu_gemm_reduce_scatter(comm, config_);
+    }
+    config_.chunks = config.chunks;  // report what the caller gave
+  }
+
+  void run(const Tensor& A, const Tensor& B, const Tensor& C) {
+    const std::string op = cat(name_, "::run");
+    call(op, A, B, C, [&](const OverlapArgs& args) { backend_->run(args); });
+  }
+
+  void run_serial(const Tensor& A, const Tensor& B, const Tensor& C, SerialStep step) {
+    static constexpr const char* kSteps[] = {"", "(communicate)", "(gemm)"};
+    PMOE_CHECK(int(step) <= 2, name_, "::run_serial: unknown step ", int(step));
+    const std::string op = cat(name_, "::run_serial", kSteps[int(step)]);
+    call(op, A, B, C, [&](const OverlapArgs& args) { backend_->run_serial(args, step); });
+  }
+
+  void run_gemm_only(const Tensor& A, const Tensor& B, const Tensor& C) {
+    const std::string op = cat(name_, "::run_gemm_only");
+    call(op, A, B, C, [&](const OverlapArgs& args) { backend_->run_gemm_only(args); });
+  }
+
+  bool overlaps() const { return backend_->overlaps(); }
+  size_t workspace_bytes() const { return backend_->workspace_bytes(); }
+  const OverlapConfig& config() const { return config_; }
+
+ private:
+  // Every rank must build the op with the same sizes: a rank with another M would write past
+  // its peers' buffers. Set-up only.
+  void check_same_config(Communicator& comm) {
+    const ConfigRecord mine = record_of(config_);
+    const auto all = comm.all_gather(std::as_bytes(std::span(&mine, 1)));
+    for (int r = 0; r < world_size_; ++r) {
+      ConfigRecord theirs;
+      std::memcpy(&theirs, all.data() + size_t(r) * sizeof theirs, sizeof theirs);
+      PMOE_CHECK(theirs == mine, name_, " on rank ", rank_, ": rank ", r, "'s config (",
+                 describe(theirs), ") differs from this rank's (", describe(mine),
+                 "); every rank must pass the same config");
+    }
+  }
+
+  void call(const std::string& op, const Tensor& A, const Tensor& B, const Tensor& C,
+            const std::function<void(const OverlapArgs&)>& body) {
+    PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this ", name_,
+               " is unusable since an earlier call failed while waiting for peers (", broken_,
+               "); create a new one");
+    check_tensor(op, "A", A, config_.dtype, device_, {a_shape_[0], a_shape_[1]});
+    check_tensor(op, "B", B, config_.dtype, device_, {b_shape_[0], b_shape_[1]});
+    check_tensor(op, "C", C, config_.dtype, device_, {c_shape_[0], c_shape_[1]});
+    try {
+      body({A, B, C});
+    } catch (const std::exception& e) {
+      broken_ = e.what();  // peers are mid-protocol: no safe way to continue
+      throw;
+    }
+  }
+
+  const char* name_;
+  OverlapConfig config_;
+  int rank_, world_size_;
+  Device device_;
+  std::array<int64_t, 2> a_shape_{}, b_shape_{}, c_shape_{};
+  std::string broken_;
+  std::unique_ptr<OverlapBackend> backend_;
+};
+
+}  // namespace detail
+
+AllGatherGemm::AllGatherGemm(Communicator& comm, const OverlapConfig& config, Device device)
+    : op_(std::make_unique<detail::OverlapOp>(comm, config, device, /*gather=*/true)) {}
+AllGatherGemm::~AllGatherGemm() = default;
+void AllGatherGemm::run(const Tensor& A, const Tensor& B, const Tensor& C) { op_->run(A, B, C); }
+void AllGatherGemm::run_serial(const Tensor& A, const Tensor& B, const Tensor& C, SerialStep step) {
+  op_->run_serial(A, B, C, step);
+}
+void AllGatherGemm::run_gemm_only(const Tensor& A, const Tensor& B, const Tensor& C) {
+  op_->run_gemm_only(A, B, C);
+}
+bool AllGatherGemm::overlaps() const { return op_->overlaps(); }
+size_t AllGatherGemm::workspace_bytes() const { return op_->workspace_bytes(); }
+const OverlapConfig& AllGatherGemm::config() const { return op_->config(); }
+
+GemmReduceScatter::GemmReduceScatter(Communicator& comm, const OverlapConfig& config, Device device)
+    : op_(std::make_unique<detail::OverlapOp>(comm, config, device, /*gather=*/false)) {}
+GemmReduceScatter::~GemmReduceScatter() = default;
+void GemmReduceScatter::run(const Tensor& A, const Tensor& B, const Tensor& C) {
+  op_->run(A, B, C);
+}
+void GemmReduceScatter::run_serial(const Tensor& A, const Tensor& B, const Tensor& C,
+                                   SerialStep step) {
+  op_->run_serial(A, B, C, step);
+}
+void GemmReduceScatter::run_gemm_only(const Tensor& A, const Tensor& B, const Tensor& C) {
+  op_->run_gemm_only(A, B, C);
+}
+bool GemmReduceScatter::overlaps() const { return op_->overlaps(); }
+size_t GemmReduceScatter::workspace_bytes() const { return op_->workspace_bytes(); }
+const OverlapConfig& GemmReduceScatter::config() const { return op_->config(); }
+
+}  // namespace pmoe
