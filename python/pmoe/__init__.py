@@ -6,8 +6,10 @@ release the GIL while they run. NumPy has no bf16 or f8 types: uint16 and uint8 
 bf16 and f8e4m3 bit patterns. Errors are raised as ``pmoe.Error`` with the C++ message.
 """
 
-from ._pmoe import (AllToAll, Communicator, EpMoe, Error, MoeConfig, MpiCommunicator, SimpleMoe,
-                    TpMoe, moe_weights, mpi_world, run_ranks)
+from ._pmoe import (AllGatherGemm, AllToAll, Communicator, EpMoe, Error, GemmReduceScatter,
+                    MoeConfig, MpiCommunicator, SimpleMoe, TpMoe, moe_weights, mpi_world,
+                    run_ranks)
 
-__all__ = ["AllToAll", "Communicator", "EpMoe", "Error", "MoeConfig", "MpiCommunicator",
-           "SimpleMoe", "TpMoe", "moe_weights", "mpi_world", "run_ranks"]
+__all__ = ["AllGatherGemm", "AllToAll", "Communicator", "EpMoe", "Error", "GemmReduceScatter",
+           "MoeConfig", "MpiCommunicator", "SimpleMoe", "TpMoe", "moe_weights", "mpi_world",
+           "run_ranks"]
