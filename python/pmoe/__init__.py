@@ -7,9 +7,9 @@ bf16 and f8e4m3 bit patterns. Errors are raised as ``pmoe.Error`` with the C++ m
 """
 
 from ._pmoe import (AllGatherGemm, AllToAll, Communicator, EpMoe, Error, GemmReduceScatter,
-                    MoeConfig, MpiCommunicator, SimpleMoe, TpMoe, moe_weights, mpi_world,
-                    run_ranks)
+                    MoeConfig, MpiCommunicator, SimpleMoe, TpMoe, cuda_available, moe_weights,
+                    mpi_world, run_ranks)
 
 __all__ = ["AllGatherGemm", "AllToAll", "Communicator", "EpMoe", "Error", "GemmReduceScatter",
-           "MoeConfig", "MpiCommunicator", "SimpleMoe", "TpMoe", "moe_weights", "mpi_world",
-           "run_ranks"]
+           "MoeConfig", "MpiCommunicator", "SimpleMoe", "TpMoe", "cuda_available", "moe_weights",
+           "mpi_world", "run_ranks"]

@@ -2,18 +2,28 @@
 #include <mpi.h>
 
 #include <nanobind/stl/function.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 
 #include "bindings.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/mpi_communicator.hpp"
+#include "pmoe/stream.hpp"
 
 namespace pmoe::python {
 
 namespace nb = nanobind;
 
 namespace {
+
+// "cpu" or "cuda:N" (or "cuda", meaning cuda:0).
+Device parse_device(const std::string& text) {
+  if (text == "cpu") return Device::cpu();
+  if (text == "cuda") return Device::cuda(0);
+  if (text.rfind("cuda:", 0) == 0) return Device::cuda(std::stoi(text.substr(5)));
+  throw Error("device must be 'cpu' or 'cuda:N', got '" + text + "'");
+}
 
 // MPI is started on first use and stopped when the interpreter exits.
 void ensure_mpi() {
@@ -37,7 +47,13 @@ void bind_comm(nb::module_& m) {
       .def_prop_ro("rank", &Communicator::rank, "this rank, in [0, size)")
       .def_prop_ro("size", &Communicator::size, "the number of ranks")
       .def("barrier", &Communicator::barrier, nb::call_guard<nb::gil_scoped_release>(),
-           "Returns once every rank has called it; raises pmoe.Error on timeout.");
+           "Returns once every rank has called it; raises pmoe.Error on timeout.")
+      .def_prop_ro("device", [](const Communicator& c) { return c.device().str(); },
+                   "'cpu' or 'cuda:N'")
+      .def_prop_ro(
+          "stream", [](const Communicator& c) { return uintptr_t(c.stream().handle); },
+          "This rank's cudaStream_t as an integer (0 on the CPU), e.g. for "
+          "torch.cuda.ExternalStream.");
 
   nb::class_<MpiCommunicator, Communicator>(m, "MpiCommunicator");
 
@@ -52,21 +68,29 @@ void bind_comm(nb::module_& m) {
 
   m.def(
       "run_ranks",
-      [](int n, nb::callable fn) {
+      [](int n, nb::callable fn, const std::string& device) {
+        const Device where = parse_device(device);
         nb::gil_scoped_release release;  // the rank threads need the GIL to run fn
-        run_ranks(n, [&](Communicator& comm) {
-          nb::gil_scoped_acquire acquire;
-          try {
-            fn(nb::cast(&comm, nb::rv_policy::reference));
-          } catch (nb::python_error& e) {
-            throw Error(e.what());  // carries the Python traceback as text
-          }
-        });
+        run_ranks(
+            n,
+            [&](Communicator& comm) {
+              nb::gil_scoped_acquire acquire;
+              try {
+                fn(nb::cast(&comm, nb::rv_policy::reference));
+              } catch (nb::python_error& e) {
+                throw Error(e.what());  // carries the Python traceback as text
+              }
+            },
+            where);
       },
-      nb::arg("n"), nb::arg("fn"),
+      nb::arg("n"), nb::arg("fn"), nb::arg("device") = "cpu",
       "Runs fn(comm) on n ranks, each a thread of this process, and returns when all have "
       "returned. If a rank raises, the others stop waiting at once and the first error is "
-      "raised here as pmoe.Error. `comm` is valid only during fn.");
+      "raised here as pmoe.Error. `comm` is valid only during fn. device: 'cpu', or 'cuda:N' "
+      "for n ranks sharing GPU N (each with its own stream, comm.stream).");
+
+  m.def("cuda_available", [] { return cuda_available_in_build() && cuda_device_count() > 0; },
+        "True when this build has the CUDA backend and a GPU is visible.");
 }
 
 }  // namespace pmoe::python
