@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "all_to_all_baselines.hpp"
+#include "all_to_all_cuda.hpp"
 #include "bench_common.hpp"
 #include "pmoe/all_to_all.hpp"
 #include "pmoe/error.hpp"
@@ -47,6 +48,7 @@ struct Options {
   int warmup = 3;
   uint64_t seed = 1;
   bool staged = true;
+  std::string device = "cpu";  // or "cuda": ranks share GPU 0
   std::string json_path, csv_path, plot_path;
 };
 
@@ -330,7 +332,37 @@ void run(const Options& o) {
   const std::vector<int> token_counts = parse_int_list(o.tokens, "--tokens");
   for (int tokens : token_counts) config_for(o, tokens);  // reject bad options before any work
   json rows = json::array();
-  for (int W : rank_counts) {
+  PMOE_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got ",
+             o.device);
+  if (o.device == "cuda") {
+    PMOE_CHECK(!launched_by_mpi(), "--device cuda runs its ranks as threads sharing one GPU; "
+               "run it without mpirun");
+    for (int W : rank_counts) {
+      std::mutex mutex;
+      run_ranks(W, [&](Communicator& comm) {
+        for (int tokens : token_counts) {
+          AllToAllConfig cfg = config_for(o, tokens);
+          cfg.in_place_buffers = false;  // not on the CUDA backend yet
+          const CudaAllToAllResult r =
+              run_all_to_all_cuda(comm, cfg, tokens, o.seed, o.warmup, o.iters);
+          Context ctx{o, comm.size(), tokens, r.copy_gbps};
+          ctx.add("dispatch", r.dispatch_us, r.dispatch_bytes, r.workspace_bytes);
+          ctx.add("combine", r.combine_us, r.combine_bytes, r.workspace_bytes);
+          ctx.add("dispatch_combine", sum_of(r.dispatch_us, r.combine_us),
+                  r.dispatch_bytes + r.combine_bytes, r.workspace_bytes);
+          ctx.add("dispatch_send", r.dispatch_send_us, 0, r.workspace_bytes);
+          ctx.add("dispatch_recv", r.dispatch_recv_us, 0, r.workspace_bytes);
+          ctx.add("combine_send", r.combine_send_us, 0, r.workspace_bytes);
+          ctx.add("combine_recv", r.combine_recv_us, 0, r.workspace_bytes);
+          if (comm.rank() == 0) {
+            std::lock_guard lock(mutex);
+            for (auto& row : ctx.rows) rows.push_back(row);
+          }
+        }
+      }, Device::cuda(0));
+    }
+  }
+  for (int W : o.device == "cuda" ? std::vector<int>{} : rank_counts) {
     std::mutex mutex;
     run_on_ranks(launched_by_mpi() ? 0 : W, [&](Communicator& comm) {
       for (int tokens : token_counts) {
@@ -350,7 +382,8 @@ void run(const Options& o) {
   for (const auto& r : rows)
     copy_json[std::to_string(r["ranks"].get<int>()) + "x" + std::to_string(r["tokens"].get<int>())] =
         r["copy_gbps"];
-  const json config = {{"experts", o.experts}, {"topk", o.topk}, {"hidden", o.hidden},
+  const json config = {{"device", o.device}, {"experts", o.experts}, {"topk", o.topk},
+                       {"hidden", o.hidden},
                        {"dtype", o.dtype},     {"out_dtype", "bf16"}, {"iters", o.iters},
                        {"warmup", o.warmup},   {"seed", o.seed},  {"copy_bytes", kCopyBytes}};
   if (!o.json_path.empty()) write_json(o.json_path, config, rows, {{"copy_gbps", copy_json}});
@@ -388,6 +421,9 @@ void add_all_to_all_command(CLI::App& app) {
   cmd->add_option("--warmup", o->warmup, "untimed warm-up iterations")->capture_default_str();
   cmd->add_option("--seed", o->seed, "routing and data seed")->capture_default_str();
   cmd->add_flag("!--no-staged", o->staged, "skip the rows with the caller's own buffers");
+  cmd->add_option("--device", o->device,
+                  "cpu, or cuda: ranks share GPU 0, timed with CUDA events, D2D copy roofline")
+      ->capture_default_str();
   cmd->add_option("--json", o->json_path, "write the results as JSON to this file");
   cmd->add_option("--csv", o->csv_path, "write the rows as CSV to this file");
   cmd->add_option("--plot", o->plot_path, "draw time over ranks per op to this PNG");

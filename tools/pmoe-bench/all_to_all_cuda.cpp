@@ -1,0 +1,185 @@
+#include "all_to_all_cuda.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <string>
+
+#include "pmoe/error.hpp"
+#include "reference/all_to_all_reference.hpp"
+
+namespace pmoe::bench {
+namespace {
+
+void check(cudaError_t status, const char* what) {
+  PMOE_CHECK(status == cudaSuccess, what, " failed: ", cudaGetErrorString(status));
+}
+
+// Every rank's time per iteration, then the slowest rank's per iteration.
+std::vector<double> slowest(Communicator& comm, const std::vector<double>& mine) {
+  const auto all = comm.all_gather(std::as_bytes(std::span(mine)));
+  const auto* t = reinterpret_cast<const double*>(all.data());
+  std::vector<double> out(mine.size(), 0.0);
+  for (int r = 0; r < comm.size(); ++r)
+    for (size_t i = 0; i < mine.size(); ++i) out[i] = std::max(out[i], t[size_t(r) * mine.size() + i]);
+  return out;
+}
+
+// Times each step with CUDA events on the rank's stream, a barrier before each step.
+std::vector<std::vector<double>> time_on_stream(Communicator& comm, int warmup, int iters,
+                                                const std::vector<std::function<void()>>& steps) {
+  auto stream = static_cast<cudaStream_t>(comm.stream().handle);
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<std::vector<double>> mine(steps.size(), std::vector<double>(size_t(iters)));
+  for (int i = -warmup; i < iters; ++i) {
+    for (size_t s = 0; s < steps.size(); ++s) {
+      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      comm.barrier();
+      check(cudaEventRecord(start, stream), "cudaEventRecord");
+      steps[s]();
+      check(cudaEventRecord(stop, stream), "cudaEventRecord");
+      check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+      if (i >= 0) mine[s][size_t(i)] = 1e3 * ms;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::vector<std::vector<double>> out;
+  for (const auto& m : mine) out.push_back(slowest(comm, m));
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double rank_mean(Communicator& comm, double mine) {
+  const auto all = comm.all_gather(std::as_bytes(std::span(&mine, 1)));
+  double sum = 0;
+  for (int r = 0; r < comm.size(); ++r) sum += reinterpret_cast<const double*>(all.data())[r];
+  return sum / comm.size();
+}
+
+}  // namespace
+
+CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig& cfg, int tokens,
+                                       uint64_t seed, int warmup, int iters) {
+  const int W = comm.size(), rank = comm.rank(), L = cfg.num_experts / W, H = cfg.hidden_dim;
+  const int S = cfg.scales_per_token(), k = cfg.experts_per_token;
+  const Device gpu = comm.device();
+  const int64_t capacity = int64_t(W) * cfg.max_num_tokens;
+  const bool f8 = cfg.in_dtype == DType::f8e4m3;
+  CudaAllToAllResult result;
+
+  std::vector<reference::AllToAllInputs> all;
+  for (int r = 0; r < W; ++r)
+    all.push_back(reference::make_inputs(cfg, r, tokens, seed, reference::Routing::random));
+  const auto& in = all[size_t(rank)];
+
+  AllToAll a2a(comm, cfg);
+  result.workspace_bytes = a2a.workspace_bytes();
+  Buffer x = Buffer::like(in.x, gpu), indices = Buffer::like(in.indices, gpu),
+         weights = Buffer::like(in.weights, gpu);
+  copy(x, in.x);
+  copy(indices, in.indices);
+  copy(weights, in.weights);
+  Buffer x_scale, expert_x_scale;
+  if (f8) {
+    x_scale = Buffer::like(in.x_scale, gpu);
+    copy(x_scale, in.x_scale);
+    expert_x_scale = Buffer(DType::f32, {L, capacity, S}, gpu);
+  }
+  Buffer counts(DType::i32, {L}, gpu), expert_x(cfg.in_dtype, {L, capacity, H}, gpu),
+      expert_y(DType::bf16, {L, capacity, H}, gpu), y(cfg.out_dtype, {tokens, H}, gpu);
+  const Tensor xs = f8 ? x_scale.tensor() : Tensor(), exs = f8 ? expert_x_scale.tensor() : Tensor();
+  auto dispatch = [&](Phase p) { a2a.dispatch(x, xs, indices, counts, expert_x, exs, p); };
+  auto combine = [&](Phase p) { a2a.combine(expert_y, indices, weights, y, p); };
+
+  // The check: one call, outputs copied back and compared with the reference.
+  Buffer host_counts(DType::i32, {L}), host_x(cfg.in_dtype, {L, capacity, H});
+  Buffer host_scales = f8 ? Buffer(DType::f32, {L, capacity, S}) : Buffer();
+  std::memset(host_x.data<void>(), 0xA5, host_x.nbytes());
+  copy(expert_x, host_x);
+  if (f8) {
+    std::memset(host_scales.data<void>(), 0xA5, host_scales.nbytes());
+    copy(expert_x_scale, host_scales);
+  }
+  dispatch(Phase::both);
+  synchronize(comm.stream());
+  a2a.check_errors();
+  copy(host_counts, counts);
+  copy(host_x, expert_x);
+  if (f8) copy(host_scales, expert_x_scale);
+  const Tensor host_scales_arg = f8 ? host_scales.tensor() : Tensor();
+  std::string error = reference::compare_dispatch(cfg, W, reference::reference_dispatch(cfg, W, rank, all),
+                                                  host_counts, host_x, host_scales_arg, 0xA5);
+  Buffer host_y_in(DType::bf16, {L, capacity, H}), host_y(cfg.out_dtype, {tokens, H});
+  reference::run_fake_experts(cfg, W, rank, host_counts, host_x, host_scales_arg, host_y_in);
+  copy(expert_y, host_y_in);
+  combine(Phase::both);
+  synchronize(comm.stream());
+  a2a.check_errors();
+  copy(host_y, y);
+  if (error.empty())
+    error = reference::compare_bytes("y", host_y, reference::reference_combine(cfg, in, DType::bf16));
+  char failed = error.empty() ? 0 : 1;
+  const auto votes = comm.all_gather(std::as_bytes(std::span(&failed, 1)));
+  for (int r = 0; r < W; ++r)
+    PMOE_CHECK(votes[size_t(r)] == std::byte{0}, "check failed on ", gpu.str(), " ranks=", W,
+               " tokens=", tokens, r == rank ? ": " + error : " on rank " + std::to_string(r));
+
+  // What must move, as in the CPU table.
+  int64_t arriving = 0, landed = 0, summed = 0;
+  for (const auto& source : all)
+    for (int t = 0; t < source.m; ++t) {
+      bool here = false;
+      for (int j = 0; j < k; ++j) {
+        const int32_t e = source.indices.data<int32_t>()[t * k + j];
+        here = here || (e >= 0 && e / L == rank);
+      }
+      arriving += here;
+    }
+  for (int e = 0; e < L; ++e) landed += host_counts.data<int32_t>()[e];
+  for (int i = 0; i < in.m * k; ++i) summed += in.indices.data<int32_t>()[i] >= 0;
+  const double row = double(H) * dtype_size(cfg.in_dtype) + sizeof(float) * S;
+  result.dispatch_bytes = rank_mean(comm, double(arriving + landed) * row);
+  result.combine_bytes = rank_mean(comm, double(summed) * H * 2 + double(in.m) * H * 2);
+
+  // The roofline: every rank copies 256 MiB device to device on its stream at once.
+  {
+    const size_t bytes = size_t(256) << 20;
+    Buffer from(DType::f32, {int64_t(bytes / 4)}, gpu), to(DType::f32, {int64_t(bytes / 4)}, gpu);
+    auto stream = static_cast<cudaStream_t>(comm.stream().handle);
+    const auto t = time_on_stream(comm, warmup, std::max(iters, 20), {[&] {
+      check(cudaMemcpyAsync(to.data<void>(), from.data<void>(), bytes, cudaMemcpyDeviceToDevice,
+                            stream), "cudaMemcpyAsync");
+    }});
+    result.copy_gbps = 2.0 * double(bytes) / (median(t[0]) * 1e3);
+  }
+
+  const auto both = time_on_stream(comm, warmup, iters, {[&] { dispatch(Phase::both); },
+                                                         [&] { combine(Phase::both); }});
+  result.dispatch_us = both[0];
+  result.combine_us = both[1];
+  const auto halves = time_on_stream(
+      comm, warmup, iters,
+      {[&] { dispatch(Phase::send); }, [&] { dispatch(Phase::recv); },
+       [&] { combine(Phase::send); }, [&] { combine(Phase::recv); }});
+  result.dispatch_send_us = halves[0];
+  result.dispatch_recv_us = halves[1];
+  result.combine_send_us = halves[2];
+  result.combine_recv_us = halves[3];
+  synchronize(comm.stream());
+  a2a.check_errors();
+  return result;
+}
+
+}  // namespace pmoe::bench

@@ -1,0 +1,28 @@
+// The GPU side of `pmoe-bench all-to-all --device cuda`: ranks share one GPU (run_ranks with
+// Device::cuda), pmoe's dispatch and combine are checked against the reference, then timed with
+// CUDA events on each rank's stream; the roofline is a device-to-device copy timed the same way
+// in the same run. Built only with the CUDA backend; elsewhere it throws pmoe::Error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "pmoe/all_to_all.hpp"
+
+namespace pmoe::bench {
+
+struct CudaAllToAllResult {
+  std::vector<double> dispatch_us, combine_us;                   // per iteration, slowest rank
+  std::vector<double> dispatch_send_us, dispatch_recv_us, combine_send_us, combine_recv_us;
+  double copy_gbps = 0;       // per rank, all ranks copying at once: (read + written) / time
+  double dispatch_bytes = 0;  // what dispatch must read and write per rank (mean over ranks)
+  double combine_bytes = 0;
+  size_t workspace_bytes = 0;
+};
+
+// Collective over a CUDA communicator. Throws pmoe::Error if a check fails.
+CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig& config,
+                                       int tokens, uint64_t seed, int warmup, int iters);
+
+}  // namespace pmoe::bench
