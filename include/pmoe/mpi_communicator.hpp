@@ -22,8 +22,10 @@ class MpiTransport;
 class MpiCommunicator final : public Communicator {
  public:
   // Collective over `comm`, which it duplicates, so pmoe's messages never match the caller's.
-  // MPI must be initialised; destroy the communicator before MPI_Finalize.
-  explicit MpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD);
+  // MPI must be initialised; destroy the communicator before MPI_Finalize. With a CUDA `device`
+  // (this process's GPU), the rank gets a stream and its symmetric memory is device memory that
+  // the node's other processes map through CUDA IPC (every rank must then be on one node).
+  explicit MpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD, Device device = Device::cpu());
   ~MpiCommunicator() override;
 
   int rank() const override { return rank_; }

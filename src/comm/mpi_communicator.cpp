@@ -11,8 +11,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "comm/group.hpp"
+#include "core/device_runtime.hpp"
 #include "comm/mpi_transport.hpp"
 #include "comm/shm_segment.hpp"
 #include "comm/wait.hpp"
@@ -35,12 +37,20 @@ bool shm_allowed() {
 }
 
 // Everything a symmetric allocation owns: the mappings of this rank's and its node peers'
-// segments, and its registration with the transport to off-node peers.
+// segments (or, on a GPU, its device memory and the peers' CUDA IPC mappings), and its
+// registration with the transport to off-node peers.
 struct MpiRegions {
   std::vector<detail::ShmSegment> segments;
+  Device device = Device::cpu();
+  void* device_memory = nullptr;
+  std::vector<void*> peer_mappings;
   std::shared_ptr<detail::MpiTransport> transport;
   uint64_t serial = 0;
-  ~MpiRegions() { transport->remove_region(serial); }
+  ~MpiRegions() {
+    if (transport) transport->remove_region(serial);
+    for (void* p : peer_mappings) detail::ipc_close(p);
+    if (device_memory) detail::device_free(device, device_memory);
+  }
 };
 
 class MpiSymmetricMemory final : public SymmetricMemory {
@@ -49,7 +59,7 @@ class MpiSymmetricMemory final : public SymmetricMemory {
                      std::vector<uint64_t*> signals, std::shared_ptr<MpiRegions> regions,
                      std::shared_ptr<detail::Group> group, double timeout_s)
       : SymmetricMemory(rank, bytes, signal_slots, std::move(data), std::move(signals), regions,
-                        std::move(group), timeout_s),
+                        std::move(group), timeout_s, regions->device),
         transport_(*regions->transport),
         serial_(regions->serial) {
     for (int r = 0; r < size(); ++r) has_remote_peers_ = has_remote_peers_ || peer(r) == nullptr;
@@ -78,13 +88,78 @@ class MpiSymmetricMemory final : public SymmetricMemory {
   bool has_remote_peers_ = false;
 };
 
+
+using Agree = std::function<void(const std::string& my_error, const char* step)>;
+
+// Node peers' memory through POSIX shared memory: each rank creates its segment, maps its
+// peers', and unlinks its name once every peer has mapped it.
+void map_host_regions(MpiRegions& regions, std::vector<std::byte*>& data, size_t total, int rank,
+                      const std::vector<int>& node_ranks,
+                      const std::function<std::string(int)>& name_of, const Agree& agree) {
+  std::string error;
+  try {
+    regions.segments.push_back(detail::ShmSegment::create(name_of(rank), total));
+    data[size_t(rank)] = regions.segments.back().data();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(error, "create");
+  for (int r : node_ranks) {
+    if (r == rank) continue;
+    try {
+      regions.segments.push_back(detail::ShmSegment::open(name_of(r), total));
+      data[size_t(r)] = regions.segments.back().data();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  agree(error, "map");
+  detail::ShmSegment::unlink(name_of(rank));  // every peer has mapped it: drop the name
+}
+
+// Node peers' device memory through CUDA IPC: each rank allocates on its GPU, and opens every
+// peer's handle. Every rank must be on this node (no off-node GPU transport yet).
+void map_device_regions(MpiRegions& regions, std::vector<std::byte*>& data, size_t total,
+                        Communicator& comm, const std::vector<int>& node_ranks,
+                        const Agree& agree) {
+  const Device device = comm.device();
+  const int rank = comm.rank();
+  PMOE_CHECK(node_ranks.size() == size_t(comm.size()), "alloc_symmetric on ", device.str(),
+             ": CUDA IPC reaches the ranks of this node only, and ",
+             comm.size() - int(node_ranks.size()), " rank(s) are elsewhere (no off-node GPU "
+             "transport is built yet)");
+  std::string error;
+  char handle[detail::kIpcHandleBytes] = {};
+  try {
+    regions.device_memory = detail::device_alloc(device, total);
+    data[size_t(rank)] = static_cast<std::byte*>(regions.device_memory);
+    detail::ipc_handle(regions.device_memory, handle);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(error, "cudaMalloc and IPC handle");
+  const auto handles = comm.all_gather(std::as_bytes(std::span(handle)));
+  for (int r : node_ranks) {
+    if (r == rank) continue;
+    try {
+      void* p = detail::ipc_open(device, handles.data() + size_t(r) * sizeof handle);
+      regions.peer_mappings.push_back(p);
+      data[size_t(r)] = static_cast<std::byte*>(p);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  agree(error, "IPC open");
+}
+
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm)
-    : Communicator(std::make_shared<detail::Group>(), Device::cpu()) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device device)
+    : Communicator(std::make_shared<detail::Group>(), device) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   PMOE_CHECK(initialized, "MpiCommunicator: MPI is not initialised; call MPI_Init first");
+  if (device.kind == Device::Kind::cuda) set_stream(detail::create_stream(device));
   check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
@@ -126,6 +201,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm)
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  detail::destroy_stream(stream());
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -194,33 +270,21 @@ std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
   };
 
   auto regions = std::make_shared<MpiRegions>();
+  regions->device = device();
   std::vector<std::byte*> data(size_t(size_), nullptr);
-  std::string error;
-  try {
-    regions->segments.push_back(detail::ShmSegment::create(name_of(rank_), total));
-    data[size_t(rank_)] = regions->segments.back().data();
-  } catch (const Error& e) {
-    error = e.what();
+  if (device().kind == Device::Kind::cuda) {
+    map_device_regions(*regions, data, total, *this, node_ranks_, agree);
+  } else {
+    map_host_regions(*regions, data, total, rank_, node_ranks_, name_of, agree);
   }
-  agree(error, "create");
-  for (int r : node_ranks_) {
-    if (r == rank_) continue;
-    try {
-      regions->segments.push_back(detail::ShmSegment::open(name_of(r), total));
-      data[size_t(r)] = regions->segments.back().data();
-    } catch (const Error& e) {
-      error = e.what();
-    }
-  }
-  agree(error, "map");
-  detail::ShmSegment::unlink(name_of(rank_));  // every peer has mapped it: drop the name
 
   std::vector<uint64_t*> signals(size_t(size_), nullptr);
   for (int r = 0; r < size_; ++r)
     if (data[size_t(r)]) signals[size_t(r)] = reinterpret_cast<uint64_t*>(data[size_t(r)] + data_bytes);
   regions->transport = transport_;
   regions->serial = serial;
-  transport_->add_region(serial, data[size_t(rank_)], signals[size_t(rank_)]);
+  if (device().kind == Device::Kind::cpu)  // off-node messages land in host memory only
+    transport_->add_region(serial, data[size_t(rank_)], signals[size_t(rank_)]);
   return std::make_unique<MpiSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
                                               std::move(signals), regions, group(), timeout_s());
 }

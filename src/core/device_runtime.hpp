@@ -17,4 +17,10 @@ void set_device(Device device);                   // for the calling thread
 Stream create_stream(Device device);
 void destroy_stream(Stream stream);
 
+// CUDA IPC: a handle that another process on the node opens to map `p` (from device_alloc).
+constexpr size_t kIpcHandleBytes = 64;
+void ipc_handle(void* p, void* handle_out);          // writes kIpcHandleBytes
+void* ipc_open(Device device, const void* handle);   // the peer's memory, mapped here
+void ipc_close(void* p);                             // never throws
+
 }  // namespace pmoe::detail

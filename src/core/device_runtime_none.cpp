@@ -22,6 +22,9 @@ void copy_bytes(void*, Device, const void*, Device, size_t) { no_cuda("copy"); }
 void set_device(Device) { no_cuda("set_device"); }
 Stream create_stream(Device) { no_cuda("create_stream"); }
 void destroy_stream(Stream) {}
+void ipc_handle(void*, void*) { no_cuda("ipc_handle"); }
+void* ipc_open(Device, const void*) { no_cuda("ipc_open"); }
+void ipc_close(void*) {}
 
 }  // namespace detail
 }  // namespace pmoe

@@ -1,4 +1,6 @@
 // The device runtime on CUDA: memory, copies and streams for the host code.
+#include <cstring>
+
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
 
@@ -47,6 +49,28 @@ Stream create_stream(Device device) {
 
 void destroy_stream(Stream stream) {
   if (stream.handle) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream.handle));
+}
+
+static_assert(sizeof(cudaIpcMemHandle_t) <= kIpcHandleBytes, "IPC handle does not fit");
+
+void ipc_handle(void* p, void* handle_out) {
+  cudaIpcMemHandle_t handle;
+  PMOE_CUDA_CHECK(cudaIpcGetMemHandle(&handle, p));
+  std::memset(handle_out, 0, kIpcHandleBytes);
+  std::memcpy(handle_out, &handle, sizeof handle);
+}
+
+void* ipc_open(Device device, const void* handle_in) {
+  set_device(device);
+  cudaIpcMemHandle_t handle;
+  std::memcpy(&handle, handle_in, sizeof handle);
+  void* p = nullptr;
+  PMOE_CUDA_CHECK(cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess));
+  return p;
+}
+
+void ipc_close(void* p) {
+  if (p) (void)cudaIpcCloseMemHandle(p);
 }
 
 }  // namespace detail
