@@ -1,10 +1,12 @@
 // AllToAll with thread ranks, W in {1, 2, 3, 4, 8}, against the plain reference.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "all_to_all_cases.hpp"
 #include "pmoe/comm.hpp"
+#include "reference/all_to_all_reference.hpp"
 
 namespace pmoe::testing {
 namespace {
@@ -165,6 +167,42 @@ TEST(AllToAllThreads, ThousandSplitCallsOnTheSameBuffers) {
   c.split_phases = true;
   c.calls = 1000;
   expect_case(4, c);
+}
+
+}  // namespace
+}  // namespace pmoe::testing
+
+namespace pmoe::testing {
+namespace {
+
+// bound_m on the CPU: x holds max_num_tokens rows, but only the first bound_m take part; the
+// result is the one of a call with just those rows (the inputs' first rows do not depend on m).
+TEST(AllToAllThreads, BoundMUsesTheFirstRowsOnly) {
+  const AllToAllConfig cfg = make_config(8, 4, 2, 32);
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](Communicator& comm) {
+    const int rank = comm.rank(), m = 3 + rank, L = 2;
+    AllToAll a2a(comm, cfg);
+    const auto full = reference::make_inputs(cfg, rank, 8, 11, reference::Routing::random);
+    std::vector<reference::AllToAllInputs> used;
+    for (int r = 0; r < 2; ++r) used.push_back(reference::make_inputs(cfg, r, 3 + r, 11, reference::Routing::random));
+    Buffer bound(DType::i32, {1}), counts(DType::i32, {L}), expert_x(DType::bf16, {L, 16, 32}),
+        expert_y(DType::bf16, {L, 16, 32}), y(DType::bf16, {8, 32});
+    *bound.data<int32_t>() = m;
+    std::memset(expert_x.data<void>(), 0xA5, expert_x.nbytes());
+    a2a.dispatch(full.x, Tensor(), full.indices, counts, expert_x, Tensor(), Phase::both, bound);
+    std::string error = reference::compare_dispatch(
+        cfg, 2, reference::reference_dispatch(cfg, 2, rank, used), counts, expert_x, Tensor(), 0xA5);
+    reference::run_fake_experts(cfg, 2, rank, counts, expert_x, Tensor(), expert_y);
+    a2a.combine(expert_y, full.indices, full.weights, y, Phase::both, bound);
+    const Tensor first_rows(y.data<void>(), DType::bf16, {m, 32});
+    if (error.empty())
+      error = reference::compare_bytes("y", first_rows,
+                                       reference::reference_combine(cfg, used[size_t(rank)], DType::bf16));
+    errors[size_t(rank)] = error;
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
 }
 
 }  // namespace

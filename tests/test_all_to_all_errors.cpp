@@ -341,6 +341,16 @@ TEST(AllToAllErrors, InPlaceBuffersNeedTheConfigFlag) {
   EXPECT_NE(error.find("set AllToAllConfig::in_place_buffers"), std::string::npos) << error;
 }
 
+TEST(AllToAllErrors, BoundMAboveTheRowsGiven) {
+  Buffer bound(DType::i32, {1});
+  *bound.data<int32_t>() = 5;
+  expect_rejected(small_config(), "bound_m = 5 is outside [0, 4] (the rows given)",
+                  [&](AllToAll& a, Args& args) {
+                    a.dispatch(args.x, args.x_scale, args.indices, args.expert_num_tokens,
+                               args.expert_x, args.scale_out, Phase::both, bound);
+                  });
+}
+
 // --- phase order ----------------------------------------------------------------------------
 
 TEST(AllToAllErrors, CombineBeforeDispatch) {
