@@ -5,38 +5,19 @@
 #include <vector>
 
 #include "all_to_all/backend.hpp"
+#include "core/arg_checks.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe {
 namespace {
 
+using detail::check_absent;
+using detail::check_tensor;
+
 bool is_payload_dtype(DType t) {
   return t == DType::f32 || t == DType::bf16 || t == DType::f16 || t == DType::f8e4m3;
 }
 bool is_output_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
-
-// Checks one tensor argument: dtype, device, exact shape, row-major contiguity.
-void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype, Device device,
-                  std::initializer_list<int64_t> shape) {
-  PMOE_CHECK(!t.empty() || shape.size() == 0, op, ": `", name, "` is missing (expected ",
-             dtype_name(dtype), " ", Tensor(nullptr, dtype, shape).shape_str(), ")");
-  PMOE_CHECK(t.dtype() == dtype, op, ": `", name, "` must be ", dtype_name(dtype), ", got ",
-             dtype_name(t.dtype()));
-  PMOE_CHECK(t.device() == device, op, ": `", name, "` must be on ", device.str(), ", got ",
-             t.device().str());
-  bool same_shape = t.dim() == int(shape.size());
-  int d = 0;
-  for (int64_t extent : shape) same_shape = same_shape && t.size(d++) == extent;
-  PMOE_CHECK(same_shape, op, ": `", name, "` must have shape ",
-             Tensor(nullptr, dtype, shape).shape_str(), ", got ", t.shape_str());
-  PMOE_CHECK(t.is_contiguous(), op, ": `", name, "` must be row-major contiguous");
-  PMOE_CHECK(t.data() != nullptr || t.numel() == 0, op, ": `", name, "` has no data pointer");
-}
-
-void check_absent(const char* op, const char* name, const Tensor& t, const char* why) {
-  PMOE_CHECK(t.empty(), op, ": `", name, "` must be an empty Tensor ", why, ", got ",
-             dtype_name(t.dtype()), " ", t.shape_str());
-}
 
 // The first m rows of `indices` [rows, k] hold experts in [-1, E) and no expert twice.
 void check_indices(const char* op, const Tensor& indices, int64_t m, int num_experts) {

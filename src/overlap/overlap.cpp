@@ -9,6 +9,7 @@
 #include <string>
 
 #include "overlap/backend.hpp"
+#include "core/arg_checks.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/overlap.hpp"
 
@@ -30,24 +31,6 @@ ConfigRecord record_of(const OverlapConfig& c) {
 std::string describe(const ConfigRecord& r) {
   return cat("M = ", r.m, ", N = ", r.n, ", K = ", r.k, ", ", dtype_name(DType(r.dtype)),
              ", chunks = ", r.chunks, ", ", order_name(OverlapOrder(r.order)));
-}
-
-// Checks one tensor argument: present, dtype, device, exact shape, row-major contiguity.
-void check_tensor(const std::string& op, const char* name, const Tensor& t, DType dtype,
-                  Device device, std::initializer_list<int64_t> shape) {
-  const std::string want = Tensor(nullptr, dtype, shape).shape_str();
-  PMOE_CHECK(!t.empty(), op, ": `", name, "` is missing (expected ", dtype_name(dtype), " ", want,
-             ")");
-  PMOE_CHECK(t.dtype() == dtype, op, ": `", name, "` must be ", dtype_name(dtype), ", got ",
-             dtype_name(t.dtype()));
-  PMOE_CHECK(t.device() == device, op, ": `", name, "` must be on ", device.str(), ", got ",
-             t.device().str());
-  bool same_shape = t.dim() == int(shape.size());
-  int d = 0;
-  for (int64_t extent : shape) same_shape = same_shape && t.size(d++) == extent;
-  PMOE_CHECK(same_shape, op, ": `", name, "` must have shape ", want, ", got ", t.shape_str());
-  PMOE_CHECK(t.is_contiguous(), op, ": `", name, "` must be row-major contiguous");
-  PMOE_CHECK(t.data() != nullptr, op, ": `", name, "` has no data pointer");
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "all_to_all_baselines.hpp"
+#include "all_to_all_bytes.hpp"
 #include "all_to_all_cuda.hpp"
 #include "bench_common.hpp"
 #include "pmoe/all_to_all.hpp"
@@ -68,14 +69,6 @@ AllToAllConfig config_for(const Options& o, int tokens) {
   c.in_place_buffers = true;
   c.validate(1);
   return c;
-}
-
-// The mean over ranks of a per-rank quantity.
-double rank_mean(Communicator& comm, double mine) {
-  const auto all = comm.all_gather(std::as_bytes(std::span(&mine, 1)));
-  double sum = 0;
-  for (int r = 0; r < comm.size(); ++r) sum += reinterpret_cast<const double*>(all.data())[r];
-  return sum / comm.size();
 }
 
 // Throws on every rank if any rank's check failed, naming the first failing rank's finding.
@@ -179,23 +172,9 @@ void run_config(Communicator& comm, Context& ctx) {
       error = reference::compare_bytes("y", y, reference::reference_combine(cfg, in, DType::bf16));
     agree_on_check(comm, "pmoe AllToAll, " + where, error);
 
-    // Tokens arriving here: those of any rank with at least one expert on this rank.
-    int64_t arriving = 0, landed = 0, summed = 0;
-    const int k = cfg.experts_per_token;
-    for (const auto& source : all)
-      for (int t = 0; t < source.m; ++t) {
-        bool here = false;
-        for (int j = 0; j < k; ++j) {
-          const int32_t e = source.indices.data<int32_t>()[t * k + j];
-          here = here || (e >= 0 && e / E_local == rank);
-        }
-        arriving += here;
-      }
-    for (int e = 0; e < E_local; ++e) landed += counts.data<int32_t>()[e];
-    for (int i = 0; i < in.m * k; ++i) summed += in.indices.data<int32_t>()[i] >= 0;
-    const double row = double(H) * dtype_size(cfg.in_dtype) + sizeof(float) * S;
-    dispatch_bytes = rank_mean(comm, double(arriving + landed) * row);
-    combine_bytes = rank_mean(comm, double(summed) * H * 2 + double(in.m) * H * 2);
+    const AllToAllBytes bytes = required_bytes(comm, cfg, all, counts);
+    dispatch_bytes = bytes.dispatch;
+    combine_bytes = bytes.combine;
 
     const auto both = time_steps(comm, o.warmup, o.iters,
                                  {[&] { dispatch(Phase::both); }, [&] { combine(Phase::both); }});

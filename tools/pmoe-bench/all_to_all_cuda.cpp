@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "all_to_all_bytes.hpp"
 #include "pmoe/error.hpp"
 #include "reference/all_to_all_reference.hpp"
 
@@ -61,19 +62,12 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double rank_mean(Communicator& comm, double mine) {
-  const auto all = comm.all_gather(std::as_bytes(std::span(&mine, 1)));
-  double sum = 0;
-  for (int r = 0; r < comm.size(); ++r) sum += reinterpret_cast<const double*>(all.data())[r];
-  return sum / comm.size();
-}
-
 }  // namespace
 
 CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig& cfg, int tokens,
                                        uint64_t seed, int warmup, int iters) {
   const int W = comm.size(), rank = comm.rank(), L = cfg.num_experts / W, H = cfg.hidden_dim;
-  const int S = cfg.scales_per_token(), k = cfg.experts_per_token;
+  const int S = cfg.scales_per_token();
   const Device gpu = comm.device();
   const int64_t capacity = int64_t(W) * cfg.max_num_tokens;
   const bool f8 = cfg.in_dtype == DType::f8e4m3;
@@ -136,22 +130,9 @@ CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig&
     PMOE_CHECK(votes[size_t(r)] == std::byte{0}, "check failed on ", gpu.str(), " ranks=", W,
                " tokens=", tokens, r == rank ? ": " + error : " on rank " + std::to_string(r));
 
-  // What must move, as in the CPU table.
-  int64_t arriving = 0, landed = 0, summed = 0;
-  for (const auto& source : all)
-    for (int t = 0; t < source.m; ++t) {
-      bool here = false;
-      for (int j = 0; j < k; ++j) {
-        const int32_t e = source.indices.data<int32_t>()[t * k + j];
-        here = here || (e >= 0 && e / L == rank);
-      }
-      arriving += here;
-    }
-  for (int e = 0; e < L; ++e) landed += host_counts.data<int32_t>()[e];
-  for (int i = 0; i < in.m * k; ++i) summed += in.indices.data<int32_t>()[i] >= 0;
-  const double row = double(H) * dtype_size(cfg.in_dtype) + sizeof(float) * S;
-  result.dispatch_bytes = rank_mean(comm, double(arriving + landed) * row);
-  result.combine_bytes = rank_mean(comm, double(summed) * H * 2 + double(in.m) * H * 2);
+  const AllToAllBytes bytes = required_bytes(comm, cfg, all, host_counts);
+  result.dispatch_bytes = bytes.dispatch;
+  result.combine_bytes = bytes.combine;
 
   // The roofline: every rank copies 256 MiB device to device on its stream at once.
   {

@@ -1,0 +1,29 @@
+#include "core/arg_checks.hpp"
+
+#include "pmoe/error.hpp"
+
+namespace pmoe::detail {
+
+void check_tensor(std::string_view op, const char* name, const Tensor& t, DType dtype,
+                  Device device, std::initializer_list<int64_t> shape) {
+  const std::string want = Tensor(nullptr, dtype, shape).shape_str();
+  PMOE_CHECK(!t.empty() || shape.size() == 0, op, ": `", name, "` is missing (expected ",
+             dtype_name(dtype), " ", want, ")");
+  PMOE_CHECK(t.dtype() == dtype, op, ": `", name, "` must be ", dtype_name(dtype), ", got ",
+             dtype_name(t.dtype()));
+  PMOE_CHECK(t.device() == device, op, ": `", name, "` must be on ", device.str(), ", got ",
+             t.device().str());
+  bool same_shape = t.dim() == int(shape.size());
+  int d = 0;
+  for (int64_t extent : shape) same_shape = same_shape && t.size(d++) == extent;
+  PMOE_CHECK(same_shape, op, ": `", name, "` must have shape ", want, ", got ", t.shape_str());
+  PMOE_CHECK(t.is_contiguous(), op, ": `", name, "` must be row-major contiguous");
+  PMOE_CHECK(t.data() != nullptr || t.numel() == 0, op, ": `", name, "` has no data pointer");
+}
+
+void check_absent(std::string_view op, const char* name, const Tensor& t, const char* why) {
+  PMOE_CHECK(t.empty(), op, ": `", name, "` must be an empty Tensor ", why, ", got ",
+             dtype_name(t.dtype()), " ", t.shape_str());
+}
+
+}  // namespace pmoe::detail

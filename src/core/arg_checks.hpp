@@ -1,0 +1,20 @@
+// How every op checks its tensor arguments, with one wording for every message: the op, the
+// argument, what was expected and what came.
+#pragma once
+
+#include <initializer_list>
+#include <string_view>
+
+#include "pmoe/tensor.hpp"
+
+namespace pmoe::detail {
+
+// Present (unless shape is empty), of `dtype`, on `device`, of exactly `shape`, row-major
+// contiguous, with data (unless it has no element). Throws pmoe::Error otherwise.
+void check_tensor(std::string_view op, const char* name, const Tensor& t, DType dtype,
+                  Device device, std::initializer_list<int64_t> shape);
+
+// An argument that must be left out here (an empty Tensor); `why` says when it is used.
+void check_absent(std::string_view op, const char* name, const Tensor& t, const char* why);
+
+}  // namespace pmoe::detail
