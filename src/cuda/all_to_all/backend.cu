@@ -74,6 +74,7 @@ class CudaAllToAll final : public AllToAllBackend {
     const size_t route_count = reserve(sizeof(int32_t));
     const size_t epoch = reserve(sizeof(uint64_t));
     const size_t counters = reserve(sizeof(uint32_t) * 2);
+    const size_t error = reserve(sizeof(cuda::ErrorWord));
     PMOE_CUDA_CHECK(cudaMalloc(&scratch_, scratch_bytes_));
     PMOE_CUDA_CHECK(cudaMemset(scratch_, 0, scratch_bytes_));
     auto* base = static_cast<std::byte*>(scratch_);
@@ -84,9 +85,13 @@ class CudaAllToAll final : public AllToAllBackend {
     p.route_count = reinterpret_cast<int32_t*>(base + route_count);
     p.epoch = reinterpret_cast<uint64_t*>(base + epoch);
     p.block_counters = reinterpret_cast<uint32_t*>(base + counters);
+    p.error = reinterpret_cast<cuda::ErrorWord*>(base + error);
     PMOE_CUDA_CHECK(cudaHostAlloc(&error_host_, sizeof(cuda::ErrorWord), cudaHostAllocMapped));
     std::memset(error_host_, 0, sizeof(cuda::ErrorWord));
-    PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&p.error), error_host_, 0));
+    cuda::ErrorWord* mirror = nullptr;
+    PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mirror), error_host_, 0));
+    PMOE_CUDA_CHECK(cudaMemcpy(&p.error->host_mirror, &mirror, sizeof mirror,
+                               cudaMemcpyHostToDevice));
     p.timeout_ns = uint64_t(comm.timeout_s() * 1e9);
     int sms = 0;
     PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_.index));

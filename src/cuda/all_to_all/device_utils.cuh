@@ -24,13 +24,21 @@ __device__ __forceinline__ uint64_t signal_acquire(uint64_t* word) {
       ::cuda::memory_order_acquire);
 }
 
-// Records the first error of this op; later ones are dropped.
+// Records the first error of this op; later ones are dropped. The race is decided in device
+// memory (atomics on host-mapped memory are not atomic over PCIe); the winner then copies the
+// word to its host-mapped mirror, which the host reads without synchronizing.
 __device__ __forceinline__ void report(ErrorWord* error, int32_t code, int32_t detail,
                                       int32_t kernel, int32_t value = 0) {
   if (atomicCAS(&error->code, kOk, code) == kOk) {
     error->detail = detail;
     error->kernel = kernel;
     error->value = value;
+    volatile ErrorWord* mirror = error->host_mirror;
+    mirror->detail = detail;
+    mirror->kernel = kernel;
+    mirror->value = value;
+    __threadfence_system();
+    mirror->code = code;  // last: the host reads the code first
     __threadfence_system();
   }
 }
@@ -71,7 +79,10 @@ __device__ __forceinline__ bool last_block(uint32_t* counter) {
   __syncthreads();
   if (threadIdx.x == 0) {
     is_last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    if (is_last) *counter = 0;
+    if (is_last) {
+      *counter = 0;
+      __threadfence();  // the other blocks' writes (fenced before they counted) come first
+    }
   }
   __syncthreads();
   return is_last && threadIdx.x == 0;

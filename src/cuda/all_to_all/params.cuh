@@ -38,11 +38,14 @@ enum ErrorCode : int32_t {
   kDtypeMismatch = 4,  // an owner sent expert_y in another dtype (detail: owner, value: dtype)
 };
 
+// In device memory, where kernels race for it with atomicCAS; the winner copies it to
+// host_mirror (host-mapped pinned memory), which the host reads.
 struct ErrorWord {
   int32_t code;    // ErrorCode
   int32_t detail;  // the peer (timeout), m (too many tokens) or the flat index position
   int32_t kernel;  // which kernel: 0 dispatch send, 1 dispatch recv, 2 combine send, 3 recv
   int32_t value;   // the offending index value (bad index)
+  ErrorWord* host_mirror;  // device pointer to the host-mapped copy (unused in the copy itself)
 };
 
 struct AllToAllParams {
@@ -77,7 +80,7 @@ struct AllToAllParams {
   int32_t* route_count;
   uint64_t* epoch;
   uint32_t* block_counters;
-  ErrorWord* error;       // host-mapped
+  ErrorWord* error;       // device memory; its host_mirror is what the host reads
   uint64_t timeout_ns;
 };
 
