@@ -1,10 +1,10 @@
 // Combine's reduction: out[h] = sum_j weights[j] * rows[j][h], in f32, in j order, rounded once
-// (to nearest even) to the output type. Rows stream through one after another into an f32
-// accumulator row, which the prefetchers follow well.
+// (to nearest even) to the output type.
 //
-// Compiled twice (AVX2 and baseline x86-64) and picked at load time, so one binary runs
-// everywhere and uses wide vectors where they exist. Multiplies and adds stay separate
-// (-ffp-contract=off; AVX2 has no FMA): both versions give the same bits as the plain loop.
+// bf16 rows into bf16 or f32 go through an AVX2 kernel that keeps the sums in registers, where
+// the CPU has AVX2; every other case (and every CPU) has a portable path, compiled for AVX2 and
+// baseline x86-64 and picked at load time. Multiplies and adds stay separate (-ffp-contract=off;
+// the kernels use no FMA): every path gives the bits of the plain loop.
 #pragma once
 
 #include <cstdint>
