@@ -1,5 +1,6 @@
 #include "all_to_all_cases.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -64,16 +65,35 @@ float busy_work(int rank) {
 }  // namespace
 
 // The op's view of host tensors: the tensors themselves on the CPU; on a GPU, device twins that
-// `in` fills from the host and `out` copies back.
+// `in` fills from the host and `out` copies back. The twins are made on the first call and
+// reused (the n-th `in` of every call gets the n-th twin), never freed between calls: cudaFree
+// waits for the whole device, where a faster peer's next call may already be spinning until
+// this rank launches its own.
 class OpMemory {
  public:
-  OpMemory(Communicator& comm) : comm_(comm), device_(comm.device()) {}
+  explicit OpMemory(Communicator& comm) : comm_(comm), device_(comm.device()) {}
   bool on_host() const { return device_.kind == Device::Kind::cpu; }
-  Tensor in(const Tensor& host) {
+  void next_call() { used_ = 0; }
+  // `max_rows`: for a tensor of m rows, the most it can have on any call.
+  Tensor in(const Tensor& host, int64_t max_rows = 0) {
     if (on_host() || host.empty()) return host;
-    twins_.push_back(Buffer::like(host, device_));
-    copy(twins_.back(), host);
-    return twins_.back();
+    int64_t shape[Tensor::kMaxDims], strides[Tensor::kMaxDims], row_elements = 1;
+    for (int d = host.dim() - 1; d >= 0; --d) {
+      shape[d] = host.size(d);
+      strides[d] = d == host.dim() - 1 ? 1 : strides[d + 1] * shape[d + 1];
+      if (d > 0) row_elements *= shape[d];
+    }
+    if (used_ == twins_.size()) {
+      const int64_t rows = std::max(host.size(0), max_rows);
+      twins_.emplace_back(host.dtype(), std::initializer_list<int64_t>{rows * row_elements},
+                          device_);
+    }
+    const Buffer& twin = twins_[used_++];
+    PMOE_CHECK(host.nbytes() <= twin.nbytes(), "OpMemory: ", host.shape_str(),
+               " does not fit the twin made on the first call");
+    const Tensor view(twin.data<void>(), host.dtype(), host.dim(), shape, strides, device_);
+    copy(view, host);
+    return view;
   }
   // Waits for the op's stream, raises what its kernels reported, and copies `op` to `host`.
   void out(const Tensor& host, const Tensor& op) {
@@ -81,12 +101,12 @@ class OpMemory {
     synchronize(comm_.stream());
     copy(host, op);
   }
-  void clear() { twins_.clear(); }
 
  private:
   Communicator& comm_;
   Device device_;
   std::vector<Buffer> twins_;
+  size_t used_ = 0;
 };
 
 CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
@@ -110,7 +130,10 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
   CaseResult result;
   result.digest = 0xcbf29ce484222325ull;
   float work_sink = 0;
+  OpMemory op(comm);
+  const int64_t M = cfg.max_num_tokens;
   for (int call = 0; call < c.calls; ++call) {
+    op.next_call();
     const uint64_t seed = reference::hash64(c.seed, uint64_t(call));
     std::vector<AllToAllInputs> all;  // every rank's inputs, rebuilt here without communication
     for (int r = 0; r < W; ++r)
@@ -140,8 +163,8 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
       comm.barrier();  // send must complete without any peer's recv
       op(Phase::recv);
     };
-    OpMemory op(comm);
-    const Tensor op_x = op.in(x), op_x_scale = op.in(x_scale), op_indices = op.in(mine.indices),
+    const Tensor op_x = op.in(x, M), op_x_scale = op.in(x_scale, M),
+                 op_indices = op.in(mine.indices, M),
                  op_counts = op.in(expert_num_tokens), op_expert_x = op.in(expert_x),
                  op_expert_x_scale = op.in(expert_x_scale_arg);
     run_phase([&](Phase phase) {
@@ -160,7 +183,8 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
     std::memset(expert_y.data(), 0xff, expert_y.nbytes());
     reference::run_fake_experts(cfg, W, rank, expert_num_tokens, expert_x, expert_x_scale_arg,
                                 expert_y);
-    const Tensor op_expert_y = op.in(expert_y), op_weights = op.in(mine.weights), op_y = op.in(y);
+    const Tensor op_expert_y = op.in(expert_y), op_weights = op.in(mine.weights, M),
+                 op_y = op.in(y, M);
     run_phase([&](Phase phase) { a2a.combine(op_expert_y, op_indices, op_weights, op_y, phase); });
     op.out(y, op_y);
     a2a.check_errors();

@@ -29,6 +29,7 @@ void* device_alloc(Device device, size_t bytes) {
   void* p = nullptr;
   PMOE_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 64));
   PMOE_CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 64));
+  PMOE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // see copy_bytes
   return p;
 }
 
@@ -38,6 +39,11 @@ void device_free(Device device, void* p) {
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   PMOE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));  // unified addressing
+  // From pageable host memory cudaMemcpy may return before the data lands, and it runs on the
+  // legacy stream, which the ranks' non-blocking streams do not wait for: finish it here, so a
+  // kernel launched next reads the new bytes. (Not cudaDeviceSynchronize: a peer rank's kernel
+  // may be spinning on this device until this rank launches its own.)
+  PMOE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
 Stream create_stream(Device device) {

@@ -84,6 +84,23 @@ TEST_P(AllToAllCuda, EdgeCases) {
   expect_case_on_gpu(W(), odd);
 }
 
+// More tokens and routes than the kernels have blocks (2 per SM), and rows longer than a block's
+// threads, so every grid-stride and block-stride loop runs more than once; f8 rows with 3 scales
+// (12 bytes: the scales take the byte-wise copy).
+TEST_P(AllToAllCuda, MoreWorkThanBlocks) {
+  AllToAllCase wide = base(4, 1032);
+  wide.config.max_num_tokens = 300;
+  wide.tokens = TokenCounts::full;
+  wide.calls = 2;
+  expect_case_on_gpu(W(), wide);
+  AllToAllCase f8 = base(3, 384);
+  f8.config.max_num_tokens = 300;
+  f8.config.in_dtype = DType::f8e4m3;
+  f8.config.scale_block = 128;
+  f8.expert_y_dtype = DType::bf16;
+  expect_case_on_gpu(W(), f8);
+}
+
 TEST_P(AllToAllCuda, SplitPhasesAndManyCalls) {
   AllToAllCase c = base();
   c.split_phases = true;
@@ -94,35 +111,46 @@ TEST_P(AllToAllCuda, SplitPhasesAndManyCalls) {
 INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllCuda, ::testing::Values(1, 2, 4, 8),
                          [](const auto& info) { return "W" + std::to_string(info.param); });
 
-// Dispatch + combine captured once per rank into a CUDA graph, then replayed 100 times with new
-// routing and a new m written into device memory before each replay.
+// Dispatch and combine captured once per rank into two CUDA graphs, then replayed 100 times with
+// new routing and a new m written into device memory before each replay. Between the two graphs
+// the host runs the reference's stand-in experts (a different function per expert, so a row
+// combined from the wrong slot shows), and both outputs are checked against the reference.
 TEST(AllToAllCuda, GraphReplaysWithChangingRoutingAndM) {
   PMOE_SKIP_WITHOUT_GPU();
-  const int W = 4, max_tokens = 16, H = 128;
-  const AllToAllConfig cfg = make_config(max_tokens, 2 * W, 3, H, DType::bf16, DType::bf16);
+  const int W = 4, max_tokens = 16, H = 128, k = 3;
+  constexpr uint8_t kSentinel = 0xA5;
+  const AllToAllConfig cfg = make_config(max_tokens, 2 * W, k, H, DType::bf16, DType::bf16);
   std::vector<std::string> errors(W);
   run_ranks(W, [&](Communicator& comm) {
-    const int rank = comm.rank(), L = cfg.num_experts / W;
+    const int rank = comm.rank(), L = cfg.num_experts / W, rows = W * max_tokens;
     const Device gpu = comm.device();
     auto stream = static_cast<cudaStream_t>(comm.stream().handle);
+    std::string& error = errors[size_t(rank)];
+    auto expect_cuda = [&](cudaError_t status, const char* what) {
+      if (status != cudaSuccess && error.empty())
+        error = detail::cat(what, ": ", cudaGetErrorString(status));
+    };
     AllToAll a2a(comm, cfg);
-    Buffer x(DType::bf16, {max_tokens, H}, gpu), indices(DType::i32, {max_tokens, 3}, gpu),
-        weights(DType::f32, {max_tokens, 3}, gpu), counts(DType::i32, {L}, gpu),
-        expert_x(DType::bf16, {L, W * max_tokens, H}, gpu),
-        expert_y(DType::bf16, {L, W * max_tokens, H}, gpu), y(DType::bf16, {max_tokens, H}, gpu),
-        bound_m(DType::i32, {1}, gpu);
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
+    Buffer x(DType::bf16, {max_tokens, H}, gpu), indices(DType::i32, {max_tokens, k}, gpu),
+        weights(DType::f32, {max_tokens, k}, gpu), counts(DType::i32, {L}, gpu),
+        expert_x(DType::bf16, {L, rows, H}, gpu), expert_y(DType::bf16, {L, rows, H}, gpu),
+        y(DType::bf16, {max_tokens, H}, gpu), bound_m(DType::i32, {1}, gpu);
+    Buffer host_counts(DType::i32, {L}), host_expert_x(DType::bf16, {L, rows, H}),
+        host_expert_y(DType::bf16, {L, rows, H});
+    cudaGraph_t dispatch_graph = nullptr, combine_graph = nullptr;
+    cudaGraphExec_t dispatch_exec = nullptr, combine_exec = nullptr;
     comm.barrier();
-    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    expect_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
     a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor(), Phase::both, bound_m);
-    // The stand-in expert: expert_y = expert_x (identity), inside the graph.
-    cudaMemcpyAsync(expert_y.data<void>(), expert_x.data<void>(), expert_x.nbytes(),
-                    cudaMemcpyDeviceToDevice, stream);
+    expect_cuda(cudaStreamEndCapture(stream, &dispatch_graph), "end capture");
+    expect_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
     a2a.combine(expert_y, indices, weights, y, Phase::both, bound_m);
-    cudaStreamEndCapture(stream, &graph);
-    cudaGraphInstantiate(&exec, graph, 0);
-    for (int replay = 0; replay < 100 && errors[size_t(rank)].empty(); ++replay) {
+    expect_cuda(cudaStreamEndCapture(stream, &combine_graph), "end capture");
+    expect_cuda(cudaGraphInstantiate(&dispatch_exec, dispatch_graph, 0), "instantiate");
+    expect_cuda(cudaGraphInstantiate(&combine_exec, combine_graph, 0), "instantiate");
+    // Every rank replays every time, even after a failure: peers would wait for it otherwise.
+    const bool captured = error.empty();
+    for (int replay = 0; replay < 100; ++replay) {
       // Every rank builds every rank's inputs for this replay, then uploads its own.
       std::vector<reference::AllToAllInputs> all;
       for (int r = 0; r < W; ++r)
@@ -130,43 +158,60 @@ TEST(AllToAllCuda, GraphReplaysWithChangingRoutingAndM) {
                                              uint64_t(replay), Routing::dropped));
       const auto& mine = all[size_t(rank)];
       const int32_t m = mine.m;
-      cudaMemcpyAsync(x.data<void>(), mine.x.data<void>(), mine.x.nbytes(), cudaMemcpyHostToDevice, stream);
-      cudaMemcpyAsync(indices.data<void>(), mine.indices.data<void>(), mine.indices.nbytes(),
-                      cudaMemcpyHostToDevice, stream);
-      cudaMemcpyAsync(weights.data<void>(), mine.weights.data<void>(), mine.weights.nbytes(),
-                      cudaMemcpyHostToDevice, stream);
-      cudaMemcpyAsync(bound_m.data<void>(), &m, sizeof m, cudaMemcpyHostToDevice, stream);
-      cudaStreamSynchronize(stream);
+      const Tensor x_rows(x.data<void>(), DType::bf16, {m, H}, gpu),
+          indices_rows(indices.data<void>(), DType::i32, {m, k}, gpu),
+          weights_rows(weights.data<void>(), DType::f32, {m, k}, gpu),
+          y_rows(y.data<void>(), DType::bf16, {m, H}, gpu);
+      copy(x_rows, mine.x);
+      copy(indices_rows, mine.indices);
+      copy(weights_rows, mine.weights);
+      copy(bound_m, Tensor(const_cast<int32_t*>(&m), DType::i32, {1}));
+      expect_cuda(cudaMemsetAsync(expert_x.data<void>(), kSentinel, expert_x.nbytes(), stream),
+                  "memset");
+      expect_cuda(cudaStreamSynchronize(stream), "sync");
       comm.barrier();  // every rank's inputs are in place before any replay reads a peer's
-      cudaGraphLaunch(exec, stream);
-      cudaStreamSynchronize(stream);
-      try {
-        a2a.check_errors();
-      } catch (const Error& e) {
-        errors[size_t(rank)] = e.what();
-        break;
-      }
-      // Identity experts: y[t] = sum_j w[t, j] * x[t] (bf16 rows), which reference_combine gives
-      // for expert_fn = identity only at expert 0; compare against a direct sum instead.
-      Buffer host_y(DType::bf16, {m, H});
-      cudaMemcpy(host_y.data<void>(), y.data<void>(), host_y.nbytes(), cudaMemcpyDeviceToHost);
-      for (int t = 0; t < m && errors[size_t(rank)].empty(); ++t) {
-        for (int h = 0; h < H; ++h) {
-          float acc = 0.0f;
-          for (int j = 0; j < 3; ++j) {
-            if (mine.indices.data<int32_t>()[t * 3 + j] < 0) continue;
-            const float product = mine.weights.data<float>()[t * 3 + j] *
-                                  to_float(mine.x.data<bf16>()[t * H + h]);
-            acc = acc + product;
-          }
-          if (host_y.data<bf16>()[t * H + h].bits != to_bf16(acc).bits)
-            errors[size_t(rank)] = detail::cat("replay ", replay, ": y[", t, ", ", h, "] differs");
+      if (captured) expect_cuda(cudaGraphLaunch(dispatch_exec, stream), "launch dispatch");
+      expect_cuda(cudaStreamSynchronize(stream), "sync");
+      copy(host_counts, counts);
+      copy(host_expert_x, expert_x);
+      if (error.empty()) {
+        try {
+          a2a.check_errors();
+        } catch (const Error& e) {
+          error = e.what();
         }
+      }
+      if (error.empty()) {
+        const std::string wrong = reference::compare_dispatch(
+            cfg, W, reference::reference_dispatch(cfg, W, rank, all), host_counts,
+            host_expert_x, Tensor(), kSentinel);
+        if (!wrong.empty()) error = detail::cat("replay ", replay, ": ", wrong);
+      }
+      reference::run_fake_experts(cfg, W, rank, host_counts, host_expert_x, Tensor(),
+                                  host_expert_y);
+      copy(expert_y, host_expert_y);
+      if (captured) expect_cuda(cudaGraphLaunch(combine_exec, stream), "launch combine");
+      expect_cuda(cudaStreamSynchronize(stream), "sync");
+      if (error.empty()) {
+        try {
+          a2a.check_errors();
+        } catch (const Error& e) {
+          error = e.what();
+        }
+      }
+      if (error.empty()) {
+        Buffer host_y(DType::bf16, {m, H});
+        copy(host_y, y_rows);
+        const std::string wrong = reference::compare_bytes(
+            "combine y", host_y, reference::reference_combine(cfg, mine, DType::bf16));
+        if (!wrong.empty()) error = detail::cat("replay ", replay, ": ", wrong);
       }
       comm.barrier();  // nobody rewrites its inputs while a peer's replay may still read them
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    for (cudaGraphExec_t exec : {dispatch_exec, combine_exec})
+      if (exec) cudaGraphExecDestroy(exec);
+    for (cudaGraph_t graph : {dispatch_graph, combine_graph})
+      if (graph) cudaGraphDestroy(graph);
   }, Device::cuda(0));
   for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
 }

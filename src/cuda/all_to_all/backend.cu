@@ -22,7 +22,8 @@ const char* kernel_name(int kernel) {
 class CudaAllToAll final : public AllToAllBackend {
  public:
   CudaAllToAll(Communicator& comm, const AllToAllConfig& config)
-      : config_(config),
+      : comm_(comm),
+        config_(config),
         layout_(config, comm.size()),
         device_(comm.device()),
         stream_(static_cast<cudaStream_t>(comm.stream().handle)) {
@@ -75,6 +76,7 @@ class CudaAllToAll final : public AllToAllBackend {
     const size_t epoch = reserve(sizeof(uint64_t));
     const size_t counters = reserve(sizeof(uint32_t) * 2);
     const size_t error = reserve(sizeof(cuda::ErrorWord));
+    const size_t owners_ready = reserve(sizeof(int32_t));
     PMOE_CUDA_CHECK(cudaMalloc(&scratch_, scratch_bytes_));
     PMOE_CUDA_CHECK(cudaMemset(scratch_, 0, scratch_bytes_));
     auto* base = static_cast<std::byte*>(scratch_);
@@ -86,12 +88,17 @@ class CudaAllToAll final : public AllToAllBackend {
     p.epoch = reinterpret_cast<uint64_t*>(base + epoch);
     p.block_counters = reinterpret_cast<uint32_t*>(base + counters);
     p.error = reinterpret_cast<cuda::ErrorWord*>(base + error);
+    p.owners_ready = reinterpret_cast<int32_t*>(base + owners_ready);
     PMOE_CUDA_CHECK(cudaHostAlloc(&error_host_, sizeof(cuda::ErrorWord), cudaHostAllocMapped));
     std::memset(error_host_, 0, sizeof(cuda::ErrorWord));
     cuda::ErrorWord* mirror = nullptr;
     PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mirror), error_host_, 0));
     PMOE_CUDA_CHECK(cudaMemcpy(&p.error->host_mirror, &mirror, sizeof mirror,
                                cudaMemcpyHostToDevice));
+    // The memset and the copy ran on the legacy stream, which the rank's non-blocking stream does
+    // not wait for, and a copy from pageable memory may still be in flight when cudaMemcpy
+    // returns: wait for both before any kernel can read the scratch.
+    PMOE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
     p.timeout_ns = uint64_t(comm.timeout_s() * 1e9);
     int sms = 0;
     PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_.index));
@@ -122,7 +129,8 @@ class CudaAllToAll final : public AllToAllBackend {
                         " s"));
       case cuda::kTooManyTokens:
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": bound_m = ",
-                        e->detail, " exceeds max_num_tokens = ", params_.max_tokens));
+                        e->detail, " is outside [0, ", e->value,
+                        "], the rows given (the call went on with m clamped to that range)"));
       case cuda::kBadIndex:
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": indices[",
                         e->detail / params_.top_k, ", ", e->detail % params_.top_k, "] = ",
@@ -139,23 +147,31 @@ class CudaAllToAll final : public AllToAllBackend {
   }
 
   void dispatch_send(const DispatchArgs& a) override {
-    check_errors();
+    enter();
     cuda::launch_dispatch_send(with_dispatch(a), stream_, blocks_);
   }
   void dispatch_recv(const DispatchArgs& a) override {
-    check_errors();
+    enter();
     cuda::launch_dispatch_recv(with_dispatch(a), stream_, blocks_);
   }
   void combine_send(const CombineArgs& a) override {
-    check_errors();
+    enter();
+    params_.y_dtype = int(a.expert_y.dtype());  // named by a later dtype-mismatch report
     cuda::launch_combine_send(with_combine(a), stream_, blocks_);
   }
   void combine_recv(const CombineArgs& a) override {
-    check_errors();
+    enter();
     cuda::launch_combine_recv(with_combine(a), stream_, blocks_);
   }
 
  private:
+  // At every launch: a peer thread rank that already threw (its kernels will never signal) and
+  // an error the kernels recorded both raise here, before more kernels wait for nothing.
+  void enter() const {
+    comm_.check_group();
+    check_errors();
+  }
+
   AllToAllParams with_dispatch(const DispatchArgs& a) const {
     AllToAllParams p = params_;
     p.x = static_cast<const std::byte*>(a.x.data());
@@ -181,6 +197,7 @@ class CudaAllToAll final : public AllToAllBackend {
     return p;
   }
 
+  Communicator& comm_;
   AllToAllConfig config_;
   AllToAllLayout layout_;
   Device device_;

@@ -3,9 +3,12 @@
 //   send:  return_rows (grid)  each routed row of expert_y to its source's combine area at
 //                              (token, top-k slot); the last block writes this rank's expert_y
 //                              dtype there and signals every source
-//   recv:  reduce_rows (grid)  waits for every owner, then y[t] = sum_j w[t, j] * row(t, j) in
-//                              f32, in j order, multiply and add rounded separately (no FMA), as
-//                              the CPU backend does: the two give the same bits
+//   recv:  await_owners (1 block)  waits for every owner and checks its expert_y dtype
+//          reduce_rows (grid)      y[t] = sum_j w[t, j] * row(t, j) in f32, in j order, multiply
+//                                  and add rounded separately (no FMA), as the CPU backend does:
+//                                  the two give the same bits
+// Only one block of each rank ever spins. Ranks sharing a GPU must not fill its SMs with waiting
+// blocks: a peer's kernel that would let them go on could then never be scheduled.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -46,8 +49,7 @@ __device__ __forceinline__ void store(float* p, int i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(__nv_bfloat16* p, int i, float v) { p[i] = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void store(__half* p, int i, float v) { p[i] = __float2half_rn(v); }
 
-template <typename In, typename Out>
-__global__ void reduce_rows(const AllToAllParams p) {
+__global__ void await_owners(const AllToAllParams p) {
   const uint64_t epoch = *p.epoch;
   __shared__ bool failed;
   if (threadIdx.x == 0) failed = false;
@@ -66,8 +68,13 @@ __global__ void reduce_rows(const AllToAllParams p) {
     }
   }
   __syncthreads();
-  if (failed) return;
-  const int tokens = min(tokens_this_call(p), p.max_tokens), k = p.top_k, H = p.hidden_dim;
+  if (threadIdx.x == 0) *p.owners_ready = failed ? 0 : 1;
+}
+
+template <typename In, typename Out>
+__global__ void reduce_rows(const AllToAllParams p) {
+  if (*p.owners_ready == 0) return;  // await_owners gave up; the error word says why
+  const int tokens = tokens_this_call(p), k = p.top_k, H = p.hidden_dim;
   const std::byte* area = p.regions[p.rank] + p.combine_offset;
   for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
     for (int h = threadIdx.x; h < H; h += blockDim.x) {
@@ -100,6 +107,7 @@ void launch_combine_send(const AllToAllParams& p, cudaStream_t stream, int block
 }
 
 void launch_combine_recv(const AllToAllParams& p, cudaStream_t stream, int blocks) {
+  await_owners<<<1, kMaxRanks, 0, stream>>>(p);
   switch (DType(p.y_dtype)) {
     case DType::f32: launch_reduce<float>(p, stream, blocks); break;
     case DType::bf16: launch_reduce<__nv_bfloat16>(p, stream, blocks); break;

@@ -52,7 +52,7 @@ __device__ __forceinline__ bool wait_signal(uint64_t* word, uint64_t value, uint
       report(error, kTimeout, peer, kernel);
       return false;
     }
-    if (*reinterpret_cast<volatile int32_t*>(&error->code) != kOk) return false;
+    if (is_fatal(*reinterpret_cast<volatile int32_t*>(&error->code))) return false;
     __nanosleep(100);
   }
   return true;
@@ -75,7 +75,9 @@ __device__ __forceinline__ void block_copy(std::byte* dst, const std::byte* src,
 // every block is visible to it. Resets the counter for the next launch.
 __device__ __forceinline__ bool last_block(uint32_t* counter) {
   __shared__ bool is_last;
-  __threadfence();  // every thread's writes, device-wide, before the block counts itself in
+  // Every thread's writes, at system scope (peers may be other GPUs over CUDA IPC), before the
+  // block counts itself in.
+  __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
     is_last = atomicAdd(counter, 1u) == gridDim.x - 1;
@@ -88,8 +90,13 @@ __device__ __forceinline__ bool last_block(uint32_t* counter) {
   return is_last && threadIdx.x == 0;
 }
 
-__device__ __forceinline__ int tokens_this_call(const AllToAllParams& p) {
+// m for this call: bound_m when given (read on the device, so graph replays can change it),
+// clamped to [0, rows given]; route_tokens reports a bound_m outside that range.
+__device__ __forceinline__ int requested_tokens(const AllToAllParams& p) {
   return p.bound_m ? *p.bound_m : p.m;
+}
+__device__ __forceinline__ int tokens_this_call(const AllToAllParams& p) {
+  return max(0, min(requested_tokens(p), p.m));
 }
 
 }  // namespace pmoe::cuda

@@ -17,12 +17,10 @@ namespace {
 constexpr int kKernelDispatchSend = 0, kKernelDispatchRecv = 1;
 
 __global__ void route_tokens(const AllToAllParams p) {
-  const int m = tokens_this_call(p);
+  const int requested = requested_tokens(p), tokens = tokens_this_call(p);
   const int k = p.top_k, E = p.num_local_experts * p.world_size;
-  if (m > p.max_tokens) {
-    if (threadIdx.x == 0) report(p.error, kTooManyTokens, m, kKernelDispatchSend);
-  }
-  const int tokens = min(m, p.max_tokens);
+  if (requested != tokens && threadIdx.x == 0)
+    report(p.error, kTooManyTokens, requested, kKernelDispatchSend, p.m);
   // Indices the host could not check (they live on the device): out of range or repeated in a
   // row. They are reported, and the slot is treated as -1 so that peers still complete.
   for (int i = threadIdx.x; i < tokens * k; i += blockDim.x) {
@@ -48,7 +46,7 @@ __global__ void route_tokens(const AllToAllParams p) {
 }
 
 __global__ void send_tokens(const AllToAllParams p) {
-  const int tokens = min(tokens_this_call(p), p.max_tokens);
+  const int tokens = tokens_this_call(p);
   const int k = p.top_k, E = p.num_local_experts * p.world_size;
   for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
     for (int dest = 0; dest < p.world_size; ++dest) {

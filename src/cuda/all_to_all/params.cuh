@@ -9,7 +9,7 @@
 //   rank r's private scratch (device memory)
 //   | send_slot [max_tokens, W] i32: token t's slot at destination d, or -1                |
 //   | send_count [W] i32 | recv_count [W, E_local] i32 | routes [route capacity] Route     |
-//   | route_count i32 | epoch u64 | block counters u32 x 2                                 |
+//   | route_count i32 | epoch u64 | block counters u32 x 2 | owners_ready i32              |
 #pragma once
 
 #include <cstddef>
@@ -33,10 +33,17 @@ struct Route {
 enum ErrorCode : int32_t {
   kOk = 0,
   kTimeout = 1,        // a peer did not signal in time (detail: the peer)
-  kTooManyTokens = 2,  // bound_m > max_num_tokens (detail: m)
+  kTooManyTokens = 2,  // bound_m outside [0, rows given] (detail: bound_m, value: rows given)
   kBadIndex = 3,       // an index out of range or repeated (detail: position, value: index)
   kDtypeMismatch = 4,  // an owner sent expert_y in another dtype (detail: owner, value: dtype)
 };
+
+// A timeout or a dtype mismatch leaves the protocol broken, so every later wait gives up at once.
+// A bad index or bound_m is only reported: the slot counts as -1 (m as clamped) and every rank
+// still completes, so that peers do not combine stale rows.
+__host__ __device__ inline bool is_fatal(int32_t code) {
+  return code == kTimeout || code == kDtypeMismatch;
+}
 
 // In device memory, where kernels race for it with atomicCAS; the winner copies it to
 // host_mirror (host-mapped pinned memory), which the host reads.
@@ -80,6 +87,7 @@ struct AllToAllParams {
   int32_t* route_count;
   uint64_t* epoch;
   uint32_t* block_counters;
+  int32_t* owners_ready;  // combine: 1 when every owner's rows arrived in the right dtype
   ErrorWord* error;       // device memory; its host_mirror is what the host reads
   uint64_t timeout_ns;
 };
