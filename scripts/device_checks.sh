@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The checks that need the lent GPU machine, run there through the device tool with the kit that
+# scripts/device_kit.sh packs here (prebuilt CUDA tests and pmoe-bench, their libraries, an Open
+# MPI runtime):
+#
+#   run(command="bash scripts/device_checks.sh tests bench", carry=[".devkit"])
+#
+# Parts, each well inside the tool's 10 minutes a command; logs and JSON go to $OUT:
+#   tests    test_cuda_all_to_all (the CPU cases on one GPU at W = 1, 2, 4, 8, graph replays, a
+#            rank that never arrives) and test_cuda_ipc under mpirun -n 2
+#   bench    pmoe-bench all-to-all --device cuda, EP 2, 4, 8 sharing the GPU, 1 and 128 tokens
+#   overlap  mpirun -n 2 pmoe-bench ag-gemm and gemm-rs, 8 of the 16 cores per rank
+#   python   builds the Python module with CUDA for the device's Python (the kit cannot: it is
+#            built here for this machine's Python), then the whole pytest suite, torch CUDA too
+# A part that fails is reported and the next one still runs; the exit status says whether all
+# passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/pmoe-out}
+KIT=/tmp/pmoe-kit
+mkdir -p "$OUT" "$KIT"
+tar -xzf .devkit/kit.tar.gz -C "$KIT" || { echo "no kit: run scripts/device_kit.sh here first"; exit 2; }
+# shellcheck source=/dev/null
+source "$KIT/env.sh"
+echo "kit: $(tr '\n' ' ' < "$KIT/BUILT")"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+echo "cores: $(nproc)"
+
+part_tests() {
+  timeout 300 test_cuda_all_to_all --gtest_output="json:$OUT/cuda_tests.json" &&
+    timeout 120 mpirun -n 2 test_cuda_ipc
+}
+
+part_bench() {
+  timeout 400 pmoe-bench all-to-all --device cuda --ranks 2,4,8 --tokens 1,128 \
+    --json "$OUT/cuda_all_to_all.json" --csv "$OUT/cuda_all_to_all.csv"
+}
+
+part_overlap() {
+  # --bind-to none: Open MPI binds each of 2 ranks to one core by default, which would put a
+  # rank's BLAS threads and its communication thread on that one core.
+  local op
+  for op in ag-gemm gemm-rs; do
+    timeout 250 mpirun -n 2 --bind-to none pmoe-bench "$op" --json "$OUT/overlap_$op.json" ||
+      return 1
+  done
+}
+
+part_python() {
+  local build=/tmp/pmoe-python
+  cmake -S . -B "$build" -G Ninja -DPMOE_BUILD_TESTS=OFF -DPMOE_BUILD_TOOLS=OFF \
+    -DPMOE_PYTHON=ON -DPMOE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
+    -DCMAKE_PREFIX_PATH="$KIT/dev" -DMPI_CXX_COMPILER="$KIT/usr/bin/mpicxx" \
+    -DPython_EXECUTABLE="$(command -v python3)" &&
+    timeout 400 cmake --build "$build" -j "$(nproc)" &&
+    PYTHONPATH="$build/python" PYTHONDONTWRITEBYTECODE=1 timeout 300 \
+      python3 -m pytest -q -rs -p no:cacheprovider python/tests
+}
+
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(tests bench overlap python)
+failed=()
+for part in "${parts[@]}"; do
+  echo "=== $part"
+  start=$(date +%s)
+  if "part_$part" 2>&1 | tee "$OUT/$part.log"; then
+    echo "=== $part passed in $(($(date +%s) - start)) s"
+  else
+    echo "=== $part FAILED after $(($(date +%s) - start)) s"
+    failed+=("$part")
+  fi
+done
+[ ${#failed[@]} -eq 0 ] || { echo "failed: ${failed[*]}"; exit 1; }
