@@ -42,6 +42,13 @@ class AllToAllCuda : public ::testing::TestWithParam<int> {
     c.calls = 3;
     return c;
   }
+  // f8e4m3 tokens with 128-element block scales, expert outputs in bf16.
+  static AllToAllCase with_f8(AllToAllCase c) {
+    c.config.in_dtype = DType::f8e4m3;
+    c.config.scale_block = 128;
+    c.expert_y_dtype = DType::bf16;
+    return c;
+  }
 };
 
 TEST_P(AllToAllCuda, RandomRoutingEveryDtype) {
@@ -57,11 +64,7 @@ TEST_P(AllToAllCuda, RandomRoutingEveryDtype) {
 }
 
 TEST_P(AllToAllCuda, F8WithBlockScales) {
-  AllToAllCase c = base(3, 256);
-  c.config.in_dtype = DType::f8e4m3;
-  c.config.scale_block = 128;
-  c.expert_y_dtype = DType::bf16;
-  expect_case_on_gpu(W(), c);
+  expect_case_on_gpu(W(), with_f8(base(3, 256)));
 }
 
 TEST_P(AllToAllCuda, EdgeCases) {
@@ -93,11 +96,8 @@ TEST_P(AllToAllCuda, MoreWorkThanBlocks) {
   wide.tokens = TokenCounts::full;
   wide.calls = 2;
   expect_case_on_gpu(W(), wide);
-  AllToAllCase f8 = base(3, 384);
+  AllToAllCase f8 = with_f8(base(3, 384));
   f8.config.max_num_tokens = 300;
-  f8.config.in_dtype = DType::f8e4m3;
-  f8.config.scale_block = 128;
-  f8.expert_y_dtype = DType::bf16;
   expect_case_on_gpu(W(), f8);
 }
 
