@@ -11,6 +11,7 @@ debian_packages=(
   libgtest-dev
   libcli11-dev
   nlohmann-json3-dev
+  libboost-context-dev  # fibers: the threads of a block on the emulated CUDA device
 )
 python_packages=(numpy pytest nanobind matplotlib)  # the Python module, its tests, --plot
 

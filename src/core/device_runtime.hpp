@@ -1,14 +1,60 @@
-// What the host code needs from a device runtime, without CUDA headers: memory, copies,
-// streams. src/cuda/device_runtime.cu implements it where CUDA is built; otherwise
-// src/core/device_runtime_none.cpp throws a pmoe::Error saying so.
+// What the host code needs from a device runtime, without CUDA headers: memory, copies, streams,
+// events, and the AllToAll backend that runs on the device.
+//
+// pmoe's CUDA sources are compiled twice (src/cuda/flavor.hpp): by nvcc for a real GPU, and by
+// the host compiler for the emulated device (src/cuda/emulator). Each compilation provides one
+// DeviceRuntime; the free functions below forward to the one chosen for this process:
+//   PMOE_CUDA_EMULATE=1  the emulated device, even where a GPU is visible;
+//   PMOE_CUDA_EMULATE=0  the GPU runtime only (no devices where none is visible);
+//   unset                the GPU runtime where the build has it and a GPU is visible, else the
+//                        emulated device.
+// A build with neither throws pmoe::Error from every call that needs a device.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "pmoe/stream.hpp"
 #include "pmoe/tensor.hpp"
 
+namespace pmoe {
+class Communicator;
+struct AllToAllConfig;
+}  // namespace pmoe
+
 namespace pmoe::detail {
+
+class AllToAllBackend;
+
+constexpr size_t kIpcHandleBytes = 64;
+
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  virtual const char* name() const = 0;  // "CUDA" or "emulated CUDA"
+  virtual int device_count() const = 0;
+  virtual void set_device(Device device) const = 0;
+  virtual void* alloc(Device device, size_t bytes) const = 0;  // zeroed
+  virtual void free(void* p) const = 0;                           // never throws
+  virtual void copy(void* dst, const void* src, size_t bytes) const = 0;
+  virtual Stream create_stream(Device device) const = 0;
+  virtual void destroy_stream(Stream stream) const = 0;  // never throws
+  virtual void synchronize(Stream stream) const = 0;
+  virtual void ipc_handle(void* p, void* handle_out) const = 0;
+  virtual void* ipc_open(Device device, const void* handle) const = 0;
+  virtual void ipc_close(void* p) const = 0;  // never throws
+  virtual std::unique_ptr<AllToAllBackend> make_all_to_all(Communicator& comm,
+                                                           const AllToAllConfig& config) const = 0;
+  // Timing on a stream, for pmoe-bench: events recorded in stream order.
+  virtual void* create_event() const = 0;
+  virtual void destroy_event(void* event) const = 0;
+  virtual void record_event(void* event, Stream stream) const = 0;
+  virtual double elapsed_ms(void* start, void* stop) const = 0;  // waits for stop
+  virtual void copy_async(void* dst, const void* src, size_t bytes, Stream stream) const = 0;
+};
+
+// The runtime chosen for this process (see above); throws pmoe::Error in a build without one.
+const DeviceRuntime& device_runtime();
 
 void* device_alloc(Device device, size_t bytes);  // zeroed
 void device_free(Device device, void* p);
@@ -18,7 +64,6 @@ Stream create_stream(Device device);
 void destroy_stream(Stream stream);
 
 // CUDA IPC: a handle that another process on the node opens to map `p` (from device_alloc).
-constexpr size_t kIpcHandleBytes = 64;
 void ipc_handle(void* p, void* handle_out);          // writes kIpcHandleBytes
 void* ipc_open(Device device, const void* handle);   // the peer's memory, mapped here
 void ipc_close(void* p);                             // never throws

@@ -1,88 +1,133 @@
-// The device runtime on CUDA: memory, copies and streams for the host code.
+// The device runtime over the CUDA runtime API (src/core/device_runtime.hpp): memory, copies,
+// streams, events, IPC. Compiled twice (src/cuda/flavor.hpp): by nvcc against CUDA's runtime and
+// by the host compiler against the emulated device's.
 #include <cstring>
 
+#include "all_to_all/backend.hpp"
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
+#include "cuda/flavor.hpp"
 
-namespace pmoe {
+namespace pmoe::detail::inline PMOE_CUDA_FLAVOR {
 
-bool cuda_available_in_build() { return true; }
+// AllToAll on this flavor's kernels (src/cuda/all_to_all/backend.cu).
+std::unique_ptr<AllToAllBackend> make_device_all_to_all(Communicator& comm,
+                                                         const AllToAllConfig& config);
 
-int cuda_device_count() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();  // no driver or no device: not an error for the caller
-    return 0;
-  }
-  return count;
-}
-
-namespace detail {
-
-void set_device(Device device) {
-  PMOE_CHECK(device.kind == Device::Kind::cuda, "set_device: ", device.str(), " is not CUDA");
-  PMOE_CUDA_CHECK(cudaSetDevice(device.index));
-}
-
-void* device_alloc(Device device, size_t bytes) {
-  set_device(device);
-  void* p = nullptr;
-  PMOE_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 64));
-  PMOE_CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 64));
-  PMOE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // see copy_bytes
-  return p;
-}
-
-void device_free(Device device, void* p) {
-  if (p) (void)cudaFree(p);  // never throws: called from destructors
-}
-
-void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
-  PMOE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));  // unified addressing
-  // From pageable host memory cudaMemcpy may return before the data lands, and it runs on the
-  // legacy stream, which the ranks' non-blocking streams do not wait for: finish it here, so a
-  // kernel launched next reads the new bytes. (Not cudaDeviceSynchronize: a peer rank's kernel
-  // may be spinning on this device until this rank launches its own.)
-  PMOE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
-}
-
-Stream create_stream(Device device) {
-  set_device(device);
-  cudaStream_t stream;
-  PMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  return Stream{stream};
-}
-
-void destroy_stream(Stream stream) {
-  if (stream.handle) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream.handle));
-}
+namespace {
 
 static_assert(sizeof(cudaIpcMemHandle_t) <= kIpcHandleBytes, "IPC handle does not fit");
 
-void ipc_handle(void* p, void* handle_out) {
-  cudaIpcMemHandle_t handle;
-  PMOE_CUDA_CHECK(cudaIpcGetMemHandle(&handle, p));
-  std::memset(handle_out, 0, kIpcHandleBytes);
-  std::memcpy(handle_out, &handle, sizeof handle);
+class CudaRuntime final : public DeviceRuntime {
+ public:
+#if defined(__CUDACC__)
+  const char* name() const override { return "CUDA"; }
+#else
+  const char* name() const override { return "emulated CUDA"; }
+#endif
+
+  int device_count() const override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();  // no driver or no device: not an error for the caller
+      return 0;
+    }
+    return count;
+  }
+
+  void set_device(Device device) const override {
+    PMOE_CHECK(device.kind == Device::Kind::cuda, "set_device: ", device.str(), " is not CUDA");
+    PMOE_CUDA_CHECK(cudaSetDevice(device.index));
+  }
+
+  void* alloc(Device device, size_t bytes) const override {
+    set_device(device);
+    void* p = nullptr;
+    PMOE_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 64));
+    PMOE_CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 64));
+    PMOE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // see copy()
+    return p;
+  }
+
+  void free(void* p) const override { (void)cudaFree(p); }  // never throws: called from destructors
+
+  void copy(void* dst, const void* src, size_t bytes) const override {
+    PMOE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));  // unified addressing
+    // From pageable host memory cudaMemcpy may return before the data lands, and it runs on the
+    // legacy stream, which the ranks' non-blocking streams do not wait for: finish it here, so a
+    // kernel launched next reads the new bytes. (Not cudaDeviceSynchronize: a peer rank's kernel
+    // may be spinning on this device until this rank launches its own.)
+    PMOE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+
+  Stream create_stream(Device device) const override {
+    set_device(device);
+    cudaStream_t stream;
+    PMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    return Stream{stream};
+  }
+
+  void destroy_stream(Stream stream) const override {
+    (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream.handle));
+  }
+
+  void synchronize(Stream stream) const override {
+    PMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle)));
+  }
+
+  void ipc_handle(void* p, void* handle_out) const override {
+    cudaIpcMemHandle_t handle;
+    PMOE_CUDA_CHECK(cudaIpcGetMemHandle(&handle, p));
+    std::memset(handle_out, 0, kIpcHandleBytes);
+    std::memcpy(handle_out, &handle, sizeof handle);
+  }
+
+  void* ipc_open(Device device, const void* handle_in) const override {
+    set_device(device);
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, handle_in, sizeof handle);
+    void* p = nullptr;
+    PMOE_CUDA_CHECK(cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess));
+    return p;
+  }
+
+  void ipc_close(void* p) const override { (void)cudaIpcCloseMemHandle(p); }
+
+  std::unique_ptr<AllToAllBackend> make_all_to_all(Communicator& comm,
+                                                   const AllToAllConfig& config) const override {
+    return make_device_all_to_all(comm, config);
+  }
+
+  void* create_event() const override {
+    cudaEvent_t event;
+    PMOE_CUDA_CHECK(cudaEventCreate(&event));
+    return event;
+  }
+  void destroy_event(void* event) const override {
+    (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
+  void record_event(void* event, Stream stream) const override {
+    PMOE_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event),
+                                    static_cast<cudaStream_t>(stream.handle)));
+  }
+  double elapsed_ms(void* start, void* stop) const override {
+    PMOE_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop)));
+    float ms = 0;
+    PMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start),
+                                         static_cast<cudaEvent_t>(stop)));
+    return ms;
+  }
+  void copy_async(void* dst, const void* src, size_t bytes, Stream stream) const override {
+    PMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
+                                    static_cast<cudaStream_t>(stream.handle)));
+  }
+};
+
+}  // namespace
+
+const DeviceRuntime& device_runtime() {
+  static const CudaRuntime runtime;
+  return runtime;
 }
 
-void* ipc_open(Device device, const void* handle_in) {
-  set_device(device);
-  cudaIpcMemHandle_t handle;
-  std::memcpy(&handle, handle_in, sizeof handle);
-  void* p = nullptr;
-  PMOE_CUDA_CHECK(cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess));
-  return p;
-}
-
-void ipc_close(void* p) {
-  if (p) (void)cudaIpcCloseMemHandle(p);
-}
-
-}  // namespace detail
-
-void synchronize(Stream stream) {
-  PMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle)));
-}
-
-}  // namespace pmoe
+}  // namespace pmoe::detail::inline PMOE_CUDA_FLAVOR

@@ -1,7 +1,7 @@
 // AllToAll on the CUDA backend: the CPU tests' cases with W ranks sharing one GPU, checked
 // against the same reference, so the two backends give the same bytes; a CUDA graph captured
 // once and replayed with new routing and m; a peer that never arrives, named by the kernels.
-// Every test is skipped where no GPU is visible.
+// Built twice: for the emulated device (runs everywhere) and for a GPU (tests/cuda/cuda_test_flavor.hpp).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "all_to_all_cases.hpp"
+#include "cuda/cuda_test_flavor.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
 #include "reference/all_to_all_reference.hpp"
@@ -19,10 +20,6 @@ namespace pmoe::testing {
 namespace {
 
 using reference::Routing;
-
-// A macro, so that GTEST_SKIP returns from the test itself.
-#define PMOE_SKIP_WITHOUT_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"
 
 void expect_case_on_gpu(int W, AllToAllCase c) {
   c.device = Device::cuda(0);
@@ -34,7 +31,7 @@ void expect_case_on_gpu(int W, AllToAllCase c) {
 
 class AllToAllCuda : public ::testing::TestWithParam<int> {
  protected:
-  void SetUp() override { PMOE_SKIP_WITHOUT_GPU(); }
+  void SetUp() override { PMOE_REQUIRE_CUDA_RUNTIME(); }
   int W() const { return GetParam(); }
   AllToAllCase base(int top_k = 3, int hidden = 64) const {
     AllToAllCase c;
@@ -116,7 +113,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllCuda, ::testing::Values(1, 2, 4, 8),
 // the host runs the reference's stand-in experts (a different function per expert, so a row
 // combined from the wrong slot shows), and both outputs are checked against the reference.
 TEST(AllToAllCuda, GraphReplaysWithChangingRoutingAndM) {
-  PMOE_SKIP_WITHOUT_GPU();
+  PMOE_REQUIRE_CUDA_RUNTIME();
   const int W = 4, max_tokens = 16, H = 128, k = 3;
   constexpr uint8_t kSentinel = 0xA5;
   const AllToAllConfig cfg = make_config(max_tokens, 2 * W, k, H, DType::bf16, DType::bf16);
@@ -216,7 +213,7 @@ TEST(AllToAllCuda, GraphReplaysWithChangingRoutingAndM) {
 // A rank that never calls dispatch: the other ranks' kernels give up after PMOE_TIMEOUT_S and
 // the host raises an error naming it.
 TEST(AllToAllCuda, RankThatNeverArrivesIsNamed) {
-  PMOE_SKIP_WITHOUT_GPU();
+  PMOE_REQUIRE_CUDA_RUNTIME();
   setenv("PMOE_TIMEOUT_S", "1", 1);
   std::vector<std::string> errors(3);
   run_ranks(3, [&](Communicator& comm) {

@@ -1,16 +1,18 @@
 // AllToAll between MPI processes sharing GPU 0 through CUDA IPC (ctest runs it under
-// mpiexec -n 2): the CPU cases against the same reference. Skipped where no GPU is visible.
+// mpiexec -n 2): the CPU cases against the same reference. Built for the emulated device and for
+// a GPU (tests/cuda/cuda_test_flavor.hpp).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include "all_to_all_cases.hpp"
+#include "cuda/cuda_test_flavor.hpp"
 #include "pmoe/mpi_communicator.hpp"
 
 namespace pmoe::testing {
 namespace {
 
 TEST(AllToAllCudaIpc, ProcessesOnOneGpu) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  PMOE_REQUIRE_CUDA_RUNTIME();
   MpiCommunicator comm(MPI_COMM_WORLD, Device::cuda(0));
   const int W = comm.size();
   for (DType in : {DType::bf16, DType::f8e4m3}) {

@@ -1,7 +1,5 @@
 #include "all_to_all_cuda.hpp"
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -9,15 +7,12 @@
 #include <string>
 
 #include "all_to_all_bytes.hpp"
+#include "core/device_runtime.hpp"
 #include "pmoe/error.hpp"
 #include "reference/all_to_all_reference.hpp"
 
 namespace pmoe::bench {
 namespace {
-
-void check(cudaError_t status, const char* what) {
-  PMOE_CHECK(status == cudaSuccess, what, " failed: ", cudaGetErrorString(status));
-}
 
 // Every rank's time per iteration, then the slowest rank's per iteration.
 std::vector<double> slowest(Communicator& comm, const std::vector<double>& mine) {
@@ -29,29 +24,27 @@ std::vector<double> slowest(Communicator& comm, const std::vector<double>& mine)
   return out;
 }
 
-// Times each step with CUDA events on the rank's stream, a barrier before each step.
+// Times each step with events on the rank's stream, a barrier before each step.
 std::vector<std::vector<double>> time_on_stream(Communicator& comm, int warmup, int iters,
                                                 const std::vector<std::function<void()>>& steps) {
-  auto stream = static_cast<cudaStream_t>(comm.stream().handle);
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
+  const detail::DeviceRuntime& runtime = detail::device_runtime();
+  const Stream stream = comm.stream();
+  void* start = runtime.create_event();
+  void* stop = runtime.create_event();
   std::vector<std::vector<double>> mine(steps.size(), std::vector<double>(size_t(iters)));
   for (int i = -warmup; i < iters; ++i) {
     for (size_t s = 0; s < steps.size(); ++s) {
-      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      synchronize(stream);
       comm.barrier();
-      check(cudaEventRecord(start, stream), "cudaEventRecord");
+      runtime.record_event(start, stream);
       steps[s]();
-      check(cudaEventRecord(stop, stream), "cudaEventRecord");
-      check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+      runtime.record_event(stop, stream);
+      const double ms = runtime.elapsed_ms(start, stop);
       if (i >= 0) mine[s][size_t(i)] = 1e3 * ms;
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  runtime.destroy_event(start);
+  runtime.destroy_event(stop);
   std::vector<std::vector<double>> out;
   for (const auto& m : mine) out.push_back(slowest(comm, m));
   return out;
@@ -138,10 +131,8 @@ CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig&
   {
     const size_t bytes = size_t(256) << 20;
     Buffer from(DType::f32, {int64_t(bytes / 4)}, gpu), to(DType::f32, {int64_t(bytes / 4)}, gpu);
-    auto stream = static_cast<cudaStream_t>(comm.stream().handle);
     const auto t = time_on_stream(comm, warmup, std::max(iters, 20), {[&] {
-      check(cudaMemcpyAsync(to.data<void>(), from.data<void>(), bytes, cudaMemcpyDeviceToDevice,
-                            stream), "cudaMemcpyAsync");
+      detail::device_runtime().copy_async(to.data<void>(), from.data<void>(), bytes, comm.stream());
     }});
     result.copy_gbps = 2.0 * double(bytes) / (median(t[0]) * 1e3);
   }

@@ -7,8 +7,9 @@
 #include "cpu/all_to_all_layout.hpp"
 #include "cuda/all_to_all/kernels.hpp"
 #include "cuda/check.hpp"
+#include "cuda/flavor.hpp"
 
-namespace pmoe::detail {
+namespace pmoe::detail::inline PMOE_CUDA_FLAVOR {
 namespace {
 
 using cuda::AllToAllParams;
@@ -212,9 +213,9 @@ class CudaAllToAll final : public AllToAllBackend {
 
 }  // namespace
 
-std::unique_ptr<AllToAllBackend> make_cuda_all_to_all(Communicator& comm,
-                                                       const AllToAllConfig& config) {
+std::unique_ptr<AllToAllBackend> make_device_all_to_all(Communicator& comm,
+                                                         const AllToAllConfig& config) {
   return std::make_unique<CudaAllToAll>(comm, config);
 }
 
-}  // namespace pmoe::detail
+}  // namespace pmoe::detail::inline PMOE_CUDA_FLAVOR

@@ -17,7 +17,7 @@
 #include "cuda/check.hpp"
 #include "pmoe/dtype.hpp"
 
-namespace pmoe::cuda {
+namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
 
 constexpr int kKernelCombineRecv = 3;  // for error reports (params.cuh ErrorWord::kernel)
@@ -92,9 +92,9 @@ __global__ void reduce_rows(const AllToAllParams p) {
 template <typename In>
 void launch_reduce(const AllToAllParams& p, cudaStream_t stream, int blocks) {
   switch (DType(p.out_dtype)) {
-    case DType::f32: reduce_rows<In, float><<<blocks, 256, 0, stream>>>(p); break;
-    case DType::bf16: reduce_rows<In, __nv_bfloat16><<<blocks, 256, 0, stream>>>(p); break;
-    case DType::f16: reduce_rows<In, __half><<<blocks, 256, 0, stream>>>(p); break;
+    case DType::f32: launch(reduce_rows<In, float>, blocks, kBlockThreads, stream, p); break;
+    case DType::bf16: launch(reduce_rows<In, __nv_bfloat16>, blocks, kBlockThreads, stream, p); break;
+    case DType::f16: launch(reduce_rows<In, __half>, blocks, kBlockThreads, stream, p); break;
     default: throw Error("combine: y must be f32, bf16 or f16");
   }
 }
@@ -102,19 +102,17 @@ void launch_reduce(const AllToAllParams& p, cudaStream_t stream, int blocks) {
 }  // namespace
 
 void launch_combine_send(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  return_rows<<<blocks, 256, 0, stream>>>(p);
-  PMOE_CUDA_CHECK(cudaGetLastError());
+  launch(return_rows, blocks, kBlockThreads, stream, p);
 }
 
 void launch_combine_recv(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  await_owners<<<1, kMaxRanks, 0, stream>>>(p);
+  launch(await_owners, 1, kMaxRanks, stream, p);
   switch (DType(p.y_dtype)) {
     case DType::f32: launch_reduce<float>(p, stream, blocks); break;
     case DType::bf16: launch_reduce<__nv_bfloat16>(p, stream, blocks); break;
     case DType::f16: launch_reduce<__half>(p, stream, blocks); break;
     default: throw Error("combine: expert_y must be f32, bf16 or f16");
   }
-  PMOE_CUDA_CHECK(cudaGetLastError());
 }
 
-}  // namespace pmoe::cuda
+}  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

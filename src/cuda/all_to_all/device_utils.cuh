@@ -5,14 +5,9 @@
 #include <cuda/atomic>
 
 #include "cuda/all_to_all/params.cuh"
+#include "cuda/launch.cuh"
 
-namespace pmoe::cuda {
-
-__device__ __forceinline__ uint64_t now_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
 __device__ __forceinline__ void signal_release(uint64_t* word, uint64_t value) {
   ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(*word).store(
@@ -46,9 +41,9 @@ __device__ __forceinline__ void report(ErrorWord* error, int32_t code, int32_t d
 // Spins until `word` >= value; false (and an error report naming `peer`) after the timeout.
 __device__ __forceinline__ bool wait_signal(uint64_t* word, uint64_t value, uint64_t timeout_ns,
                                            ErrorWord* error, int peer, int kernel) {
-  const uint64_t start = now_ns();
+  const uint64_t start = global_timer_ns();
   while (signal_acquire(word) < value) {
-    if (now_ns() - start > timeout_ns) {
+    if (global_timer_ns() - start > timeout_ns) {
       report(error, kTimeout, peer, kernel);
       return false;
     }
@@ -99,4 +94,4 @@ __device__ __forceinline__ int tokens_this_call(const AllToAllParams& p) {
   return max(0, min(requested_tokens(p), p.m));
 }
 
-}  // namespace pmoe::cuda
+}  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

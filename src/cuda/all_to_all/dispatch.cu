@@ -11,7 +11,7 @@
 #include "cuda/all_to_all/kernels.hpp"
 #include "cuda/check.hpp"
 
-namespace pmoe::cuda {
+namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
 
 constexpr int kKernelDispatchSend = 0, kKernelDispatchRecv = 1;
@@ -165,15 +165,13 @@ __global__ void land_rows(const AllToAllParams p) {
 }  // namespace
 
 void launch_dispatch_send(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  route_tokens<<<1, 256, 0, stream>>>(p);
-  send_tokens<<<blocks, 256, 0, stream>>>(p);
-  PMOE_CUDA_CHECK(cudaGetLastError());
+  launch(route_tokens, 1, kBlockThreads, stream, p);
+  launch(send_tokens, blocks, kBlockThreads, stream, p);
 }
 
 void launch_dispatch_recv(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  route_rows<<<1, 256, 0, stream>>>(p);
-  land_rows<<<blocks, 256, 0, stream>>>(p);
-  PMOE_CUDA_CHECK(cudaGetLastError());
+  launch(route_rows, 1, kBlockThreads, stream, p);
+  launch(land_rows, blocks, kBlockThreads, stream, p);
 }
 
-}  // namespace pmoe::cuda
+}  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

@@ -6,11 +6,11 @@
 
 #include "cuda/all_to_all/params.cuh"
 
-namespace pmoe::cuda {
+namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
 void launch_dispatch_send(const AllToAllParams& p, cudaStream_t stream, int blocks);
 void launch_dispatch_recv(const AllToAllParams& p, cudaStream_t stream, int blocks);
 void launch_combine_send(const AllToAllParams& p, cudaStream_t stream, int blocks);
 void launch_combine_recv(const AllToAllParams& p, cudaStream_t stream, int blocks);
 
-}  // namespace pmoe::cuda
+}  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

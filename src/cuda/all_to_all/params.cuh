@@ -15,7 +15,11 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace pmoe::cuda {
+#include <cuda_runtime.h>
+
+#include "cuda/flavor.hpp"
+
+namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
 constexpr int kMaxRanks = 64;  // ranks one op spans on the CUDA backend (pointer tables below)
 
@@ -92,4 +96,4 @@ struct AllToAllParams {
   uint64_t timeout_ns;
 };
 
-}  // namespace pmoe::cuda
+}  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

@@ -1,0 +1,97 @@
+// Chooses the device runtime for this process and forwards the host code's device calls to it.
+#include "core/device_runtime.hpp"
+
+#include <cstdlib>
+#include <string_view>
+
+#include "all_to_all/backend.hpp"
+#include "pmoe/error.hpp"
+
+namespace pmoe::detail {
+
+// Defined by the two compilations of src/cuda (src/cuda/device_runtime.cu), where built.
+#if PMOE_HAVE_CUDA_GPU
+namespace gpu {
+const DeviceRuntime& device_runtime();
+}
+#endif
+#if PMOE_HAVE_CUDA_EMULATOR
+namespace emulated {
+const DeviceRuntime& device_runtime();
+}
+#endif
+
+namespace {
+
+const DeviceRuntime* choose() {
+  const char* setting = std::getenv("PMOE_CUDA_EMULATE");
+  const std::string_view emulate = setting ? setting : "";
+#if PMOE_HAVE_CUDA_EMULATOR
+  if (emulate == "1") return &emulated::device_runtime();
+#endif
+#if PMOE_HAVE_CUDA_GPU
+  if (emulate == "0" || gpu::device_runtime().device_count() > 0) return &gpu::device_runtime();
+#endif
+#if PMOE_HAVE_CUDA_EMULATOR
+  if (emulate != "0") return &emulated::device_runtime();
+#endif
+  return nullptr;
+}
+
+const DeviceRuntime* chosen() {
+  static const DeviceRuntime* runtime = choose();
+  return runtime;
+}
+
+}  // namespace
+
+const DeviceRuntime& device_runtime() {
+  const DeviceRuntime* runtime = chosen();
+  if (!runtime)
+    throw Error(cat("CUDA device requested, but this build of pmoe has no CUDA runtime to run it",
+                    PMOE_HAVE_CUDA_EMULATOR ? " (PMOE_CUDA_EMULATE=0 turned the emulated device off)"
+                                            : " (configure with PMOE_CUDA=ON or the emulated device)"));
+  return *runtime;
+}
+
+void* device_alloc(Device device, size_t bytes) { return device_runtime().alloc(device, bytes); }
+void device_free(Device, void* p) {
+  if (p) device_runtime().free(p);
+}
+void copy_bytes(void* dst, Device, const void* src, Device, size_t bytes) {
+  device_runtime().copy(dst, src, bytes);
+}
+void set_device(Device device) { device_runtime().set_device(device); }
+Stream create_stream(Device device) { return device_runtime().create_stream(device); }
+void destroy_stream(Stream stream) {
+  if (stream.handle) device_runtime().destroy_stream(stream);
+}
+void ipc_handle(void* p, void* handle_out) { device_runtime().ipc_handle(p, handle_out); }
+void* ipc_open(Device device, const void* handle) { return device_runtime().ipc_open(device, handle); }
+void ipc_close(void* p) {
+  if (p) device_runtime().ipc_close(p);
+}
+
+std::unique_ptr<AllToAllBackend> make_cuda_all_to_all(Communicator& comm,
+                                                       const AllToAllConfig& config) {
+  return device_runtime().make_all_to_all(comm, config);
+}
+
+}  // namespace pmoe::detail
+
+namespace pmoe {
+
+bool cuda_available_in_build() { return PMOE_HAVE_CUDA_GPU || PMOE_HAVE_CUDA_EMULATOR; }
+int cuda_device_count() {
+  const detail::DeviceRuntime* runtime = detail::chosen();
+  return runtime ? runtime->device_count() : 0;
+}
+bool cuda_emulated() {
+  const detail::DeviceRuntime* runtime = detail::chosen();
+  return runtime && std::string_view(runtime->name()) == "emulated CUDA";
+}
+void synchronize(Stream stream) {
+  if (stream.handle) detail::device_runtime().synchronize(stream);
+}
+
+}  // namespace pmoe

@@ -1,0 +1,423 @@
+// Grids, blocks and threads of the emulated device.
+//
+//   device d:  FIFO of launches  ->  resident_blocks host threads ("slots"), each taking the
+//              next block of the oldest launch that has blocks left
+//   block:     blockDim fibers (Boost.Context) on the slot's host thread, run in turns; a fiber
+//              runs until __syncthreads(), __nanosleep() or its end, then the next one runs
+//
+// After every barrier the fibers resume in a new pseudo-random order, so a kernel that reads
+// __shared__ before the barrier that should guard it sees another thread's stale value, as it
+// would on a GPU where warps run in any order. A pass in which every runnable fiber only slept
+// (all are waiting on something outside the block) backs off: first yields, then short sleeps,
+// so the ranks they wait for get the cores.
+//
+// Sanitizers: fiber switches are announced to AddressSanitizer (__sanitizer_start_switch_fiber)
+// and ThreadSanitizer (__tsan_switch_to_fiber, which also orders each switch, so the fibers of
+// one block never race in its eyes: barriers are judged by the fiber order, races between blocks,
+// kernels and host threads by TSan).
+#include "cuda/emulator/grid.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <boost/context/fiber.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/emulator/device_api.hpp"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define PMOE_EMU_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define PMOE_EMU_TSAN 1
+#endif
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PMOE_EMU_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define PMOE_EMU_TSAN 1
+#endif
+#endif
+
+#if defined(PMOE_EMU_ASAN)
+#include <sanitizer/common_interface_defs.h>
+#endif
+#if defined(PMOE_EMU_TSAN)
+#include <sanitizer/tsan_interface.h>
+#endif
+
+namespace pmoe::emu {
+
+thread_local ThreadState* current_thread = nullptr;
+
+namespace {
+
+namespace ctx = boost::context;
+
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return fallback;
+  const int value = std::atoi(text);
+  return value < lo ? lo : value > hi ? hi : value;
+}
+
+// Sanitizer-sized stacks: instrumented frames are several times larger.
+#if defined(PMOE_EMU_ASAN) || defined(PMOE_EMU_TSAN)
+constexpr size_t kStackBytes = size_t(256) << 10;
+#else
+constexpr size_t kStackBytes = size_t(64) << 10;
+#endif
+constexpr unsigned kMaxBlockThreads = 1024;
+
+// Fiber stacks of one slot, kept between blocks; a guard page below each turns an overflow into
+// a fault instead of a silent overwrite.
+class StackPool {
+ public:
+  ~StackPool() {
+    for (void* base : free_) munmap(base, kStackBytes + page());
+  }
+  // Lowest usable address of a stack of kStackBytes.
+  std::byte* take() {
+    if (!free_.empty()) {
+      void* base = free_.back();
+      free_.pop_back();
+      return static_cast<std::byte*>(base) + page();
+    }
+    void* base = mmap(nullptr, kStackBytes + page(), PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) throw std::bad_alloc();
+    mprotect(base, page(), PROT_NONE);
+    return static_cast<std::byte*>(base) + page();
+  }
+  void give_back(std::byte* bottom) { free_.push_back(bottom - page()); }
+
+ private:
+  static size_t page() { return size_t(sysconf(_SC_PAGESIZE)); }
+  std::vector<void*> free_;
+};
+
+class BlockRunner;
+
+struct Fiber {
+  enum class Status { ready, at_barrier, done };
+  ThreadState state{};
+  Status status = Status::ready;
+  bool slept = false;  // its last turn ended in __nanosleep (no progress)
+  ctx::fiber context;  // the fiber while it is suspended
+  ctx::fiber caller;   // the scheduler while the fiber runs
+  std::byte* stack = nullptr;
+  void* tsan_fiber = nullptr;
+  void* asan_fake_stack = nullptr;
+};
+
+// Hands Boost.Context the stack the runner already took for the fiber.
+struct GivenStack {
+  std::byte* bottom;
+  ctx::stack_context allocate() {
+    ctx::stack_context sc;
+    sc.size = kStackBytes;
+    sc.sp = bottom + kStackBytes;
+    return sc;
+  }
+  void deallocate(ctx::stack_context&) noexcept {}  // the pool keeps it
+};
+
+// Runs blocks on one slot's host thread.
+class BlockRunner {
+ public:
+  // Runs one block; returns the first exception a thread threw, if any.
+  std::exception_ptr run(const cuda_api::dim3& grid, const cuda_api::dim3& block,
+                         const cuda_api::uint3& block_idx, const std::function<void()>& body,
+                         uint64_t seed) {
+    const unsigned n = block.x * block.y * block.z;
+    fibers_.resize(n);
+    order_.resize(n);
+    body_ = &body;
+    failure_ = nullptr;
+    alive_ = n;
+    arrived_ = 0;
+    arrived_true_ = 0;
+    rng_.seed(seed);
+    for (unsigned i = 0; i < n; ++i) {
+      Fiber& f = fibers_[i];
+      f.state.thread_idx = {i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
+      f.state.block_idx = block_idx;
+      f.state.block_dim = block;
+      f.state.grid_dim = grid;
+      f.status = Fiber::Status::ready;
+      f.slept = false;
+      f.stack = stacks_.take();
+      f.context = ctx::fiber(std::allocator_arg, GivenStack{f.stack},
+                             [this, &f](ctx::fiber&& caller) { return fiber_main(f, std::move(caller)); });
+#if defined(PMOE_EMU_TSAN)
+      f.tsan_fiber = __tsan_create_fiber(0);
+#endif
+      order_[i] = i;
+    }
+    int idle_passes = 0;
+    while (alive_ > 0) {
+      bool progressed = false;
+      reshuffle_ = false;
+      for (unsigned i = 0; i < n && !reshuffle_; ++i) {
+        Fiber& f = fibers_[order_[i]];
+        if (f.status != Fiber::Status::ready) continue;
+        resume(f);
+        progressed = progressed || !f.slept;
+      }
+      if (reshuffle_) std::shuffle(order_.begin(), order_.end(), rng_);
+      if (progressed) {
+        idle_passes = 0;
+      } else if (++idle_passes < 64) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    }
+    for (Fiber& f : fibers_) stacks_.give_back(f.stack);
+    current_thread = nullptr;
+    return failure_;
+  }
+
+  // Called on a fiber's stack.
+  void barrier(Fiber& f, bool predicate) {
+    f.status = Fiber::Status::at_barrier;
+    ++arrived_;
+    arrived_true_ += predicate ? 1 : 0;
+    release_if_all_arrived();
+    suspend(f);
+  }
+  int barrier_count() const { return barrier_result_; }
+  void nap(Fiber& f) {
+    f.slept = true;
+    suspend(f);
+  }
+  Fiber* running() { return running_; }
+
+ private:
+  void release_if_all_arrived() {
+    if (arrived_ == 0 || arrived_ != alive_) return;
+    for (Fiber& f : fibers_)
+      if (f.status == Fiber::Status::at_barrier) f.status = Fiber::Status::ready;
+    barrier_result_ = arrived_true_;
+    arrived_ = 0;
+    arrived_true_ = 0;
+    reshuffle_ = true;
+  }
+
+  void resume(Fiber& f) {
+    running_ = &f;
+    current_thread = &f.state;
+    f.slept = false;
+#if defined(PMOE_EMU_ASAN)
+    __sanitizer_start_switch_fiber(&scheduler_fake_stack_, f.stack, kStackBytes);
+#endif
+#if defined(PMOE_EMU_TSAN)
+    __tsan_switch_to_fiber(f.tsan_fiber, 0);
+#endif
+    f.context = std::move(f.context).resume();
+#if defined(PMOE_EMU_ASAN)
+    __sanitizer_finish_switch_fiber(scheduler_fake_stack_, nullptr, nullptr);
+#endif
+    running_ = nullptr;
+    if (f.status == Fiber::Status::done) {
+#if defined(PMOE_EMU_TSAN)
+      __tsan_destroy_fiber(f.tsan_fiber);
+      f.tsan_fiber = nullptr;
+#endif
+    }
+  }
+
+  void suspend(Fiber& f) {
+#if defined(PMOE_EMU_ASAN)
+    __sanitizer_start_switch_fiber(&f.asan_fake_stack, scheduler_stack_bottom_,
+                                   scheduler_stack_size_);
+#endif
+#if defined(PMOE_EMU_TSAN)
+    __tsan_switch_to_fiber(scheduler_tsan_fiber(), 0);
+#endif
+    f.caller = std::move(f.caller).resume();
+#if defined(PMOE_EMU_ASAN)
+    __sanitizer_finish_switch_fiber(f.asan_fake_stack, &scheduler_stack_bottom_,
+                                    &scheduler_stack_size_);
+#endif
+  }
+
+  ctx::fiber fiber_main(Fiber& f, ctx::fiber&& caller) {
+#if defined(PMOE_EMU_ASAN)
+    __sanitizer_finish_switch_fiber(nullptr, &scheduler_stack_bottom_, &scheduler_stack_size_);
+#endif
+    f.caller = std::move(caller);
+    try {
+      (*body_)();
+    } catch (...) {
+      if (!failure_) failure_ = std::current_exception();
+    }
+    f.status = Fiber::Status::done;
+    --alive_;
+    release_if_all_arrived();  // threads that returned no longer hold a barrier back
+#if defined(PMOE_EMU_ASAN)
+    __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom_, scheduler_stack_size_);
+#endif
+#if defined(PMOE_EMU_TSAN)
+    __tsan_switch_to_fiber(scheduler_tsan_fiber(), 0);
+#endif
+    return std::move(f.caller);
+  }
+
+#if defined(PMOE_EMU_TSAN)
+  void* scheduler_tsan_fiber() {
+    if (!scheduler_tsan_) scheduler_tsan_ = __tsan_get_current_fiber();
+    return scheduler_tsan_;
+  }
+  void* scheduler_tsan_ = nullptr;
+#endif
+
+  std::vector<Fiber> fibers_;
+  std::vector<unsigned> order_;
+  StackPool stacks_;
+  const std::function<void()>* body_ = nullptr;
+  std::exception_ptr failure_;
+  Fiber* running_ = nullptr;
+  unsigned alive_ = 0, arrived_ = 0, arrived_true_ = 0;
+  int barrier_result_ = 0;
+  bool reshuffle_ = false;
+  std::minstd_rand rng_;
+  void* scheduler_fake_stack_ = nullptr;
+  const void* scheduler_stack_bottom_ = nullptr;
+  size_t scheduler_stack_size_ = 0;
+};
+
+thread_local BlockRunner* current_runner = nullptr;
+
+// One launch in a device's queue.
+struct Launch {
+  cuda_api::dim3 grid, block;
+  const std::function<void()>* body;
+  unsigned total = 0, next = 0, finished = 0;  // blocks; guarded by the device's mutex
+  std::exception_ptr failure;
+  uint64_t seed = 0;
+};
+
+class Device {
+ public:
+  explicit Device(int slots) {
+    for (int i = 0; i < slots; ++i) std::thread([this] { slot_main(); }).detach();
+  }
+
+  void run(Launch& launch) {
+    std::unique_lock lock(mutex_);
+    launch.seed = launches_++;
+    queue_.push_back(&launch);
+    work_.notify_all();
+    done_.wait(lock, [&] { return launch.finished == launch.total; });
+  }
+
+ private:
+  // Slots live as long as the process (devices are never destroyed).
+  void slot_main() {
+    BlockRunner runner;
+    current_runner = &runner;
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      work_.wait(lock, [&] { return !queue_.empty(); });
+      Launch& launch = *queue_.front();
+      const unsigned index = launch.next++;
+      if (launch.next == launch.total) queue_.pop_front();
+      lock.unlock();
+      const cuda_api::dim3& g = launch.grid;
+      const cuda_api::uint3 block_idx{index % g.x, (index / g.x) % g.y, index / (g.x * g.y)};
+      std::exception_ptr failure =
+          runner.run(launch.grid, launch.block, block_idx, *launch.body, launch.seed * 7919 + index);
+      lock.lock();
+      if (failure && !launch.failure) launch.failure = failure;
+      if (++launch.finished == launch.total) done_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable work_, done_;
+  std::deque<Launch*> queue_;
+  uint64_t launches_ = 0;
+};
+
+Device& device(int index) {
+  static std::vector<Device*> devices = [] {
+    std::vector<Device*> all(size_t(device_shape().devices), nullptr);
+    return all;
+  }();
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  Device*& d = devices[size_t(index)];
+  if (!d) d = new Device(device_shape().resident_blocks());  // never freed: slots outlive main
+  return *d;
+}
+
+}  // namespace
+
+const DeviceShape& device_shape() {
+  static const DeviceShape shape{env_int("PMOE_EMU_DEVICES", 4, 1, 64),
+                                 env_int("PMOE_EMU_SMS", 4, 1, 1024),
+                                 env_int("PMOE_EMU_BLOCKS_PER_SM", 4, 1, 64)};
+  return shape;
+}
+
+cuda_api::cudaError_t run_grid(int device_index, cuda_api::dim3 grid, cuda_api::dim3 block,
+                               const std::function<void()>& body) {
+  const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  if (blocks == 0 || threads == 0 || threads > kMaxBlockThreads || blocks > (1u << 31))
+    return cuda_api::cudaErrorInvalidConfiguration;
+  if (device_index < 0 || device_index >= device_shape().devices)
+    return cuda_api::cudaErrorInvalidDevice;
+  Launch launch;
+  launch.grid = grid;
+  launch.block = block;
+  launch.body = &body;
+  launch.total = unsigned(blocks);
+  device(device_index).run(launch);
+  if (launch.failure) {
+    try {
+      std::rethrow_exception(launch.failure);
+    } catch (const std::exception& e) {
+      fprintf(stderr, "pmoe emulated device: a kernel thread threw: %s\n", e.what());
+    } catch (...) {
+      fprintf(stderr, "pmoe emulated device: a kernel thread threw\n");
+    }
+    return cuda_api::cudaErrorLaunchFailure;
+  }
+  return cuda_api::cudaSuccess;
+}
+
+void sync_threads() {
+  BlockRunner* runner = current_runner;
+  runner->barrier(*runner->running(), false);
+}
+
+int sync_threads_count(int predicate) {
+  BlockRunner* runner = current_runner;
+  runner->barrier(*runner->running(), predicate != 0);
+  return runner->barrier_count();
+}
+
+void yield_thread() {
+  BlockRunner* runner = current_runner;
+  runner->nap(*runner->running());
+}
+
+uint64_t global_timer_ns() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count());
+}
+
+}  // namespace pmoe::emu

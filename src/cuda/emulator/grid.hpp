@@ -1,0 +1,31 @@
+// The emulated device's execution of one kernel launch: a grid of blocks, run by a fixed pool of
+// host threads per device (its resident blocks), each block's threads as fibers on the host
+// thread that took the block.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "cuda/emulator/runtime_api.hpp"
+
+namespace pmoe::emu {
+
+// The emulated device's shape. Read once from the environment:
+//   PMOE_EMU_DEVICES (default 4), PMOE_EMU_SMS (4), PMOE_EMU_BLOCKS_PER_SM (4).
+// At most SMS x BLOCKS_PER_SM blocks of a device run at once, whatever their kernels: a block
+// keeps its slot until it returns, so spinning blocks can starve the kernels queued behind them,
+// as on a GPU.
+struct DeviceShape {
+  int devices, sms, blocks_per_sm;
+  int resident_blocks() const { return sms * blocks_per_sm; }
+};
+const DeviceShape& device_shape();
+
+// Runs `body` once per thread of every block of the grid on `device` and returns when the last
+// block has returned. Blocks start in index order as slots free up (first come, first served
+// across launches). Returns cudaErrorLaunchFailure if a thread threw (the message is kept for
+// cudaGetErrorString's caller in last_launch_failure()).
+cuda_api::cudaError_t run_grid(int device, cuda_api::dim3 grid, cuda_api::dim3 block,
+                               const std::function<void()>& body);
+
+}  // namespace pmoe::emu

@@ -1,0 +1,32 @@
+// The CUDA tests are built twice (tests/CMakeLists.txt): against the emulated device's runtime
+// (the default, label cuda) and against CUDA's for a GPU (PMOE_TEST_ON_GPU, label gpu). A binary's
+// own CUDA calls (graph capture, memsets) reach only the runtime it was built for, so pmoe must
+// use the same one: the emulated build pins it before main, and every test checks it.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "pmoe/stream.hpp"
+
+namespace pmoe::testing {
+
+#if defined(PMOE_TEST_ON_GPU)
+inline constexpr bool kOnEmulatedDevice = false;
+#else
+inline constexpr bool kOnEmulatedDevice = true;
+inline const bool kEmulationPinned = setenv("PMOE_CUDA_EMULATE", "1", 1) == 0;
+#endif
+
+}  // namespace pmoe::testing
+
+// In a test body: the GPU build skips where no GPU is visible (it is registered with ctest only
+// where one is); the emulated build never skips, and fails if pmoe chose another runtime.
+#define PMOE_REQUIRE_CUDA_RUNTIME()                                                          \
+  do {                                                                                        \
+    if (!::pmoe::testing::kOnEmulatedDevice && ::pmoe::cuda_device_count() == 0)              \
+      GTEST_SKIP() << "no GPU visible";                                                       \
+    ASSERT_EQ(::pmoe::cuda_emulated(), ::pmoe::testing::kOnEmulatedDevice)                    \
+        << "pmoe chose another CUDA runtime than this test was built for (PMOE_CUDA_EMULATE)"; \
+  } while (0)
