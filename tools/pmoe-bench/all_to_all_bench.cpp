@@ -107,7 +107,8 @@ struct Context {
                 {"median_us", s.median}, {"max_us", s.max},  {"copy_gbps", copy_gbps}};
     if (bytes > 0) {
       row["gbps"] = bytes / (s.mean * 1e3);
-      row["copy_fraction"] = bytes / (s.mean * 1e3) / copy_gbps;
+      // No roofline on the emulated CUDA device (copy_gbps 0): its times are not GPU times.
+      row["copy_fraction"] = copy_gbps > 0 ? json(bytes / (s.mean * 1e3) / copy_gbps) : json(nullptr);
     } else {
       row["gbps"] = nullptr;
       row["copy_fraction"] = nullptr;
@@ -259,6 +260,9 @@ void print_tables(const Options& o, const json& rows) {
       std::printf("\n");
     }
   }
+  const bool roofline = std::any_of(rows.begin(), rows.end(),
+                                    [](const json& r) { return r["copy_gbps"].get<double>() > 0; });
+  if (!roofline) return;  // the emulated CUDA device: its times say nothing about bandwidth
   std::printf("\n### Bandwidth against the memory-copy roofline (copy GB/s: per rank, all ranks "
               "copying at once, measured just before each configuration)\n\n");
   auto fraction = [](const json& r) {
@@ -316,6 +320,10 @@ void run(const Options& o) {
   if (o.device == "cuda") {
     PMOE_CHECK(!launched_by_mpi(), "--device cuda runs its ranks as threads sharing one GPU; "
                "run it without mpirun");
+    if (cuda_emulated() && is_printing_rank())
+      std::printf("CUDA runtime: the emulated device (no GPU visible, or PMOE_CUDA_EMULATE=1). "
+                  "The results are checked against the reference as on a GPU, but the times are "
+                  "emulation times, not GPU speed, and there is no roofline.\n\n");
     for (int W : rank_counts) {
       std::mutex mutex;
       run_ranks(W, [&](Communicator& comm) {
@@ -361,7 +369,10 @@ void run(const Options& o) {
   for (const auto& r : rows)
     copy_json[std::to_string(r["ranks"].get<int>()) + "x" + std::to_string(r["tokens"].get<int>())] =
         r["copy_gbps"];
-  const json config = {{"device", o.device}, {"experts", o.experts}, {"topk", o.topk},
+  const std::string runtime = o.device == "cpu" ? "cpu"
+                              : cuda_emulated() ? "emulated CUDA (not GPU speed)"
+                                                : "CUDA";
+  const json config = {{"device", o.device}, {"runtime", runtime}, {"experts", o.experts}, {"topk", o.topk},
                        {"hidden", o.hidden},
                        {"dtype", o.dtype},     {"out_dtype", "bf16"}, {"iters", o.iters},
                        {"warmup", o.warmup},   {"seed", o.seed},  {"copy_bytes", kCopyBytes}};
@@ -401,7 +412,8 @@ void add_all_to_all_command(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "routing and data seed")->capture_default_str();
   cmd->add_flag("!--no-staged", o->staged, "skip the rows with the caller's own buffers");
   cmd->add_option("--device", o->device,
-                  "cpu, or cuda: ranks share GPU 0, timed with CUDA events, D2D copy roofline")
+                  "cpu, or cuda: ranks share GPU 0, timed with CUDA events, D2D copy roofline "
+                  "(on the emulated device where no GPU is visible: checked, times not GPU speed)")
       ->capture_default_str();
   cmd->add_option("--json", o->json_path, "write the results as JSON to this file");
   cmd->add_option("--csv", o->csv_path, "write the rows as CSV to this file");

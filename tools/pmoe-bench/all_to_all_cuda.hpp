@@ -1,7 +1,8 @@
 // The GPU side of `pmoe-bench all-to-all --device cuda`: ranks share one GPU (run_ranks with
 // Device::cuda), pmoe's dispatch and combine are checked against the reference, then timed with
 // CUDA events on each rank's stream; the roofline is a device-to-device copy timed the same way
-// in the same run. Built only with the CUDA backend; elsewhere it throws pmoe::Error.
+// in the same run (left out on the emulated device: copy_gbps stays 0). Throws pmoe::Error where
+// the build has no CUDA runtime.
 #pragma once
 
 #include <cstddef>
