@@ -6,6 +6,7 @@
 namespace pmoe::python {
 
 void bind_comm(nanobind::module_& m);
+void bind_buffers(nanobind::module_& m);
 void bind_all_to_all(nanobind::module_& m);
 void bind_moe(nanobind::module_& m);
 void bind_overlap(nanobind::module_& m);

@@ -10,20 +10,13 @@
 #include "pmoe/error.hpp"
 #include "pmoe/mpi_communicator.hpp"
 #include "pmoe/stream.hpp"
+#include "tensor_interop.hpp"
 
 namespace pmoe::python {
 
 namespace nb = nanobind;
 
 namespace {
-
-// "cpu" or "cuda:N" (or "cuda", meaning cuda:0).
-Device parse_device(const std::string& text) {
-  if (text == "cpu") return Device::cpu();
-  if (text == "cuda") return Device::cuda(0);
-  if (text.rfind("cuda:", 0) == 0) return Device::cuda(std::stoi(text.substr(5)));
-  throw Error("device must be 'cpu' or 'cuda:N', got '" + text + "'");
-}
 
 // MPI is started on first use and stopped when the interpreter exits.
 void ensure_mpi() {
@@ -53,7 +46,12 @@ void bind_comm(nb::module_& m) {
       .def_prop_ro(
           "stream", [](const Communicator& c) { return uintptr_t(c.stream().handle); },
           "This rank's cudaStream_t as an integer (0 on the CPU), e.g. for "
-          "torch.cuda.ExternalStream.");
+          "torch.cuda.ExternalStream.")
+      .def(
+          "synchronize", [](const Communicator& c) { synchronize(c.stream()); },
+          nb::call_guard<nb::gil_scoped_release>(),
+          "Waits until everything pmoe enqueued on this rank's stream has run (nothing to wait "
+          "for on the CPU).");
 
   nb::class_<MpiCommunicator, Communicator>(m, "MpiCommunicator");
 
@@ -90,7 +88,11 @@ void bind_comm(nb::module_& m) {
       "for n ranks sharing GPU N (each with its own stream, comm.stream).");
 
   m.def("cuda_available", [] { return cuda_available_in_build() && cuda_device_count() > 0; },
-        "True when this build has the CUDA backend and a GPU is visible.");
+        "True when device='cuda:N' can run: a GPU is visible, or pmoe's emulated CUDA device "
+        "stands in for one (see cuda_emulated).");
+  m.def("cuda_emulated", &cuda_emulated,
+        "True when 'cuda:N' runs on pmoe's emulated CUDA device (the kernels' own source on the "
+        "CPU): no GPU is visible, or PMOE_CUDA_EMULATE=1. It proves logic, not speed.");
 }
 
 }  // namespace pmoe::python

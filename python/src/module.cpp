@@ -11,6 +11,7 @@ NB_MODULE(_pmoe, m) {
   m.doc() = "pmoe: communication for Mixture-of-Experts layers split over ranks";
   nb::exception<pmoe::Error>(m, "Error", PyExc_RuntimeError);
   pmoe::python::bind_comm(m);
+  pmoe::python::bind_buffers(m);
   pmoe::python::bind_all_to_all(m);
   pmoe::python::bind_moe(m);
   pmoe::python::bind_overlap(m);

@@ -32,6 +32,15 @@ Device to_device(int type, int id, const char* name) {
 
 }  // namespace
 
+Device parse_device(const std::string& text) {
+  if (text == "cpu") return Device::cpu();
+  if (text == "cuda") return Device::cuda(0);
+  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 &&
+      text.find_first_not_of("0123456789", 5) == std::string::npos)
+    return Device::cuda(std::stoi(text.substr(5)));
+  throw Error("device must be 'cpu' or 'cuda:N', got '" + text + "'");
+}
+
 Tensor to_tensor(const nb::ndarray<>& array, const char* name) {
   const int ndim = int(array.ndim());
   PMOE_CHECK(ndim <= Tensor::kMaxDims, "`", name, "`: at most ", Tensor::kMaxDims,

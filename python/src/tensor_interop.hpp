@@ -6,6 +6,8 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <string>
+
 #include "pmoe/tensor.hpp"
 
 namespace pmoe::python {
@@ -17,6 +19,9 @@ Tensor to_tensor(const nb::ndarray<>& array, const char* name);
 
 // The same for an optional argument: None becomes the empty Tensor.
 Tensor to_tensor_or_empty(const nb::handle& maybe_array, const char* name);
+
+// "cpu" or "cuda:N" (or "cuda", meaning cuda:0); throws pmoe::Error otherwise.
+Device parse_device(const std::string& text);
 
 // A NumPy array viewing `t` (CPU memory), kept alive by `owner`.
 nb::object to_numpy(const Tensor& t, nb::handle owner);

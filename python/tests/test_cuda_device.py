@@ -1,0 +1,95 @@
+"""pmoe.AllToAll on a CUDA device with arrays in pmoe's own memory (pmoe.zeros, pmoe.copy), ranks
+sharing one device, against the NumPy reference: the twin of test_torch_cuda.py that needs no
+torch and no GPU. Where no GPU is visible it runs on pmoe's emulated CUDA device, which every
+build of pmoe has, so it never skips."""
+import numpy as np
+import pytest
+
+import pmoe
+from reference import expected_combine, expected_dispatch, make_inputs
+
+
+def on_device(array, device):
+    out = pmoe.zeros(array.shape, "i32" if array.dtype == np.int32 else "f32", device)
+    pmoe.copy(out, np.ascontiguousarray(array))
+    return out
+
+
+def to_host(array, shape, dtype):
+    out = np.zeros(shape, dtype)
+    pmoe.copy(out, array)
+    return out
+
+
+def test_cuda_ranks_run_in_every_build():
+    """device='cuda:N' runs on a GPU, or on the emulated device where none is visible."""
+    assert pmoe.cuda_available()
+    seen = {}
+
+    def rank_main(comm):
+        seen[comm.rank] = (comm.device, comm.stream)
+
+    pmoe.run_ranks(2, rank_main, device="cuda:0")
+    assert seen[0][0] == seen[1][0] == "cuda:0"
+    assert 0 not in (seen[0][1], seen[1][1]) and seen[0][1] != seen[1][1]  # a stream per rank
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_dispatch_combine_on_device_arrays(world_size):
+    max_tokens, num_experts, hidden = 6, 2 * world_size, 64
+    top_k = min(3, num_experts)
+    inputs = [make_inputs(r, max_tokens - r % 2, num_experts, top_k, hidden, "f32", seed=3)
+              for r in range(world_size)]
+    outcome = {}
+
+    def rank_main(comm):
+        device = comm.device
+        a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=num_experts,
+                            experts_per_token=top_k, hidden_dim=hidden, in_dtype="f32",
+                            out_dtype="f32")
+        local, rows = a2a.num_local_experts, world_size * max_tokens
+        x, indices, weights = (on_device(a, device) for a in inputs[comm.rank])
+        m = len(inputs[comm.rank][0])
+        counts = pmoe.zeros([local], "i32", device)
+        expert_x = pmoe.zeros([local, rows, hidden], "f32", device)
+        y = pmoe.zeros([m, hidden], "f32", device)
+        a2a.dispatch(x, indices, counts, expert_x)
+        comm.synchronize()
+        host_x = to_host(expert_x, (local, rows, hidden), np.float32)
+        scale = np.array([1 + 0.125 * (comm.rank * local + e) for e in range(local)],
+                         np.float32).reshape(local, 1, 1)
+        expert_y = on_device(host_x * scale, device)  # the stand-in experts of reference.py
+        a2a.combine(expert_y, indices, weights, y)
+        comm.synchronize()
+        outcome[comm.rank] = (to_host(counts, (local,), np.int32), host_x,
+                              to_host(y, (m, hidden), np.float32))
+
+    pmoe.run_ranks(world_size, rank_main, device="cuda:0")
+    for r in range(world_size):
+        counts, expert_x, y = outcome[r]
+        want = expected_dispatch(inputs, r, world_size, num_experts)
+        for e in range(len(counts)):
+            assert counts[e] == len(want[e])
+            if want[e]:
+                np.testing.assert_array_equal(expert_x[e, :counts[e]], np.stack(want[e]))
+        x, indices, weights = inputs[r]
+        np.testing.assert_array_equal(y, expected_combine(x, indices, weights, "f32", "f32", "f32"))
+
+
+def test_cpu_array_on_a_cuda_rank_is_rejected():
+    def rank_main(comm):
+        a2a = pmoe.AllToAll(comm, max_num_tokens=4, num_experts=2, experts_per_token=1,
+                            hidden_dim=8, in_dtype="f32", out_dtype="f32")
+        x = np.zeros((4, 8), np.float32)
+        indices = on_device(np.zeros((4, 1), np.int32), comm.device)
+        counts = pmoe.zeros([2], "i32", comm.device)
+        expert_x = pmoe.zeros([2, 4, 8], "f32", comm.device)
+        with pytest.raises(pmoe.Error, match="cpu"):
+            a2a.dispatch(x, indices, counts, expert_x)
+
+    pmoe.run_ranks(1, rank_main, device="cuda:0")
+
+
+def test_bad_device_name_is_rejected():
+    with pytest.raises(pmoe.Error, match="cuda:N"):
+        pmoe.zeros([2], "f32", "cuda:x")
