@@ -1,6 +1,6 @@
 # The README's entry points. Each installs what is missing (scripts/setup.sh), configures,
 # builds and runs; nothing else is needed on a fresh machine.
-.PHONY: all setup build test test-asan bench clean
+.PHONY: all setup build test test-asan test-tsan bench clean
 
 JOBS ?= $(shell nproc)
 
@@ -16,11 +16,18 @@ build: setup
 test: build
 	@ctest --preset default -j $(JOBS)
 
-# Address + undefined-behaviour sanitizers over the CPU tests.
+# Address + undefined-behaviour sanitizers over the CPU tests and the emulated CUDA tests.
 test-asan: setup
 	@cmake --preset asan >/dev/null
 	@cmake --build --preset asan -j $(JOBS)
 	@ctest --preset asan -j $(JOBS)
+
+# ThreadSanitizer over the thread-rank tests of the CPU backend and the emulated CUDA kernels
+# (MPI processes are left out: Open MPI is not built for TSan).
+test-tsan: setup
+	@cmake --preset tsan >/dev/null
+	@cmake --build --preset tsan -j $(JOBS)
+	@ctest --preset tsan -j $(JOBS)
 
 # A quick pass of every benchmark (pmoe-bench all): all-to-all at the DeepSeek-V3 shape, the
 # seed's MoE batch sweep, AllGather+GEMM and GEMM+ReduceScatter; each checked before it is timed.

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <type_traits>
 
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+// Sanitizer builds take the portable path: their instrumented ifunc resolvers run before the
+// sanitizer runtime is up (ThreadSanitizer crashes at load).
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define PMOE_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #define PMOE_HAVE_AVX2_KERNEL 1
 #include <immintrin.h>

@@ -58,7 +58,7 @@
 
 namespace pmoe::emu {
 
-thread_local ThreadState* current_thread = nullptr;
+thread_local std::atomic<ThreadState*> current_thread{nullptr};
 
 namespace {
 
@@ -106,15 +106,22 @@ class StackPool {
   std::vector<void*> free_;
 };
 
-class BlockRunner;
+// What ThreadSanitizer is told: each fiber switch (announced just before the jump) also orders
+// what the fiber before it did before what the next one does. So TSan never sees a race between
+// the threads of one block (barriers are judged by the fiber order and its reshuffles instead),
+// and judges what crosses blocks, kernels, streams, ranks and host threads. Ordering only at
+// barriers would be closer to CUDA, but this TSan's vector clocks make that cost minutes a test.
+#if defined(PMOE_EMU_TSAN)
+void tsan_switch(void* to) { __tsan_switch_to_fiber(to, 0); }
+#endif
 
 struct Fiber {
   enum class Status { ready, at_barrier, done };
   ThreadState state{};
-  Status status = Status::ready;
-  bool slept = false;  // its last turn ended in __nanosleep (no progress)
-  ctx::fiber context;  // the fiber while it is suspended
-  ctx::fiber caller;   // the scheduler while the fiber runs
+  std::atomic<Status> status{Status::ready};
+  std::atomic<bool> slept{false};  // its last turn ended in __nanosleep (no progress)
+  ctx::fiber context;  // the fiber while it is suspended (the scheduler's side)
+  ctx::fiber caller;   // the scheduler while the fiber runs (the fiber's side)
   std::byte* stack = nullptr;
   void* tsan_fiber = nullptr;
   void* asan_fake_stack = nullptr;
@@ -135,13 +142,14 @@ struct GivenStack {
 // Runs blocks on one slot's host thread.
 class BlockRunner {
  public:
+  BlockRunner() : fibers_(new Fiber[kMaxBlockThreads]), order_(kMaxBlockThreads) {}
+
   // Runs one block; returns the first exception a thread threw, if any.
   std::exception_ptr run(const cuda_api::dim3& grid, const cuda_api::dim3& block,
                          const cuda_api::uint3& block_idx, const std::function<void()>& body,
                          uint64_t seed) {
     const unsigned n = block.x * block.y * block.z;
-    fibers_.resize(n);
-    order_.resize(n);
+    size_ = n;
     body_ = &body;
     failure_ = nullptr;
     alive_ = n;
@@ -160,10 +168,15 @@ class BlockRunner {
       f.context = ctx::fiber(std::allocator_arg, GivenStack{f.stack},
                              [this, &f](ctx::fiber&& caller) { return fiber_main(f, std::move(caller)); });
 #if defined(PMOE_EMU_TSAN)
-      f.tsan_fiber = __tsan_create_fiber(0);
+      // Kept from block to block: creating a TSan fiber costs far more than running a thread.
+      while (tsan_fibers_.size() <= i) tsan_fibers_.push_back(__tsan_create_fiber(0));
+      f.tsan_fiber = tsan_fibers_[i];
 #endif
       order_[i] = i;
     }
+#if defined(PMOE_EMU_TSAN)
+    if (!scheduler_tsan_) scheduler_tsan_ = __tsan_get_current_fiber();  // the slot's own context
+#endif
     int idle_passes = 0;
     while (alive_ > 0) {
       bool progressed = false;
@@ -174,7 +187,7 @@ class BlockRunner {
         resume(f);
         progressed = progressed || !f.slept;
       }
-      if (reshuffle_) std::shuffle(order_.begin(), order_.end(), rng_);
+      if (reshuffle_) std::shuffle(order_.begin(), order_.begin() + n, rng_);
       if (progressed) {
         idle_passes = 0;
       } else if (++idle_passes < 64) {
@@ -183,7 +196,7 @@ class BlockRunner {
         std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
     }
-    for (Fiber& f : fibers_) stacks_.give_back(f.stack);
+    for (unsigned i = 0; i < n; ++i) stacks_.give_back(fibers_[i].stack);
     current_thread = nullptr;
     return failure_;
   }
@@ -191,8 +204,8 @@ class BlockRunner {
   // Called on a fiber's stack.
   void barrier(Fiber& f, bool predicate) {
     f.status = Fiber::Status::at_barrier;
-    ++arrived_;
     arrived_true_ += predicate ? 1 : 0;
+    ++arrived_;
     release_if_all_arrived();
     suspend(f);
   }
@@ -205,10 +218,14 @@ class BlockRunner {
 
  private:
   void release_if_all_arrived() {
-    if (arrived_ == 0 || arrived_ != alive_) return;
-    for (Fiber& f : fibers_)
-      if (f.status == Fiber::Status::at_barrier) f.status = Fiber::Status::ready;
-    barrier_result_ = arrived_true_;
+    const unsigned arrived = arrived_;
+    if (arrived == 0 || arrived != alive_) return;
+    for (unsigned i = 0; i < size_; ++i) {
+      Fiber& f = fibers_[i];
+      Fiber::Status at = Fiber::Status::at_barrier;
+      f.status.compare_exchange_strong(at, Fiber::Status::ready);
+    }
+    barrier_result_ = int(arrived_true_);
     arrived_ = 0;
     arrived_true_ = 0;
     reshuffle_ = true;
@@ -222,19 +239,13 @@ class BlockRunner {
     __sanitizer_start_switch_fiber(&scheduler_fake_stack_, f.stack, kStackBytes);
 #endif
 #if defined(PMOE_EMU_TSAN)
-    __tsan_switch_to_fiber(f.tsan_fiber, 0);
+    tsan_switch(f.tsan_fiber);
 #endif
     f.context = std::move(f.context).resume();
 #if defined(PMOE_EMU_ASAN)
     __sanitizer_finish_switch_fiber(scheduler_fake_stack_, nullptr, nullptr);
 #endif
     running_ = nullptr;
-    if (f.status == Fiber::Status::done) {
-#if defined(PMOE_EMU_TSAN)
-      __tsan_destroy_fiber(f.tsan_fiber);
-      f.tsan_fiber = nullptr;
-#endif
-    }
   }
 
   void suspend(Fiber& f) {
@@ -243,7 +254,7 @@ class BlockRunner {
                                    scheduler_stack_size_);
 #endif
 #if defined(PMOE_EMU_TSAN)
-    __tsan_switch_to_fiber(scheduler_tsan_fiber(), 0);
+    tsan_switch(scheduler_tsan_);
 #endif
     f.caller = std::move(f.caller).resume();
 #if defined(PMOE_EMU_ASAN)
@@ -269,28 +280,25 @@ class BlockRunner {
     __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom_, scheduler_stack_size_);
 #endif
 #if defined(PMOE_EMU_TSAN)
-    __tsan_switch_to_fiber(scheduler_tsan_fiber(), 0);
+    tsan_switch(scheduler_tsan_);
 #endif
     return std::move(f.caller);
   }
 
 #if defined(PMOE_EMU_TSAN)
-  void* scheduler_tsan_fiber() {
-    if (!scheduler_tsan_) scheduler_tsan_ = __tsan_get_current_fiber();
-    return scheduler_tsan_;
-  }
   void* scheduler_tsan_ = nullptr;
+  std::vector<void*> tsan_fibers_;
 #endif
-
-  std::vector<Fiber> fibers_;
+  std::unique_ptr<Fiber[]> fibers_;
   std::vector<unsigned> order_;
+  unsigned size_ = 0;  // threads in the block now running
   StackPool stacks_;
   const std::function<void()>* body_ = nullptr;
-  std::exception_ptr failure_;
-  Fiber* running_ = nullptr;
-  unsigned alive_ = 0, arrived_ = 0, arrived_true_ = 0;
-  int barrier_result_ = 0;
-  bool reshuffle_ = false;
+  std::exception_ptr failure_;  // written by a fiber, read after the block's end
+  std::atomic<Fiber*> running_{nullptr};
+  std::atomic<unsigned> alive_{0}, arrived_{0}, arrived_true_{0};
+  std::atomic<int> barrier_result_{0};
+  std::atomic<bool> reshuffle_{false};
   std::minstd_rand rng_;
   void* scheduler_fake_stack_ = nullptr;
   const void* scheduler_stack_bottom_ = nullptr;
