@@ -6,8 +6,9 @@
 #   run(command="bash scripts/device_checks.sh tests bench", carry=[".devkit"])
 #
 # Parts, each well inside the tool's 10 minutes a command; logs and JSON go to $OUT:
-#   tests    test_cuda_all_to_all (the CPU cases on one GPU at W = 1, 2, 4, 8, graph replays, a
-#            rank that never arrives) and test_cuda_ipc under mpirun -n 2
+#   tests    the GPU builds of the CUDA tests: test_cuda_all_to_all_gpu (the CPU cases on one GPU
+#            at W = 1, 2, 4, 8, graph replays, a rank that never arrives), test_cuda_grid_gpu
+#            (spinning blocks that starve a peer) and test_cuda_ipc_gpu under mpirun -n 2
 #   bench    pmoe-bench all-to-all --device cuda, EP 2, 4, 8 sharing the GPU, 1 and 128 tokens
 #   overlap  mpirun -n 2 pmoe-bench ag-gemm and gemm-rs, 8 of the 16 cores per rank
 #   python   builds the Python module with CUDA for the device's Python (the kit cannot: it is
@@ -27,8 +28,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "cores: $(nproc)"
 
 part_tests() {
-  timeout 300 test_cuda_all_to_all --gtest_output="json:$OUT/cuda_tests.json" &&
-    timeout 120 mpirun -n 2 test_cuda_ipc
+  timeout 300 test_cuda_all_to_all_gpu --gtest_output="json:$OUT/cuda_tests.json" &&
+    timeout 120 test_cuda_grid_gpu && timeout 120 mpirun -n 2 test_cuda_ipc_gpu
 }
 
 part_bench() {

@@ -17,12 +17,13 @@ BUILD=build/default
 MULTIARCH=x86_64-linux-gnu
 
 cmake --preset default >/dev/null
-cmake --build "$BUILD" --target test_cuda_all_to_all test_cuda_ipc pmoe-bench
+cmake --build "$BUILD" --target test_cuda_all_to_all_gpu test_cuda_ipc_gpu test_cuda_grid_gpu \
+  pmoe-bench
 
 rm -rf "$KIT"
 mkdir -p "$KIT/bin" "$KIT/lib" "$KIT/usr/bin" "$KIT/usr/lib/$MULTIARCH" "$KIT/usr/share"
-cp "$BUILD/tests/test_cuda_all_to_all" "$BUILD/tests/test_cuda_ipc" \
-   "$BUILD/tools/pmoe-bench/pmoe-bench" "$KIT/bin/"
+cp "$BUILD/tests/test_cuda_all_to_all_gpu" "$BUILD/tests/test_cuda_ipc_gpu" \
+   "$BUILD/tests/test_cuda_grid_gpu" "$BUILD/tools/pmoe-bench/pmoe-bench" "$KIT/bin/"
 
 # Open MPI as Debian lays it out under /usr; OPAL_PREFIX moves that prefix to $KIT/usr.
 cp -a "/usr/lib/$MULTIARCH/openmpi" "/usr/lib/$MULTIARCH/pmix2" "$KIT/usr/lib/$MULTIARCH/"
@@ -89,6 +90,7 @@ export LD_LIBRARY_PATH="$KIT/lib:$KIT/usr/lib/x86_64-linux-gnu/openmpi/lib:$KIT/
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 export PMOE_TIMEOUT_S=${PMOE_TIMEOUT_S:-60}
+export PMOE_CUDA_EMULATE=0  # the GPU, never the emulated device
 EOF
 {
   echo "commit: $(git rev-parse --short=12 HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
