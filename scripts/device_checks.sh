@@ -50,7 +50,7 @@ part_overlap() {
 part_python() {
   local build=/tmp/pmoe-python
   cmake -S . -B "$build" -G Ninja -DPMOE_BUILD_TESTS=OFF -DPMOE_BUILD_TOOLS=OFF \
-    -DPMOE_PYTHON=ON -DPMOE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
+    -DPMOE_PYTHON=ON -DPMOE_CUDA=ON -DPMOE_CUDA_EMULATOR=OFF -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DCMAKE_PREFIX_PATH="$KIT/dev" -DMPI_CXX_COMPILER="$KIT/usr/bin/mpicxx" \
     -DPython_EXECUTABLE="$(command -v python3)" &&
     timeout 400 cmake --build "$build" -j "$(nproc)" &&
