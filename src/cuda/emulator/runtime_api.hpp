@@ -12,7 +12,7 @@
 // - a stream under capture records its work instead of running it; a host synchronisation or a
 //   legacy-stream call from the capturing thread is an error, as in cudaStreamCaptureModeThreadLocal;
 // - cudaGetLastError is per host thread and clears.
-// See src/cuda/emulator/README.md for the whole model.
+// docs/emulated-device.md describes the whole model.
 #pragma once
 
 #include <cstddef>
