@@ -71,20 +71,49 @@ __global__ void await_owners(const AllToAllParams p) {
   if (threadIdx.x == 0) *p.owners_ready = failed ? 0 : 1;
 }
 
+// Elements one thread sums at once, loaded and stored in one access each.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
 template <typename In, typename Out>
 __global__ void reduce_rows(const AllToAllParams p) {
   if (*p.owners_ready == 0) return;  // await_owners gave up; the error word says why
+  // 16-byte accesses on the wider side, 8-byte ones on the narrower.
+  constexpr int V = 16 / (sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
+  using InPack = Pack<In, V>;
+  using OutPack = Pack<Out, V>;
   const int tokens = tokens_this_call(p), k = p.top_k, H = p.hidden_dim;
   const std::byte* area = p.regions[p.rank] + p.combine_offset;
+  const bool rows_aligned =
+      (reinterpret_cast<uintptr_t>(area) | p.combine_row) % sizeof(InPack) == 0;
   for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
-    for (int h = threadIdx.x; h < H; h += blockDim.x) {
-      float acc = 0.0f;
+    const int32_t* indices = p.indices + size_t(t) * k;
+    const float* weights = p.weights + size_t(t) * k;
+    auto row = [&](int j) {
+      return reinterpret_cast<const In*>(area + (size_t(t) * k + j) * p.combine_row);
+    };
+    Out* y = reinterpret_cast<Out*>(p.y) + size_t(t) * H;
+    const bool aligned = rows_aligned && reinterpret_cast<uintptr_t>(y) % sizeof(OutPack) == 0;
+    const int vector_end = aligned ? H / V * V : 0;
+    for (int h = threadIdx.x * V; h < vector_end; h += blockDim.x * V) {
+      float acc[V] = {};
       for (int j = 0; j < k; ++j) {
-        if (p.indices[t * k + j] < 0) continue;
-        const auto* row = reinterpret_cast<const In*>(area + (size_t(t) * k + j) * p.combine_row);
-        acc = __fadd_rn(acc, __fmul_rn(p.weights[t * k + j], load(row, h)));
+        if (indices[j] < 0) continue;
+        const InPack in = *reinterpret_cast<const InPack*>(row(j) + h);
+        for (int v = 0; v < V; ++v)
+          acc[v] = __fadd_rn(acc[v], __fmul_rn(weights[j], load(in.v, v)));
       }
-      store(reinterpret_cast<Out*>(p.y) + size_t(t) * H, h, acc);
+      OutPack out;
+      for (int v = 0; v < V; ++v) store(out.v, v, acc[v]);
+      *reinterpret_cast<OutPack*>(y + h) = out;
+    }
+    for (int h = vector_end + threadIdx.x; h < H; h += blockDim.x) {
+      float acc = 0.0f;
+      for (int j = 0; j < k; ++j)
+        if (indices[j] >= 0) acc = __fadd_rn(acc, __fmul_rn(weights[j], load(row(j), h)));
+      store(y, h, acc);
     }
   }
 }

@@ -1,5 +1,6 @@
 // Device-side building blocks of AllToAll's kernels: epoch signals with system-scope release and
-// acquire, bounded waits that report through the error word, 16-byte copies, last-block election.
+// acquire, bounded waits that report through the error word, block copies in the widest aligned
+// words, last-block election.
 #pragma once
 
 #include <cuda/atomic>
@@ -28,12 +29,14 @@ __device__ __forceinline__ void report(ErrorWord* error, int32_t code, int32_t d
     error->detail = detail;
     error->kernel = kernel;
     error->value = value;
-    volatile ErrorWord* mirror = error->host_mirror;
-    mirror->detail = detail;
-    mirror->kernel = kernel;
-    mirror->value = value;
+    using HostWord = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
+    ErrorWord* mirror = error->host_mirror;
+    HostWord(mirror->detail).store(detail, ::cuda::memory_order_relaxed);
+    HostWord(mirror->kernel).store(kernel, ::cuda::memory_order_relaxed);
+    HostWord(mirror->value).store(value, ::cuda::memory_order_relaxed);
     __threadfence_system();
-    mirror->code = code;  // last: the host reads the code first
+    // Last: the host reads the code first.
+    HostWord(mirror->code).store(code, ::cuda::memory_order_release);
     __threadfence_system();
   }
 }
@@ -47,23 +50,40 @@ __device__ __forceinline__ bool wait_signal(uint64_t* word, uint64_t value, uint
       report(error, kTimeout, peer, kernel);
       return false;
     }
-    if (is_fatal(*reinterpret_cast<volatile int32_t*>(&error->code))) return false;
+    const int32_t code = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(error->code)
+                             .load(::cuda::memory_order_relaxed);
+    if (is_fatal(code)) return false;
     __nanosleep(100);
   }
   return true;
 }
 
-// Copies `bytes` with the calling block's threads: 16-byte accesses when both sides allow.
+template <typename Word>
+__device__ __forceinline__ void copy_words(std::byte* dst, const std::byte* src, size_t words) {
+  auto* d = reinterpret_cast<Word*>(dst);
+  const auto* s = reinterpret_cast<const Word*>(src);
+  for (size_t i = threadIdx.x; i < words; i += blockDim.x) d[i] = s[i];
+}
+
+// Copies `bytes` with the calling block's threads, in the widest words (16, 8, 4, 2 or 1 bytes)
+// on which dst and src agree modulo the word: a byte-wise head up to dst's first aligned word,
+// then whole words, then a byte-wise tail shorter than one word.
 __device__ __forceinline__ void block_copy(std::byte* dst, const std::byte* src, size_t bytes) {
-  const bool vector = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
-                        bytes) & 15) == 0;
-  if (vector) {
-    auto* d = reinterpret_cast<int4*>(dst);
-    const auto* s = reinterpret_cast<const int4*>(src);
-    for (size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) d[i] = s[i];
-  } else {
-    for (size_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+  const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  const uintptr_t skew = (d ^ s) | 16;
+  const size_t word = skew & (~skew + 1);  // the lowest bit in which they differ, at most 16
+  const size_t to_aligned = (word - d % word) % word;
+  const size_t head = to_aligned < bytes ? to_aligned : bytes;
+  const size_t words = (bytes - head) / word, tail = head + words * word;
+  switch (word) {
+    case 16: copy_words<int4>(dst + head, src + head, words); break;
+    case 8: copy_words<int2>(dst + head, src + head, words); break;
+    case 4: copy_words<int32_t>(dst + head, src + head, words); break;
+    case 2: copy_words<int16_t>(dst + head, src + head, words); break;
+    default: copy_words<std::byte>(dst + head, src + head, words);
   }
+  for (size_t i = threadIdx.x; i < head; i += blockDim.x) dst[i] = src[i];
+  for (size_t i = tail + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
 }
 
 // True in exactly one thread of the last block of the grid to get here; every earlier write of

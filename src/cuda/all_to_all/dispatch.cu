@@ -1,11 +1,13 @@
 // AllToAll dispatch on the CUDA backend. Layout: params.cuh (and src/cpu/all_to_all_layout.hpp).
 //
-//   send:  route_tokens  (1 block)  token t's slot at each destination rank, counts, index checks
+//   send:  route_tokens  (1 block)  index checks; token t's slot at each destination rank (a
+//                                   prefix sum over tokens, so slots follow token order), counts
 //          send_tokens   (grid)     header + payload + scales of (t, destination) into the
 //                                   destination's block for this rank; the last block bumps the
 //                                   epoch, writes the counts and signals every destination
 //   recv:  route_rows    (1 block)  waits for every source, assigns rows ordered by (source,
-//                                   token) per local expert, writes counts and routes
+//                                   token) per local expert (a prefix sum over all sources'
+//                                   slots), writes counts and routes (ordered by row)
 //          land_rows     (grid)     copies each routed row into expert_x (and its scales)
 #include "cuda/all_to_all/device_utils.cuh"
 #include "cuda/all_to_all/kernels.hpp"
@@ -15,34 +17,95 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
 
 constexpr int kKernelDispatchSend = 0, kKernelDispatchRecv = 1;
+constexpr int kKeysPerPass = 32;  // keys rank_by_key counts at once: a 32 KiB table in __shared__
+static_assert(kMaxRanks <= kBlockThreads, "route_rows gives each source one thread");
+
+// True when slot j of a token's top-k row names an expert in [0, E) that no earlier slot names,
+// counting experts in groups of `group`: with 1, the slot routes the token to that expert (a
+// repeat is a bad index, skipped); with L, it is the first to send the token to that rank.
+__device__ __forceinline__ bool first_in_group(const int32_t* row, int j, int E, int group) {
+  const int e = row[j];
+  if (e < 0 || e >= E) return false;
+  for (int i = 0; i < j; ++i)
+    if (row[i] >= 0 && row[i] / group == e / group) return false;
+  return true;
+}
+
+// rows[g][t] (g < n, t a thread of the block) becomes rows[g][0] + ... + rows[g][t].
+template <int N>
+__device__ void inclusive_scan_rows(int (&rows)[N][kBlockThreads], int n) {
+  const int me = threadIdx.x;
+  for (int step = 1; step < kBlockThreads; step *= 2) {
+    __syncthreads();
+    int add[N];
+    for (int g = 0; g < n; ++g) add[g] = me >= step ? rows[g][me - step] : 0;
+    __syncthreads();
+    for (int g = 0; g < n; ++g) rows[g][me] += add[g];
+  }
+  __syncthreads();
+}
+
+// Stable ranking by key with the whole block (kBlockThreads threads, each a run of consecutive
+// items). visit(item, f) calls f(key, j) for each distinct key of the item, key in
+// [0, num_keys); then emit(item, key, j, rank, place) where rank counts the earlier items with
+// that key and place the pairs before it in (key, item) order, and total(key, pairs) once per
+// key. Returns the number of pairs. Each pass over the items counts kKeysPerPass keys per thread,
+// and a prefix sum over the threads turns the counts into ranks.
+template <typename Visit, typename Emit, typename Total>
+__device__ int rank_by_key(int items, int num_keys, Visit visit, Emit emit, Total total) {
+  __shared__ int counts[kKeysPerPass][kBlockThreads];
+  const int me = threadIdx.x, per_thread = (items + kBlockThreads - 1) / kBlockThreads;
+  const int begin = min(items, me * per_thread), end = min(items, begin + per_thread);
+  int pairs = 0;
+  for (int first = 0; first < num_keys; first += kKeysPerPass) {
+    const int keys = min(kKeysPerPass, num_keys - first);
+    for (int g = 0; g < keys; ++g) counts[g][me] = 0;
+    for (int i = begin; i < end; ++i)
+      visit(i, [&](int key, int) {
+        if (key >= first && key < first + keys) ++counts[key - first][me];
+      });
+    inclusive_scan_rows(counts, keys);
+    int rank[kKeysPerPass], place[kKeysPerPass];
+    for (int g = 0; g < keys; ++g) {
+      rank[g] = me > 0 ? counts[g][me - 1] : 0;
+      place[g] = pairs + rank[g];
+      pairs += counts[g][kBlockThreads - 1];
+    }
+    for (int i = begin; i < end; ++i)
+      visit(i, [&](int key, int j) {
+        const int g = key - first;
+        if (g >= 0 && g < keys) emit(i, key, j, rank[g]++, place[g]++);
+      });
+    if (me < keys) total(first + me, counts[me][kBlockThreads - 1]);
+    __syncthreads();  // the next pass clears the table
+  }
+  return pairs;
+}
 
 __global__ void route_tokens(const AllToAllParams p) {
   const int requested = requested_tokens(p), tokens = tokens_this_call(p);
-  const int k = p.top_k, E = p.num_local_experts * p.world_size;
+  const int k = p.top_k, W = p.world_size, L = p.num_local_experts, E = L * W;
   if (requested != tokens && threadIdx.x == 0)
     report(p.error, kTooManyTokens, requested, kKernelDispatchSend, p.m);
   // Indices the host could not check (they live on the device): out of range or repeated in a
   // row. They are reported, and the slot is treated as -1 so that peers still complete.
   for (int i = threadIdx.x; i < tokens * k; i += blockDim.x) {
     const int e = p.indices[i];
-    bool bad = e < -1 || e >= E;
-    for (int j = i - i % k; j < i && !bad; ++j) bad = e >= 0 && p.indices[j] == e;
-    if (bad) report(p.error, kBadIndex, i, kKernelDispatchSend, e);
+    if (e != -1 && !first_in_group(p.indices + i / k * k, i % k, E, 1))
+      report(p.error, kBadIndex, i, kKernelDispatchSend, e);
   }
-  for (int dest = threadIdx.x; dest < p.world_size; dest += blockDim.x) {
-    int count = 0;
-    for (int t = 0; t < tokens; ++t) {
-      bool hit = false;
-      for (int j = 0; j < k; ++j) {
-        const int e = p.indices[t * k + j];
-        bool repeated = false;
-        for (int i = 0; i < j; ++i) repeated = repeated || p.indices[t * k + i] == e;
-        hit = hit || (e >= 0 && e < E && !repeated && e / p.num_local_experts == dest);
-      }
-      p.send_slot[t * p.world_size + dest] = hit ? count++ : -1;
-    }
-    p.send_count[dest] = count;
-  }
+  for (int i = threadIdx.x; i < tokens * W; i += blockDim.x) p.send_slot[i] = -1;
+  __syncthreads();  // other threads overwrite the slots of the destinations a token goes to
+  // A token's slot at a destination: the tokens before it that go there, in token order.
+  rank_by_key(
+      tokens, W,
+      [&](int t, auto f) {
+        const int32_t* row = p.indices + t * k;
+        for (int j = 0; j < k; ++j)
+          if (first_in_group(row, j, E, L)) f(row[j] / L, j);
+      },
+      [&](int t, int dest, int, int slot, int) { p.send_slot[t * W + dest] = slot; },
+      [&](int dest, int count) { p.send_count[dest] = count; });
 }
 
 __global__ void send_tokens(const AllToAllParams p) {
@@ -57,11 +120,10 @@ __global__ void send_tokens(const AllToAllParams p) {
       if (threadIdx.x == 0) {
         auto* header = reinterpret_cast<int32_t*>(token_slot);
         int n = 0;
+        const int32_t* row = p.indices + t * k;
         for (int j = 0; j < k; ++j) {
-          const int e = p.indices[t * k + j];
-          bool repeated = false;
-          for (int i = 0; i < j; ++i) repeated = repeated || p.indices[t * k + i] == e;
-          if (e < 0 || e >= E || repeated || e / p.num_local_experts != dest) continue;
+          const int e = row[j];
+          if (!first_in_group(row, j, E, 1) || e / p.num_local_experts != dest) continue;
           header[2 + 2 * n] = e % p.num_local_experts;
           header[3 + 2 * n] = j;
           ++n;
@@ -106,45 +168,40 @@ __global__ void route_rows(const AllToAllParams p) {
     if (threadIdx.x == 0) *p.route_count = 0;
     return;
   }
+  // Every source's slots in one list, in (source, slot) order: source s ends at ends[0][s].
+  __shared__ int ends[1][kBlockThreads];
   const std::byte* region = p.regions[p.rank];
-  auto header_of = [&](int source, int slot) {
-    return reinterpret_cast<const int32_t*>(region + size_t(source) * p.source_block + 64 +
-                                            size_t(slot) * p.token_stride);
+  const int me = threadIdx.x;
+  ends[0][me] = 0;
+  if (me < W) ends[0][me] = *reinterpret_cast<const int32_t*>(region + size_t(me) * p.source_block);
+  inclusive_scan_rows(ends, 1);
+  struct Slot {
+    int source, slot;
+    const int32_t* header;
   };
-  auto count_of = [&](int source) {
-    return *reinterpret_cast<const int32_t*>(region + size_t(source) * p.source_block);
+  auto slot_at = [&](int i) {
+    int source = 0;
+    while (ends[0][source] <= i) ++source;
+    const int slot = i - (source > 0 ? ends[0][source - 1] : 0);
+    return Slot{source, slot,
+                reinterpret_cast<const int32_t*>(region + size_t(source) * p.source_block + 64 +
+                                                 size_t(slot) * p.token_stride)};
   };
-  // Rows per (source, local expert), then each expert's rows in (source, token) order.
-  for (int i = threadIdx.x; i < W * L; i += blockDim.x) {
-    const int source = i / L, expert = i % L;
-    int rows = 0;
-    for (int slot = 0; slot < count_of(source); ++slot) {
-      const int32_t* h = header_of(source, slot);
-      for (int q = 0; q < h[1]; ++q) rows += h[2 + 2 * q] == expert;
-    }
-    p.recv_count[i] = rows;
-  }
-  if (threadIdx.x == 0) *p.route_count = 0;
-  __syncthreads();
-  for (int expert = threadIdx.x; expert < L; expert += blockDim.x) {
-    int total = 0;
-    for (int source = 0; source < W; ++source) total += p.recv_count[source * L + expert];
-    p.expert_num_tokens[expert] = total;
-  }
-  for (int i = threadIdx.x; i < W * L; i += blockDim.x) {
-    const int source = i / L, expert = i % L;
-    int position = 0;
-    for (int s = 0; s < source; ++s) position += p.recv_count[s * L + expert];
-    for (int slot = 0; slot < count_of(source); ++slot) {
-      const int32_t* h = header_of(source, slot);
-      for (int q = 0; q < h[1]; ++q) {
-        if (h[2 + 2 * q] != expert) continue;
-        const int route = atomicAdd(p.route_count, 1);
-        p.routes[route] = Route{source, h[0], h[3 + 2 * q],
-                                int32_t(expert * p.rows_per_expert + position++), slot, {}};
-      }
-    }
-  }
+  // An expert's rows in (source, token) order, as slots are in token order; routes in (expert,
+  // row) order.
+  const int routes = rank_by_key(
+      ends[0][W - 1], L,
+      [&](int i, auto f) {
+        const int32_t* h = slot_at(i).header;
+        for (int q = 0; q < h[1]; ++q) f(h[2 + 2 * q], h[3 + 2 * q]);
+      },
+      [&](int i, int expert, int j, int position, int route) {
+        const Slot s = slot_at(i);
+        p.routes[route] = Route{
+            s.source, s.header[0], j, int32_t(expert * p.rows_per_expert + position), s.slot, {}};
+      },
+      [&](int expert, int rows) { p.expert_num_tokens[expert] = rows; });
+  if (me == 0) *p.route_count = routes;
 }
 
 __global__ void land_rows(const AllToAllParams p) {
