@@ -11,10 +11,8 @@
 // (all are waiting on something outside the block) backs off: first yields, then short sleeps,
 // so the ranks they wait for get the cores.
 //
-// Sanitizers: fiber switches are announced to AddressSanitizer (__sanitizer_start_switch_fiber)
-// and ThreadSanitizer (__tsan_switch_to_fiber, which also orders each switch, so the fibers of
-// one block never race in its eyes: barriers are judged by the fiber order, races between blocks,
-// kernels and host threads by TSan).
+// Sanitizers: fiber switches are announced to AddressSanitizer (__sanitizer_start_switch_fiber);
+// what ThreadSanitizer sees is said above struct Fiber.
 #include "cuda/emulator/grid.hpp"
 
 #include <sys/mman.h>
@@ -51,9 +49,6 @@
 
 #if defined(PMOE_EMU_ASAN)
 #include <sanitizer/common_interface_defs.h>
-#endif
-#if defined(PMOE_EMU_TSAN)
-#include <sanitizer/tsan_interface.h>
 #endif
 
 namespace pmoe::emu {
@@ -106,14 +101,12 @@ class StackPool {
   std::vector<void*> free_;
 };
 
-// What ThreadSanitizer is told: each fiber switch (announced just before the jump) also orders
-// what the fiber before it did before what the next one does. So TSan never sees a race between
-// the threads of one block (barriers are judged by the fiber order and its reshuffles instead),
-// and judges what crosses blocks, kernels, streams, ranks and host threads. Ordering only at
-// barriers would be closer to CUDA, but this TSan's vector clocks make that cost minutes a test.
-#if defined(PMOE_EMU_TSAN)
-void tsan_switch(void* to) { __tsan_switch_to_fiber(to, 0); }
-#endif
+// ThreadSanitizer is not told about the fibers: to it, a block is one thread, so the threads of
+// a block never race in its eyes (barriers are judged by the fiber order and its reshuffles), and
+// it judges what crosses blocks, kernels, streams, ranks and host threads. Announcing each switch
+// (__tsan_switch_to_fiber) would give the same verdicts at a cost of minutes per test, since this
+// TSan's vector clocks grow with every fiber it knows. The price: in a report, the frames below
+// the racing access may belong to another fiber of the block.
 
 struct Fiber {
   enum class Status { ready, at_barrier, done };
@@ -123,7 +116,6 @@ struct Fiber {
   ctx::fiber context;  // the fiber while it is suspended (the scheduler's side)
   ctx::fiber caller;   // the scheduler while the fiber runs (the fiber's side)
   std::byte* stack = nullptr;
-  void* tsan_fiber = nullptr;
   void* asan_fake_stack = nullptr;
 };
 
@@ -167,16 +159,8 @@ class BlockRunner {
       f.stack = stacks_.take();
       f.context = ctx::fiber(std::allocator_arg, GivenStack{f.stack},
                              [this, &f](ctx::fiber&& caller) { return fiber_main(f, std::move(caller)); });
-#if defined(PMOE_EMU_TSAN)
-      // Kept from block to block: creating a TSan fiber costs far more than running a thread.
-      while (tsan_fibers_.size() <= i) tsan_fibers_.push_back(__tsan_create_fiber(0));
-      f.tsan_fiber = tsan_fibers_[i];
-#endif
       order_[i] = i;
     }
-#if defined(PMOE_EMU_TSAN)
-    if (!scheduler_tsan_) scheduler_tsan_ = __tsan_get_current_fiber();  // the slot's own context
-#endif
     int idle_passes = 0;
     while (alive_ > 0) {
       bool progressed = false;
@@ -238,9 +222,6 @@ class BlockRunner {
 #if defined(PMOE_EMU_ASAN)
     __sanitizer_start_switch_fiber(&scheduler_fake_stack_, f.stack, kStackBytes);
 #endif
-#if defined(PMOE_EMU_TSAN)
-    tsan_switch(f.tsan_fiber);
-#endif
     f.context = std::move(f.context).resume();
 #if defined(PMOE_EMU_ASAN)
     __sanitizer_finish_switch_fiber(scheduler_fake_stack_, nullptr, nullptr);
@@ -252,9 +233,6 @@ class BlockRunner {
 #if defined(PMOE_EMU_ASAN)
     __sanitizer_start_switch_fiber(&f.asan_fake_stack, scheduler_stack_bottom_,
                                    scheduler_stack_size_);
-#endif
-#if defined(PMOE_EMU_TSAN)
-    tsan_switch(scheduler_tsan_);
 #endif
     f.caller = std::move(f.caller).resume();
 #if defined(PMOE_EMU_ASAN)
@@ -279,16 +257,9 @@ class BlockRunner {
 #if defined(PMOE_EMU_ASAN)
     __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom_, scheduler_stack_size_);
 #endif
-#if defined(PMOE_EMU_TSAN)
-    tsan_switch(scheduler_tsan_);
-#endif
     return std::move(f.caller);
   }
 
-#if defined(PMOE_EMU_TSAN)
-  void* scheduler_tsan_ = nullptr;
-  std::vector<void*> tsan_fibers_;
-#endif
   std::unique_ptr<Fiber[]> fibers_;
   std::vector<unsigned> order_;
   unsigned size_ = 0;  // threads in the block now running
