@@ -74,32 +74,16 @@ constexpr size_t kStackBytes = size_t(64) << 10;
 #endif
 constexpr unsigned kMaxBlockThreads = 1024;
 
-// Fiber stacks of one slot, kept between blocks; a guard page below each turns an overflow into
-// a fault instead of a silent overwrite.
-class StackPool {
- public:
-  ~StackPool() {
-    for (void* base : free_) munmap(base, kStackBytes + page());
-  }
-  // Lowest usable address of a stack of kStackBytes.
-  std::byte* take() {
-    if (!free_.empty()) {
-      void* base = free_.back();
-      free_.pop_back();
-      return static_cast<std::byte*>(base) + page();
-    }
-    void* base = mmap(nullptr, kStackBytes + page(), PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (base == MAP_FAILED) throw std::bad_alloc();
-    mprotect(base, page(), PROT_NONE);
-    return static_cast<std::byte*>(base) + page();
-  }
-  void give_back(std::byte* bottom) { free_.push_back(bottom - page()); }
-
- private:
-  static size_t page() { return size_t(sysconf(_SC_PAGESIZE)); }
-  std::vector<void*> free_;
-};
+// A fiber's stack (lowest usable address), kept for the life of the process like the fiber; a
+// guard page below it turns an overflow into a fault instead of a silent overwrite.
+std::byte* new_fiber_stack() {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  void* base = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) throw std::bad_alloc();
+  mprotect(base, page, PROT_NONE);
+  return static_cast<std::byte*>(base) + page;
+}
 
 // ThreadSanitizer is not told about the fibers: to it, a block is one thread, so the threads of
 // a block never race in its eyes (barriers are judged by the fiber order and its reshuffles), and
@@ -128,7 +112,7 @@ struct GivenStack {
     sc.sp = bottom + kStackBytes;
     return sc;
   }
-  void deallocate(ctx::stack_context&) noexcept {}  // the pool keeps it
+  void deallocate(ctx::stack_context&) noexcept {}  // never called: fibers never end
 };
 
 // Runs blocks on one slot's host thread.
@@ -156,9 +140,12 @@ class BlockRunner {
       f.state.grid_dim = grid;
       f.status = Fiber::Status::ready;
       f.slept = false;
-      f.stack = stacks_.take();
-      f.context = ctx::fiber(std::allocator_arg, GivenStack{f.stack},
-                             [this, &f](ctx::fiber&& caller) { return fiber_main(f, std::move(caller)); });
+      if (!f.stack) {  // a fiber per thread index, made once and kept for every later block
+        f.stack = new_fiber_stack();
+        f.context = ctx::fiber(std::allocator_arg, GivenStack{f.stack}, [this, &f](ctx::fiber&& caller) {
+          return fiber_main(f, std::move(caller));
+        });
+      }
       order_[i] = i;
     }
     int idle_passes = 0;
@@ -180,7 +167,6 @@ class BlockRunner {
         std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
     }
-    for (unsigned i = 0; i < n; ++i) stacks_.give_back(fibers_[i].stack);
     current_thread = nullptr;
     return failure_;
   }
@@ -241,29 +227,30 @@ class BlockRunner {
 #endif
   }
 
-  ctx::fiber fiber_main(Fiber& f, ctx::fiber&& caller) {
+  // A fiber never returns: it runs its thread of one block after another, parked in between.
+  // (A returning fiber would leave Boost.Context's entry frame on ThreadSanitizer's shadow
+  // stack every time, until it overflows.)
+  [[noreturn]] ctx::fiber fiber_main(Fiber& f, ctx::fiber&& caller) {
 #if defined(PMOE_EMU_ASAN)
     __sanitizer_finish_switch_fiber(nullptr, &scheduler_stack_bottom_, &scheduler_stack_size_);
 #endif
     f.caller = std::move(caller);
-    try {
-      (*body_)();
-    } catch (...) {
-      if (!failure_) failure_ = std::current_exception();
+    for (;;) {
+      try {
+        (*body_)();
+      } catch (...) {
+        if (!failure_) failure_ = std::current_exception();
+      }
+      f.status = Fiber::Status::done;
+      --alive_;
+      release_if_all_arrived();  // threads that returned no longer hold a barrier back
+      suspend(f);                // until the scheduler hands it the same thread of a new block
     }
-    f.status = Fiber::Status::done;
-    --alive_;
-    release_if_all_arrived();  // threads that returned no longer hold a barrier back
-#if defined(PMOE_EMU_ASAN)
-    __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom_, scheduler_stack_size_);
-#endif
-    return std::move(f.caller);
   }
 
   std::unique_ptr<Fiber[]> fibers_;
   std::vector<unsigned> order_;
   unsigned size_ = 0;  // threads in the block now running
-  StackPool stacks_;
   const std::function<void()>* body_ = nullptr;
   std::exception_ptr failure_;  // written by a fiber, read after the block's end
   std::atomic<Fiber*> running_{nullptr};
