@@ -84,6 +84,31 @@ TEST_P(AllToAllCuda, EdgeCases) {
   expect_case_on_gpu(W(), odd);
 }
 
+// Odd hidden sizes in every dtype pair the combine reads and writes: rows whose vector body and
+// scalar tail meet inside one row, at every alignment the pairs give.
+TEST_P(AllToAllCuda, OddHiddenSizesEveryDtypePair) {
+  for (int hidden : {9, 13}) {
+    for (DType in : {DType::f32, DType::bf16}) {
+      for (DType out : {DType::f32, DType::bf16, DType::f16}) {
+        AllToAllCase c = base(2, hidden);
+        c.config.in_dtype = in;
+        c.config.out_dtype = out;
+        c.expert_y_dtype = in;
+        c.calls = 1;
+        expect_case_on_gpu(W(), c);
+      }
+    }
+  }
+}
+
+// More than 32 local experts: the routing ranks rows 32 experts per pass, so this takes two.
+TEST_P(AllToAllCuda, MoreLocalExpertsThanOneRankingPass) {
+  AllToAllCase c = base(4, 32);
+  c.config.num_experts = 40 * W();
+  c.calls = 2;
+  expect_case_on_gpu(W(), c);
+}
+
 // More tokens and routes than the kernels have blocks (2 per SM), and rows longer than a block's
 // threads, so every grid-stride and block-stride loop runs more than once; f8 rows with 3 scales
 // (12 bytes: the scales take the byte-wise copy).
