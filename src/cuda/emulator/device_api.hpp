@@ -24,10 +24,8 @@ struct ThreadState {
   cuda_api::uint3 thread_idx, block_idx;
   cuda_api::dim3 block_dim, grid_dim;
 };
-// Set by the fiber scheduler at each switch (atomic: the scheduler and the fibers are different
-// threads to ThreadSanitizer; relaxed, as a plain load on x86).
-extern thread_local std::atomic<ThreadState*> current_thread;
-inline const ThreadState& this_thread() { return *current_thread.load(std::memory_order_relaxed); }
+extern thread_local ThreadState* current_thread;  // set by the fiber scheduler at each switch
+inline const ThreadState& this_thread() { return *current_thread; }
 
 void sync_threads();                   // __syncthreads()
 int sync_threads_count(int predicate);  // __syncthreads_count(): how many threads passed true

@@ -53,7 +53,7 @@
 
 namespace pmoe::emu {
 
-thread_local std::atomic<ThreadState*> current_thread{nullptr};
+thread_local ThreadState* current_thread = nullptr;
 
 namespace {
 
@@ -95,8 +95,8 @@ std::byte* new_fiber_stack() {
 struct Fiber {
   enum class Status { ready, at_barrier, done };
   ThreadState state{};
-  std::atomic<Status> status{Status::ready};
-  std::atomic<bool> slept{false};  // its last turn ended in __nanosleep (no progress)
+  Status status = Status::ready;
+  bool slept = false;  // its last turn ended in __nanosleep (no progress)
   ctx::fiber context;  // the fiber while it is suspended (the scheduler's side)
   ctx::fiber caller;   // the scheduler while the fiber runs (the fiber's side)
   std::byte* stack = nullptr;
@@ -188,12 +188,10 @@ class BlockRunner {
 
  private:
   void release_if_all_arrived() {
-    const unsigned arrived = arrived_;
-    if (arrived == 0 || arrived != alive_) return;
+    if (arrived_ == 0 || arrived_ != alive_) return;
     for (unsigned i = 0; i < size_; ++i) {
       Fiber& f = fibers_[i];
-      Fiber::Status at = Fiber::Status::at_barrier;
-      f.status.compare_exchange_strong(at, Fiber::Status::ready);
+      if (f.status == Fiber::Status::at_barrier) f.status = Fiber::Status::ready;
     }
     barrier_result_ = int(arrived_true_);
     arrived_ = 0;
@@ -253,10 +251,10 @@ class BlockRunner {
   unsigned size_ = 0;  // threads in the block now running
   const std::function<void()>* body_ = nullptr;
   std::exception_ptr failure_;  // written by a fiber, read after the block's end
-  std::atomic<Fiber*> running_{nullptr};
-  std::atomic<unsigned> alive_{0}, arrived_{0}, arrived_true_{0};
-  std::atomic<int> barrier_result_{0};
-  std::atomic<bool> reshuffle_{false};
+  Fiber* running_ = nullptr;
+  unsigned alive_ = 0, arrived_ = 0, arrived_true_ = 0;
+  int barrier_result_ = 0;
+  bool reshuffle_ = false;
   std::minstd_rand rng_;
   void* scheduler_fake_stack_ = nullptr;
   const void* scheduler_stack_bottom_ = nullptr;
