@@ -75,3 +75,17 @@ def expected_combine(x, indices, weights, in_dtype, expert_y_dtype, out_dtype):
             acc = acc + np.float32(weights[t, j]) * to_f32(out, expert_y_dtype)
         y[t] = acc
     return from_f32(y, out_dtype)
+
+
+def check_f32_round_trip(outcome, inputs, world_size, num_experts):
+    """Checks each rank's (counts, expert_x, y) from an f32 dispatch, the stand-in experts of
+    expert_fn and a combine, against the reference; `outcome` maps rank to that triple."""
+    for r in range(world_size):
+        counts, expert_x, y = outcome[r]
+        want = expected_dispatch(inputs, r, world_size, num_experts)
+        for e in range(len(counts)):
+            assert counts[e] == len(want[e])
+            if want[e]:
+                np.testing.assert_array_equal(expert_x[e, :counts[e]], np.stack(want[e]))
+        x, indices, weights = inputs[r]
+        np.testing.assert_array_equal(y, expected_combine(x, indices, weights, "f32", "f32", "f32"))
