@@ -231,10 +231,13 @@ std::string cell(const json& row) {
 void print_tables(const Options& o, const json& rows) {
   std::printf("\n## pmoe-bench all-to-all: E=%d, top-k=%d, H=%d, %s (combine out bf16)\n\n",
               o.experts, o.topk, o.hidden, o.dtype.c_str());
-  std::printf("%d timed iterations after %d warm-ups; an iteration's time is the slowest rank's. "
-              "dispatch/combine use the op's in-place buffers; *_staged the caller's own; "
-              "dispatch_combine, alltoallv and dense_padded are round trips.\n",
-              o.iters, o.warmup);
+  std::printf("%d timed iterations after %d warm-ups; an iteration's time is the slowest rank's. %s\n",
+              o.iters, o.warmup,
+              o.device == "cuda"
+                  ? "dispatch/combine use the caller's device buffers (timed with events on each "
+                    "rank's stream); dispatch_combine is the round trip."
+                  : "dispatch/combine use the op's in-place buffers; *_staged the caller's own; "
+                    "dispatch_combine, alltoallv and dense_padded are round trips.");
   std::vector<int> rank_counts, token_counts;
   std::vector<std::string> ops;
   for (const auto& r : rows) {
