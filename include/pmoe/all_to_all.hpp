@@ -88,12 +88,13 @@ class AllToAll {
                const Tensor& y, Phase phase = Phase::both, const Tensor& bound_m = Tensor());
 
   // On a GPU the kernels check what the host cannot see (indices in device memory, peers that
-  // never arrive) and record the first error; every call raises it at entry, and so does this,
-  // which a caller runs after synchronizing the stream. Throws pmoe::Error. The first error
-  // stays: the op is retired (build a new one), as after a failed wait on the CPU. A bad index
-  // or bound_m still lets every rank finish its call (the slot counts as -1, m is clamped), so
-  // peers never combine stale rows. A no-op on the CPU, where every error is raised by the call
-  // that meets it.
+  // never arrive) and record the first error, which this raises; run it after synchronizing the
+  // stream. Throws pmoe::Error. A peer that never arrived or an expert_y dtype that differs
+  // between ranks breaks the protocol: that error stays, every later call raises it at entry,
+  // and the op is retired (build a new one), as after a failed wait on the CPU. A bad index or
+  // bound_m does not: every rank finishes its call (dispatch and combine both skip the slot,
+  // m is clamped), the error is raised once, here, on the rank that passed it, and the op goes
+  // on. A no-op on the CPU, where every error is raised by the call that meets it.
   void check_errors() const;
 
   // In-place buffers (config.in_place_buffers): memory of this op that peers on the same node

@@ -235,6 +235,88 @@ TEST(AllToAllCuda, GraphReplaysWithChangingRoutingAndM) {
   for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
 }
 
+// Indices the host cannot check (they are in device memory): on rank 0, one out of range and
+// one that repeats an expert of its row. Dispatch and combine both skip those slots, so both
+// outputs match the reference with the slots at -1; check_errors() raises the first once, on
+// rank 0 only; and the next call on the same op, with good indices, works and raises nothing.
+TEST(AllToAllCuda, BadIndexOnTheDeviceIsSkippedAndRaisedOnce) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const int W = 2, max_tokens = 6, H = 32, k = 2;
+  const AllToAllConfig cfg = make_config(max_tokens, 2 * W, k, H, DType::bf16, DType::bf16);
+  std::vector<std::string> failures(W), raised(W);
+  run_ranks(W, [&](Communicator& comm) {
+    const int rank = comm.rank(), L = cfg.num_experts / W, rows = W * max_tokens;
+    const Device gpu = comm.device();
+    std::string& failure = failures[size_t(rank)];
+    AllToAll a2a(comm, cfg);
+    Buffer counts(DType::i32, {L}, gpu), expert_x(DType::bf16, {L, rows, H}, gpu),
+        expert_y(DType::bf16, {L, rows, H}, gpu), y(DType::bf16, {max_tokens, H}, gpu);
+    Buffer host_counts(DType::i32, {L}), host_expert_x(DType::bf16, {L, rows, H}),
+        host_expert_y(DType::bf16, {L, rows, H}), host_y(DType::bf16, {max_tokens, H});
+    auto raise_of = [&] {
+      synchronize(comm.stream());
+      try {
+        a2a.check_errors();
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    for (int call = 0; call < 2; ++call) {
+      std::vector<reference::AllToAllInputs> all;
+      for (int r = 0; r < W; ++r)
+        all.push_back(reference::make_inputs(cfg, r, max_tokens, uint64_t(20 + call), Routing::random));
+      auto& mine = all[size_t(rank)];
+      Buffer x = Buffer::like(mine.x, gpu), indices = Buffer::like(mine.indices, gpu),
+             weights = Buffer::like(mine.weights, gpu);
+      copy(x, mine.x);
+      copy(weights, mine.weights);
+      Buffer sent = Buffer::like(mine.indices, Device::cpu());  // what the device gets
+      copy(sent, mine.indices);
+      if (call == 0) {
+        if (rank == 0) {
+          int32_t* bad = sent.data<int32_t>();
+          bad[1 * k + 0] = cfg.num_experts + 3;  // out of range
+          bad[2 * k + 1] = bad[2 * k + 0];       // a repeat of the row's first expert
+        }
+        // What every rank's reference expects of rank 0: those two slots skipped.
+        for (const int slot : {1 * k + 0, 2 * k + 1}) all[0].indices.data<int32_t>()[slot] = -1;
+      }
+      copy(indices, sent);
+      copy(expert_x, Buffer(DType::bf16, {L, rows, H}));  // zeros: rows past the counts stay so
+      comm.barrier();  // every rank's reference inputs are final before any rank reads them
+      a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor());
+      const std::string dispatch_raised = raise_of();
+      if (call == 0) raised[size_t(rank)] = dispatch_raised;
+      else if (!dispatch_raised.empty()) failure = "call 1 raised: " + dispatch_raised;
+      copy(host_counts, counts);
+      copy(host_expert_x, expert_x);
+      if (failure.empty())
+        failure = reference::compare_dispatch(cfg, W, reference::reference_dispatch(cfg, W, rank, all),
+                                              host_counts, host_expert_x, Tensor(), 0);
+      if (failure.empty())
+        reference::run_fake_experts(cfg, W, rank, host_counts, host_expert_x, Tensor(), host_expert_y);
+      copy(expert_y, host_expert_y);
+      a2a.combine(expert_y, indices, weights, y);
+      const std::string combine_raised = raise_of();
+      if (failure.empty() && !combine_raised.empty()) failure = "combine raised: " + combine_raised;
+      copy(host_y, y);
+      if (failure.empty())
+        failure = reference::compare_bytes("combine y", host_y,
+                                           reference::reference_combine(cfg, all[size_t(rank)], DType::bf16));
+      if (!failure.empty()) {
+        failure = detail::cat("call ", call, ": ", failure);
+        return;  // every rank runs every call up to here, so the peers are not left waiting
+      }
+      comm.barrier();
+    }
+  }, Device::cuda(0));
+  for (int r = 0; r < W; ++r) EXPECT_EQ(failures[size_t(r)], "") << "rank " << r;
+  EXPECT_NE(raised[0].find("indices[1, 0] = 7 is outside [-1, 4)"), std::string::npos)
+      << raised[0];
+  EXPECT_EQ(raised[1], "") << "only the rank that passed the index hears of it";
+}
+
 // A rank that never calls dispatch: the other ranks' kernels give up after PMOE_TIMEOUT_S and
 // the host raises an error naming it.
 TEST(AllToAllCuda, RankThatNeverArrivesIsNamed) {

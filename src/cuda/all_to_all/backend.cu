@@ -1,6 +1,7 @@
 // AllToAll's CUDA backend: allocates the symmetric region (the CPU backend's layout) and the
 // private scratch, fills one AllToAllParams per call and launches the kernels on the rank's
 // stream. Nothing here waits for the device, so dispatch + combine can be captured in a graph.
+#include <cstddef>
 #include <cstring>
 
 #include "all_to_all/backend.hpp"
@@ -119,32 +120,18 @@ class CudaAllToAll final : public AllToAllBackend {
   Tensor input_scale_buffer() const override { return {}; }
   Tensor expert_output_buffer() const override { return {}; }
 
+  // A fatal error (a peer that never arrived, a dtype mismatch) stays: the protocol is broken
+  // and the op is retired. A non-fatal one (a bad index or bound_m, which every rank got past) is
+  // raised once: its record is cleared here, and on the device before the next launch.
   void check_errors() const override {
-    const auto* e = static_cast<const volatile cuda::ErrorWord*>(error_host_);
-    if (e->code == cuda::kOk) return;
-    const char* kernel = kernel_name(e->kernel);
-    switch (e->code) {
-      case cuda::kTimeout:
-        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, " (", device_.str(),
-                        "): rank ", e->detail, " did not arrive within ", params_.timeout_ns / 1e9,
-                        " s"));
-      case cuda::kTooManyTokens:
-        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": bound_m = ",
-                        e->detail, " is outside [0, ", e->value,
-                        "], the rows given (the call went on with m clamped to that range)"));
-      case cuda::kBadIndex:
-        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": indices[",
-                        e->detail / params_.top_k, ", ", e->detail % params_.top_k, "] = ",
-                        e->value, " is outside [-1, ", params_.num_local_experts * params_.world_size,
-                        ") or repeats an expert of its row (the slot was skipped)"));
-      case cuda::kDtypeMismatch:
-        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": rank ", e->detail,
-                        " sent expert_y as ", dtype_name(DType(e->value)), " but this rank's is ",
-                        dtype_name(DType(params_.y_dtype)),
-                        "; every rank must pass the same expert_y dtype"));
-      default:
-        throw Error(cat("AllToAll on rank ", params_.rank, ": device error code ", e->code));
+    auto* e = static_cast<volatile cuda::ErrorWord*>(error_host_);
+    const ErrorRecord r{e->code, e->detail, e->kernel, e->value};
+    if (r.code == cuda::kOk) return;
+    if (!cuda::is_fatal(r.code)) {
+      e->code = cuda::kOk;
+      reset_pending_ = true;
     }
+    raise(r);
   }
 
   void dispatch_send(const DispatchArgs& a) override {
@@ -166,11 +153,51 @@ class CudaAllToAll final : public AllToAllBackend {
   }
 
  private:
-  // At every launch: a peer thread rank that already threw (its kernels will never signal) and
-  // an error the kernels recorded both raise here, before more kernels wait for nothing.
+  struct ErrorRecord {
+    int32_t code, detail, kernel, value;
+  };
+
+  [[noreturn]] void raise(const ErrorRecord& r) const {
+    const char* kernel = kernel_name(r.kernel);
+    switch (r.code) {
+      case cuda::kTimeout:
+        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, " (", device_.str(),
+                        "): rank ", r.detail, " did not arrive within ", params_.timeout_ns / 1e9,
+                        " s"));
+      case cuda::kTooManyTokens:
+        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": bound_m = ",
+                        r.detail, " is outside [0, ", r.value,
+                        "], the rows given (the call went on with m clamped to that range)"));
+      case cuda::kBadIndex:
+        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": indices[",
+                        r.detail / params_.top_k, ", ", r.detail % params_.top_k, "] = ",
+                        r.value, " is outside [-1, ", params_.num_local_experts * params_.world_size,
+                        ") or repeats an expert of its row (the slot was skipped)"));
+      case cuda::kDtypeMismatch:
+        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": rank ", r.detail,
+                        " sent expert_y as ", dtype_name(DType(r.value)), " but this rank's is ",
+                        dtype_name(DType(params_.y_dtype)),
+                        "; every rank must pass the same expert_y dtype"));
+      default:
+        throw Error(cat("AllToAll on rank ", params_.rank, ": device error code ", r.code));
+    }
+  }
+
+  // At every launch: a peer thread rank that already threw (its kernels will never signal) and a
+  // fatal error the kernels recorded raise here, before more kernels wait for nothing. A
+  // non-fatal one is left to check_errors(): raising it here would stop this rank's next phase
+  // while its peers wait for it. A record check_errors() cleared is cleared on the device too,
+  // in stream order, before this launch.
   void enter() const {
     comm_.check_group();
-    check_errors();
+    const auto* e = static_cast<const volatile cuda::ErrorWord*>(error_host_);
+    const ErrorRecord r{e->code, e->detail, e->kernel, e->value};
+    if (cuda::is_fatal(r.code)) raise(r);
+    if (reset_pending_) {
+      PMOE_CUDA_CHECK(cudaMemsetAsync(params_.error, 0, offsetof(cuda::ErrorWord, host_mirror),
+                                      stream_));
+      reset_pending_ = false;
+    }
   }
 
   AllToAllParams with_dispatch(const DispatchArgs& a) const {
@@ -208,6 +235,7 @@ class CudaAllToAll final : public AllToAllBackend {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   void* error_host_ = nullptr;
+  mutable bool reset_pending_ = false;  // check_errors() raised a non-fatal error
   int blocks_ = 1;
 };
 

@@ -85,6 +85,7 @@ __global__ void reduce_rows(const AllToAllParams p) {
   using InPack = Pack<In, V>;
   using OutPack = Pack<Out, V>;
   const int tokens = tokens_this_call(p), k = p.top_k, H = p.hidden_dim;
+  const int E = p.num_local_experts * p.world_size;
   const std::byte* area = p.regions[p.rank] + p.combine_offset;
   const bool rows_aligned =
       (reinterpret_cast<uintptr_t>(area) | p.combine_row) % sizeof(InPack) == 0;
@@ -94,13 +95,16 @@ __global__ void reduce_rows(const AllToAllParams p) {
     auto row = [&](int j) {
       return reinterpret_cast<const In*>(area + (size_t(t) * k + j) * p.combine_row);
     };
+    // The slots dispatch sent: -1, an index out of range and a repeated expert were skipped there
+    // (and reported), so no row came back for them.
+    auto sent = [&](int j) { return first_in_group(indices, j, E, 1); };
     Out* y = reinterpret_cast<Out*>(p.y) + size_t(t) * H;
     const bool aligned = rows_aligned && reinterpret_cast<uintptr_t>(y) % sizeof(OutPack) == 0;
     const int vector_end = aligned ? H / V * V : 0;
     for (int h = threadIdx.x * V; h < vector_end; h += blockDim.x * V) {
       float acc[V] = {};
       for (int j = 0; j < k; ++j) {
-        if (indices[j] < 0) continue;
+        if (!sent(j)) continue;
         const InPack in = *reinterpret_cast<const InPack*>(row(j) + h);
         for (int v = 0; v < V; ++v)
           acc[v] = __fadd_rn(acc[v], __fmul_rn(weights[j], load(in.v, v)));
@@ -112,7 +116,7 @@ __global__ void reduce_rows(const AllToAllParams p) {
     for (int h = vector_end + threadIdx.x; h < H; h += blockDim.x) {
       float acc = 0.0f;
       for (int j = 0; j < k; ++j)
-        if (indices[j] >= 0) acc = __fadd_rn(acc, __fmul_rn(weights[j], load(row(j), h)));
+        if (sent(j)) acc = __fadd_rn(acc, __fmul_rn(weights[j], load(row(j), h)));
       store(y, h, acc);
     }
   }

@@ -86,6 +86,17 @@ __device__ __forceinline__ void block_copy(std::byte* dst, const std::byte* src,
   for (size_t i = tail + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
 }
 
+// True when slot j of a token's top-k row names an expert in [0, E) that no earlier slot names,
+// counting experts in groups of `group`: with 1, the slot routes the token to that expert (a
+// repeat is a bad index, skipped); with L, it is the first to send the token to that rank.
+__device__ __forceinline__ bool first_in_group(const int32_t* row, int j, int E, int group) {
+  const int e = row[j];
+  if (e < 0 || e >= E) return false;
+  for (int i = 0; i < j; ++i)
+    if (row[i] >= 0 && row[i] / group == e / group) return false;
+  return true;
+}
+
 // True in exactly one thread of the last block of the grid to get here; every earlier write of
 // every block is visible to it. Resets the counter for the next launch.
 __device__ __forceinline__ bool last_block(uint32_t* counter) {

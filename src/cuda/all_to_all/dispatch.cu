@@ -20,17 +20,6 @@ constexpr int kKernelDispatchSend = 0, kKernelDispatchRecv = 1;
 constexpr int kKeysPerPass = 32;  // keys rank_by_key counts at once: a 32 KiB table in __shared__
 static_assert(kMaxRanks <= kBlockThreads, "route_rows gives each source one thread");
 
-// True when slot j of a token's top-k row names an expert in [0, E) that no earlier slot names,
-// counting experts in groups of `group`: with 1, the slot routes the token to that expert (a
-// repeat is a bad index, skipped); with L, it is the first to send the token to that rank.
-__device__ __forceinline__ bool first_in_group(const int32_t* row, int j, int E, int group) {
-  const int e = row[j];
-  if (e < 0 || e >= E) return false;
-  for (int i = 0; i < j; ++i)
-    if (row[i] >= 0 && row[i] / group == e / group) return false;
-  return true;
-}
-
 // rows[g][t] (g < n, t a thread of the block) becomes rows[g][0] + ... + rows[g][t].
 template <int N>
 __device__ void inclusive_scan_rows(int (&rows)[N][kBlockThreads], int n) {
