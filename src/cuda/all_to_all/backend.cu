@@ -1,6 +1,7 @@
 // AllToAll's CUDA backend: allocates the symmetric region (the CPU backend's layout) and the
 // private scratch, fills one AllToAllParams per call and launches the kernels on the rank's
 // stream. Nothing here waits for the device, so dispatch + combine can be captured in a graph.
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 
@@ -124,11 +125,11 @@ class CudaAllToAll final : public AllToAllBackend {
   // and the op is retired. A non-fatal one (a bad index or bound_m, which every rank got past) is
   // raised once: its record is cleared here, and on the device before the next launch.
   void check_errors() const override {
-    auto* e = static_cast<volatile cuda::ErrorWord*>(error_host_);
-    const ErrorRecord r{e->code, e->detail, e->kernel, e->value};
+    const ErrorRecord r = recorded();
     if (r.code == cuda::kOk) return;
     if (!cuda::is_fatal(r.code)) {
-      e->code = cuda::kOk;
+      std::atomic_ref<int32_t>(static_cast<cuda::ErrorWord*>(error_host_)->code)
+          .store(cuda::kOk, std::memory_order_relaxed);
       reset_pending_ = true;
     }
     raise(r);
@@ -156,6 +157,18 @@ class CudaAllToAll final : public AllToAllBackend {
   struct ErrorRecord {
     int32_t code, detail, kernel, value;
   };
+
+  // The host-mapped mirror, which a kernel may be writing: atomically, the code first (a kernel
+  // stores it last, with release).
+  ErrorRecord recorded() const {
+    auto& e = *static_cast<cuda::ErrorWord*>(error_host_);
+    auto load = [](int32_t& field, std::memory_order order) {
+      return std::atomic_ref<int32_t>(field).load(order);
+    };
+    const int32_t code = load(e.code, std::memory_order_acquire);
+    return {code, load(e.detail, std::memory_order_relaxed), load(e.kernel, std::memory_order_relaxed),
+            load(e.value, std::memory_order_relaxed)};
+  }
 
   [[noreturn]] void raise(const ErrorRecord& r) const {
     const char* kernel = kernel_name(r.kernel);
@@ -190,8 +203,7 @@ class CudaAllToAll final : public AllToAllBackend {
   // in stream order, before this launch.
   void enter() const {
     comm_.check_group();
-    const auto* e = static_cast<const volatile cuda::ErrorWord*>(error_host_);
-    const ErrorRecord r{e->code, e->detail, e->kernel, e->value};
+    const ErrorRecord r = recorded();
     if (cuda::is_fatal(r.code)) raise(r);
     if (reset_pending_) {
       PMOE_CUDA_CHECK(cudaMemsetAsync(params_.error, 0, offsetof(cuda::ErrorWord, host_mirror),
