@@ -106,6 +106,10 @@ class CudaAllToAll final : public AllToAllBackend {
     int sms = 0;
     PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_.index));
     blocks_ = 2 * sms;
+    // The allocations above (page-locking above all) may synchronise the device. A rank that
+    // finished first and already spins in its first dispatch would then wait for this rank,
+    // which waits for the device: nobody launches until everybody is built.
+    comm.barrier();
   }
 
   ~CudaAllToAll() override {

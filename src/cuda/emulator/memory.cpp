@@ -149,6 +149,9 @@ cudaError_t cudaFree(void* ptr) {
 }
 
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
+  // Page-locking may synchronise the device on CUDA; here it always does, so code that allocates
+  // while a peer's kernel waits for it deadlocks here as it can there.
+  wait_device(current_device());
   *ptr = std::aligned_alloc(4096, page_rounded(bytes ? bytes : 1));
   if (!*ptr) return note_error(cudaErrorMemoryAllocation);
   std::lock_guard lock(mutex);
