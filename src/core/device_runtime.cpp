@@ -2,6 +2,8 @@
 #include "core/device_runtime.hpp"
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string_view>
 
 #include "all_to_all/backend.hpp"
@@ -24,6 +26,9 @@ const DeviceRuntime& device_runtime();
 namespace {
 
 const DeviceRuntime* choose() {
+  // Before CUDA starts, if the caller has not chosen: enough hardware queues that ranks sharing a
+  // device never share one (see device_max_connections). No effect once CUDA has started.
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   const char* setting = std::getenv("PMOE_CUDA_EMULATE");
   const std::string_view emulate = setting ? setting : "";
 #if PMOE_HAVE_CUDA_EMULATOR
@@ -62,9 +67,40 @@ void copy_bytes(void* dst, Device, const void* src, Device, size_t bytes) {
   device_runtime().copy(dst, src, bytes);
 }
 void set_device(Device device) { device_runtime().set_device(device); }
-Stream create_stream(Device device) { return device_runtime().create_stream(device); }
+int device_max_connections() {
+  const char* text = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const int value = text ? std::atoi(text) : 0;
+  return value > 0 ? value : 8;
+}
+
+namespace {
+std::mutex streams_mutex;
+std::map<void*, Device>& live_streams() {
+  static auto* streams = new std::map<void*, Device>;
+  return *streams;
+}
+}  // namespace
+
+int streams_on(Device device) {
+  std::lock_guard lock(streams_mutex);
+  int count = 0;
+  for (const auto& [handle, where] : live_streams()) count += where == device;
+  return count;
+}
+
+Stream create_stream(Device device) {
+  const Stream stream = device_runtime().create_stream(device);
+  std::lock_guard lock(streams_mutex);
+  live_streams()[stream.handle] = device;
+  return stream;
+}
 void destroy_stream(Stream stream) {
-  if (stream.handle) device_runtime().destroy_stream(stream);
+  if (!stream.handle) return;
+  {
+    std::lock_guard lock(streams_mutex);
+    live_streams().erase(stream.handle);
+  }
+  device_runtime().destroy_stream(stream);
 }
 void ipc_handle(void* p, void* handle_out) { device_runtime().ipc_handle(p, handle_out); }
 void* ipc_open(Device device, const void* handle) { return device_runtime().ipc_open(device, handle); }

@@ -56,6 +56,13 @@ class DeviceRuntime {
 // The runtime chosen for this process (see above); throws pmoe::Error in a build without one.
 const DeviceRuntime& device_runtime();
 
+// CUDA_DEVICE_MAX_CONNECTIONS, the hardware queues a device's streams are spread over (8 when
+// unset; pmoe sets 32 where it is unset before its first CUDA call). Streams beyond it share a
+// queue, and a kernel then waits behind the one before it on the other stream.
+int device_max_connections();
+// The streams pmoe made on `device` in this process and has not destroyed yet.
+int streams_on(Device device);
+
 void* device_alloc(Device device, size_t bytes);  // zeroed
 void device_free(Device device, void* p);
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);

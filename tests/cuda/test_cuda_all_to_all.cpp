@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "all_to_all_cases.hpp"
+#include "core/device_runtime.hpp"
 #include "cuda/cuda_test_flavor.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
@@ -315,6 +316,25 @@ TEST(AllToAllCuda, BadIndexOnTheDeviceIsSkippedAndRaisedOnce) {
   EXPECT_NE(raised[0].find("indices[1, 0] = 7 is outside [-1, 4)"), std::string::npos)
       << raised[0];
   EXPECT_EQ(raised[1], "") << "only the rank that passed the index hears of it";
+}
+
+// More ranks on one device than it has hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, 32 as pmoe
+// sets it): every rank gets an error that says what to set, at construction, and nothing hangs.
+TEST(AllToAllCuda, MoreRanksThanHardwareQueuesIsAnError) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const int W = detail::device_max_connections() + 1;
+  std::vector<std::string> errors(static_cast<size_t>(W));
+  run_ranks(W, [&](Communicator& comm) {
+    try {
+      AllToAll a2a(comm, make_config(2, W, 1, 16));
+    } catch (const Error& e) {
+      errors[size_t(comm.rank())] = e.what();
+    }
+  }, Device::cuda(0));
+  for (int r = 0; r < W; ++r)
+    EXPECT_NE(errors[size_t(r)].find(detail::cat(W, " streams of this process share the device, "
+                                                 "but CUDA_DEVICE_MAX_CONNECTIONS is ", W - 1)),
+              std::string::npos) << "rank " << r << ": " << errors[size_t(r)];
 }
 
 // A rank that never calls dispatch: the other ranks' kernels give up after PMOE_TIMEOUT_S and

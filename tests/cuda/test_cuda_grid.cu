@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <chrono>
 #include <thread>
 
@@ -111,6 +113,24 @@ TEST(DeviceGrid, OneSpinningBlockLeavesRoomForThePeer) {
   const Outcome out = run_waiters(1, 30.0);
   EXPECT_EQ(out.error.code, cuda::kOk);
   EXPECT_LT(out.waited_s, 10.0);
+}
+
+// Kernels of streams that share a hardware queue run one after the other, on a GPU and on the
+// emulated device alike: the waiting block holds the queue, the peer's kernel cannot start, and
+// the wait times out naming the peer. ctest runs this with CUDA_DEVICE_MAX_CONNECTIONS=1
+// (cuda.grid.one_hardware_queue); with more queues, two streams made one after the other get
+// queues of their own and the peer runs.
+TEST(DeviceGrid, KernelsOfStreamsSharingAHardwareQueueRunInTurn) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const char* setting = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const bool one_queue = setting && std::string(setting) == "1";
+  const Outcome out = run_waiters(1, one_queue ? 1.0 : 30.0);
+  if (one_queue) {
+    EXPECT_EQ(out.error.code, cuda::kTimeout);
+    EXPECT_EQ(out.error.detail, 1);
+  } else {
+    EXPECT_EQ(out.error.code, cuda::kOk);
+  }
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 // AllToAll's CUDA backend: allocates the symmetric region (the CPU backend's layout) and the
 // private scratch, fills one AllToAllParams per call and launches the kernels on the rank's
 // stream. Nothing here waits for the device, so dispatch + combine can be captured in a graph.
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstring>
+#include <span>
 
 #include "all_to_all/backend.hpp"
+#include "core/device_runtime.hpp"
 #include "cpu/all_to_all_layout.hpp"
 #include "cuda/all_to_all/kernels.hpp"
 #include "cuda/check.hpp"
@@ -35,6 +38,19 @@ class CudaAllToAll final : public AllToAllBackend {
     PMOE_CHECK(!config.in_place_buffers, "AllToAll on CUDA: in_place_buffers is not supported "
                "on this backend yet; pass your own buffers");
     memory_ = comm.alloc_symmetric(layout_.total_bytes, layout_.signal_slots());
+    // Counted after a barrier (every rank of this process has made its stream) and agreed on
+    // (the largest count), so that every rank decides alike even as failing ones leave.
+    comm.barrier();
+    int streams = streams_on(device_);
+    const auto counts = comm.all_gather(std::as_bytes(std::span(&streams, 1)));
+    for (size_t r = 0; r < counts.size() / sizeof streams; ++r)
+      streams = std::max(streams, reinterpret_cast<const int*>(counts.data())[r]);
+    const int queues = device_max_connections();
+    PMOE_CHECK(streams <= queues, "AllToAll on ", device_.str(), ": ", streams, " streams of this "
+               "process share the device, but CUDA_DEVICE_MAX_CONNECTIONS is ", queues, "; streams "
+               "beyond it share hardware queues, where a rank's kernel can wait behind a peer's "
+               "spinning one for ever. Set CUDA_DEVICE_MAX_CONNECTIONS >= ", streams, " before CUDA "
+               "starts (pmoe sets 32 where it is unset)");
     const int W = comm.size(), L = config.num_experts / W;
     const size_t max_routes = size_t(W) * config.max_num_tokens * layout_.max_pairs;
 

@@ -4,7 +4,9 @@
 // device is one more such queue (created on first use, never destroyed); non-blocking streams do
 // not wait for it, as on CUDA. A capture swaps the stream's queue for a graph's node list; a graph
 // launch enqueues the nodes in capture order.
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -32,8 +34,37 @@ namespace {
 thread_local StreamImpl* running_stream = nullptr;  // the stream whose work this thread runs
 }
 
+// The hardware queues ("connections") of a device: CUDA_DEVICE_MAX_CONNECTIONS of them (8 when
+// unset), read when the device is first used. Streams take them in turn as they are created; a
+// kernel holds its stream's queue while it runs, so kernels of streams that share a queue run one
+// after the other, as on a GPU.
+class HardwareQueues {
+ public:
+  static HardwareQueues& of(int device) {
+    static std::mutex mutex;
+    static auto* all = new std::map<int, HardwareQueues*>;
+    std::lock_guard lock(mutex);
+    HardwareQueues*& q = (*all)[device];
+    if (!q) q = new HardwareQueues;  // lives as long as the process
+    return *q;
+  }
+  int next() { return int(created_++ % queues_.size()); }
+  std::mutex& queue(int index) { return queues_[size_t(index)]; }
+
+ private:
+  HardwareQueues() : queues_(size_t(connections())) {}
+  static int connections() {
+    const char* text = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    const int value = text ? std::atoi(text) : 0;
+    return value >= 1 && value <= 32 ? value : 8;
+  }
+  std::vector<std::mutex> queues_;
+  std::atomic<uint64_t> created_{0};
+};
+
 struct StreamImpl {
   int device = 0;
+  int hardware_queue = 0;
   std::mutex mutex;
   std::condition_variable changed;
   std::deque<std::function<void()>> queue;
@@ -43,7 +74,8 @@ struct StreamImpl {
   GraphImpl* capture = nullptr;      // set while the stream is being captured
   std::thread worker;
 
-  explicit StreamImpl(int d) : device(d), worker([this] { run(); }) {}
+  explicit StreamImpl(int d)
+      : device(d), hardware_queue(HardwareQueues::of(d).next()), worker([this] { run(); }) {}
 
   void run() {
     running_stream = this;
@@ -181,6 +213,7 @@ cudaError_t launch(dim3 grid, dim3 block, size_t, cudaStream_t handle, std::func
   if (!stream) return note_error(cudaErrorInvalidResourceHandle);
   const int device = stream->device;
   return note_error(enqueue(handle, [device, grid, block, body = std::move(body)] {
+    std::lock_guard held(HardwareQueues::of(device).queue(running_stream->hardware_queue));
     const cudaError_t status = run_grid(device, grid, block, body);
     if (status != cudaSuccess) running_stream->fail(status);
   }));
