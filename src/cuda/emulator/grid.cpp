@@ -21,6 +21,7 @@
 #include <boost/context/fiber.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <exception>

@@ -23,8 +23,8 @@ const DeviceShape& device_shape();
 
 // Runs `body` once per thread of every block of the grid on `device` and returns when the last
 // block has returned. Blocks start in index order as slots free up (first come, first served
-// across launches). Returns cudaErrorLaunchFailure if a thread threw (the message is kept for
-// cudaGetErrorString's caller in last_launch_failure()).
+// across launches). Returns cudaErrorLaunchFailure if a thread threw (its message goes to
+// stderr).
 cuda_api::cudaError_t run_grid(int device, cuda_api::dim3 grid, cuda_api::dim3 block,
                                const std::function<void()>& body);
 

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <condition_variable>
-#include <cstdio>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -25,8 +24,7 @@ namespace pmoe::emu {
 using namespace cuda_api;
 
 struct GraphImpl {
-  int device = 0;
-  std::vector<std::function<void()>> nodes;
+  std::vector<std::function<void()>> nodes;  // one stream's work, in capture order
 };
 
 struct StreamImpl;
@@ -417,7 +415,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t handle, cudaStreamCaptureMode) {
   if (!stream) return note_error(cudaErrorInvalidResourceHandle);
   std::lock_guard lock(stream->mutex);
   if (stream->capture) return note_error(cudaErrorInvalidValue);
-  stream->capture = new GraphImpl{stream->device, {}};
+  stream->capture = new GraphImpl;
   ++captures_on_this_thread;
   return cudaSuccess;
 }
