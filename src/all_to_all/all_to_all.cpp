@@ -6,6 +6,7 @@
 
 #include "all_to_all/backend.hpp"
 #include "core/arg_checks.hpp"
+#include "core/config_agreement.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe {
@@ -83,9 +84,20 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config)
 
 AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device device)
     : config_(config), rank_(comm.rank()), world_size_(comm.size()), device_(device) {
-  config_.validate(world_size_);
-  PMOE_CHECK(device == comm.device(), "AllToAll: device ", device.str(),
-             " differs from the communicator's ", comm.device().str());
+  detail::ConfigAgreement agree("AllToAll");
+  agree.field("max_num_tokens", config.max_num_tokens);
+  agree.field("num_experts", config.num_experts);
+  agree.field("experts_per_token", config.experts_per_token);
+  agree.field("hidden_dim", config.hidden_dim);
+  agree.field("in_dtype", int64_t(config.in_dtype), detail::show_dtype);
+  agree.field("scale_block", config.scale_block);
+  agree.field("out_dtype", int64_t(config.out_dtype), detail::show_dtype);
+  agree.field("in_place_buffers", config.in_place_buffers, detail::show_bool);
+  agree.check(comm, [&] {
+    config_.validate(world_size_);
+    PMOE_CHECK(device == comm.device(), "AllToAll: device ", device.str(),
+               " differs from the communicator's ", comm.device().str());
+  });
   num_local_experts_ = config_.num_experts / world_size_;
   backend_ = device.kind == Device::Kind::cpu ? detail::make_cpu_all_to_all(comm, config_)
                                               : detail::make_cuda_all_to_all(comm, config_);

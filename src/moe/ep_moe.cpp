@@ -33,8 +33,8 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-const MoeConfig& validated(const MoeConfig& config, int world_size, int max_tokens,
-                           int micro_batches) {
+// This rank's own checks.
+void check_config(const MoeConfig& config, int world_size, int max_tokens, int micro_batches) {
   config.validate();
   detail::check_max_tokens("EpMoe", "max_tokens_per_rank", max_tokens);
   PMOE_CHECK(config.num_experts % world_size == 0, "EpMoe: num_experts = ", config.num_experts,
@@ -43,6 +43,17 @@ const MoeConfig& validated(const MoeConfig& config, int world_size, int max_toke
              world_size, " experts or a number of ranks that divides ", config.num_experts);
   PMOE_CHECK(micro_batches == 1 || micro_batches == 2, "EpMoe: micro_batches must be 1 or 2, got ",
              micro_batches);
+}
+
+const MoeConfig& validated(Communicator& comm, const MoeConfig& config, int max_tokens,
+                           int micro_batches) {
+  detail::agree_on_layer(
+      comm, "EpMoe", config,
+      [&](detail::ConfigAgreement& agree) {
+        agree.field("max_tokens_per_rank", max_tokens);
+        agree.field("micro_batches", micro_batches);
+      },
+      [&] { check_config(config, comm.size(), max_tokens, micro_batches); });
   return config;
 }
 
@@ -50,7 +61,7 @@ const MoeConfig& validated(const MoeConfig& config, int world_size, int max_toke
 
 struct EpMoe::Impl {
   Impl(Communicator& comm, const MoeConfig& config_in, int max_tokens_in, int micro_batches_in)
-      : config(validated(config_in, comm.size(), max_tokens_in, micro_batches_in)),
+      : config(validated(comm, config_in, max_tokens_in, micro_batches_in)),
         max_tokens(max_tokens_in),
         micro_batches(micro_batches_in),
         rank(comm.rank()),

@@ -2,6 +2,9 @@
 // layer's messages read alike.
 #pragma once
 
+#include <functional>
+
+#include "core/config_agreement.hpp"
 #include "moe/rows.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/moe.hpp"
@@ -12,6 +15,28 @@ inline void check_max_tokens(const char* op, const char* name, int max_tokens) {
   PMOE_CHECK(max_tokens >= 1, op, ": ", name,
              " must be >= 1 (the most tokens one forward takes, which sizes the buffers), got ",
              max_tokens);
+}
+
+// Collective: every rank of a TP or EP layer must build it from the same MoeConfig (and the same
+// `extra` fields); `validate` is this rank's own check. Throws the same pmoe::Error on every rank
+// otherwise (core/config_agreement.hpp).
+inline void agree_on_layer(Communicator& comm, const char* layer, const MoeConfig& config,
+                           const std::function<void(ConfigAgreement&)>& extra,
+                           const std::function<void()>& validate) {
+  ConfigAgreement agree(layer);
+  agree.field("feature_dim", config.feature_dim);
+  agree.field("ffn_dim", config.ffn_dim);
+  agree.field("output_dim", config.out_dim());
+  agree.field("num_experts", config.num_experts);
+  agree.field("top_k", config.top_k);
+  agree.field("act", int64_t(config.act), [](int64_t v) {
+    return v >= 0 && v <= int64_t(Activation::swiglu) ? std::string(activation_name(Activation(v)))
+                                                       : std::to_string(v);
+  });
+  agree.field("dtype", int64_t(config.dtype), show_dtype);
+  agree.field("seed", int64_t(config.seed));
+  extra(agree);
+  agree.check(comm, validate);
 }
 
 // x [m, feature_dim] and y [m, out_dim], both config.dtype and contiguous, m <= max_tokens.

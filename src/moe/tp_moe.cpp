@@ -13,7 +13,8 @@ namespace pmoe {
 
 namespace {
 
-const MoeConfig& validated(const MoeConfig& config, int world_size, int max_tokens) {
+// This rank's own checks.
+void check_config(const MoeConfig& config, int world_size, int max_tokens) {
   config.validate();
   detail::check_max_tokens("TpMoe", "max_tokens", max_tokens);
   PMOE_CHECK(config.ffn_dim % world_size == 0, "TpMoe: ffn_dim = ", config.ffn_dim,
@@ -22,6 +23,13 @@ const MoeConfig& validated(const MoeConfig& config, int world_size, int max_toke
              "ffn_dim a multiple of ",
              world_size, " (e.g. ", (config.ffn_dim / world_size + 1) * world_size,
              ") or change the number of ranks");
+}
+
+const MoeConfig& validated(Communicator& comm, const MoeConfig& config, int max_tokens) {
+  detail::agree_on_layer(
+      comm, "TpMoe", config,
+      [&](detail::ConfigAgreement& agree) { agree.field("max_tokens", max_tokens); },
+      [&] { check_config(config, comm.size(), max_tokens); });
   return config;
 }
 
@@ -29,7 +37,7 @@ const MoeConfig& validated(const MoeConfig& config, int world_size, int max_toke
 
 struct TpMoe::Impl {
   Impl(Communicator& comm, const MoeConfig& config, int max_tokens)
-      : config(validated(config, comm.size(), max_tokens)),
+      : config(validated(comm, config, max_tokens)),
         max_tokens(max_tokens),
         moe(config, max_tokens, comm.rank() * (config.ffn_dim / comm.size()),
             (comm.rank() + 1) * (config.ffn_dim / comm.size())),

@@ -10,30 +10,12 @@
 
 #include "overlap/backend.hpp"
 #include "core/arg_checks.hpp"
+#include "core/config_agreement.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/overlap.hpp"
 
 namespace pmoe {
 namespace detail {
-namespace {
-
-// What two ranks must agree on, as plain bytes for the set-up all_gather.
-struct ConfigRecord {
-  int64_t m, n, k;
-  int32_t dtype, chunks, order, pad;
-  bool operator==(const ConfigRecord&) const = default;
-};
-
-ConfigRecord record_of(const OverlapConfig& c) {
-  return {c.m, c.n, c.k, int32_t(c.dtype), int32_t(c.chunks), int32_t(c.order), 0};
-}
-
-std::string describe(const ConfigRecord& r) {
-  return cat("M = ", r.m, ", N = ", r.n, ", K = ", r.k, ", ", dtype_name(DType(r.dtype)),
-             ", chunks = ", r.chunks, ", ", order_name(OverlapOrder(r.order)));
-}
-
-}  // namespace
 
 class OverlapOp {
  public:
@@ -44,12 +26,25 @@ class OverlapOp {
         rank_(comm.rank()),
         world_size_(comm.size()),
         device_(device) {
-    config_.validate(name_, world_size_);
-    PMOE_CHECK(device == comm.device(), name_, ": device ", device.str(),
-               " differs from the communicator's ", comm.device().str());
-    PMOE_CHECK(device.kind == Device::Kind::cpu, name_, ": no backend for ", device.str(),
-               " in this build");
-    check_same_config(comm);
+    // Every rank must build the op with the same sizes: a rank with another M would write past
+    // its peers' buffers.
+    ConfigAgreement agree(name_);
+    agree.field("M", config.m);
+    agree.field("N", config.n);
+    agree.field("K", config.k);
+    agree.field("dtype", int64_t(config.dtype), show_dtype);
+    agree.field("chunks", config.chunks);
+    agree.field("min_overlap_bytes", config.min_overlap_bytes);
+    agree.field("order", int64_t(config.order), [](int64_t v) {
+      return std::string(order_name(OverlapOrder(v)));
+    });
+    agree.check(comm, [&] {
+      config_.validate(name_, world_size_);
+      PMOE_CHECK(device == comm.device(), name_, ": device ", device.str(),
+                 " differs from the communicator's ", comm.device().str());
+      PMOE_CHECK(device.kind == Device::Kind::cpu, name_, ": no backend for ", device.str(),
+                 " in this build");
+    });
     config_.chunks = config_.chunks_for(world_size_);
     const int64_t W = world_size_, M = config_.m, N = config_.n, K = config_.k;
     if (gather) {
@@ -88,20 +83,6 @@ class OverlapOp {
   const OverlapConfig& config() const { return config_; }
 
  private:
-  // Every rank must build the op with the same sizes: a rank with another M would write past
-  // its peers' buffers. Set-up only.
-  void check_same_config(Communicator& comm) {
-    const ConfigRecord mine = record_of(config_);
-    const auto all = comm.all_gather(std::as_bytes(std::span(&mine, 1)));
-    for (int r = 0; r < world_size_; ++r) {
-      ConfigRecord theirs;
-      std::memcpy(&theirs, all.data() + size_t(r) * sizeof theirs, sizeof theirs);
-      PMOE_CHECK(theirs == mine, name_, " on rank ", rank_, ": rank ", r, "'s config (",
-                 describe(theirs), ") differs from this rank's (", describe(mine),
-                 "); every rank must pass the same config");
-    }
-  }
-
   void call(const std::string& op, const Tensor& A, const Tensor& B, const Tensor& C,
             const std::function<void(const OverlapArgs&)>& body) {
     PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this ", name_,
