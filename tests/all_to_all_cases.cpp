@@ -163,8 +163,11 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
       comm.barrier();  // send must complete without any peer's recv
       op(Phase::recv);
     };
+    Buffer wide_indices(DType::i64, {mine.m, cfg.experts_per_token});
+    for (int64_t i = 0; i < int64_t(mine.m) * cfg.experts_per_token; ++i)
+      wide_indices.data<int64_t>()[i] = mine.indices.data<int32_t>()[i];
     const Tensor op_x = op.in(x, M), op_x_scale = op.in(x_scale, M),
-                 op_indices = op.in(mine.indices, M),
+                 op_indices = c.i64_indices ? op.in(wide_indices, M) : op.in(mine.indices, M),
                  op_counts = op.in(expert_num_tokens), op_expert_x = op.in(expert_x),
                  op_expert_x_scale = op.in(expert_x_scale_arg);
     run_phase([&](Phase phase) {

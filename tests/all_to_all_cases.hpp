@@ -27,6 +27,8 @@ struct AllToAllCase {
   // Tokens go through the op's input buffer and expert outputs through its expert output buffer
   // (config.in_place_buffers must be set; expert outputs are then out_dtype).
   bool in_place = false;
+  // Indices go in as i64 (torch.topk's type), the same values.
+  bool i64_indices = false;
   // Where the op runs (the communicator's device). On a GPU, inputs are copied there and outputs
   // back, and the same host-side reference checks them.
   Device device = Device::cpu();

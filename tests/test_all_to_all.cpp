@@ -112,6 +112,15 @@ TEST_P(AllToAllThreads, BitIdenticalAcrossRuns) {
   EXPECT_EQ(first, second);
 }
 
+// torch.topk returns int64 indices: the op takes them as they are, with the same results.
+TEST_P(AllToAllThreads, Int64IndicesGiveTheSameBits) {
+  AllToAllCase c = base();
+  c.routing = reference::Routing::dropped;
+  const uint64_t narrow = expect_case(W(), c);
+  c.i64_indices = true;
+  EXPECT_EQ(expect_case(W(), c), narrow);
+}
+
 TEST_P(AllToAllThreads, InPlaceBuffers) {
   for (DType in : {DType::bf16, DType::f8e4m3}) {
     AllToAllCase c = base(3, 64);

@@ -152,7 +152,7 @@ TEST(AllToAllConfigErrors, ScaleBlockForNonF8) {
 
 TEST(AllToAllErrors, WrongDtype) {
   Buffer x_f32(DType::f32, {4, 32});
-  expect_rejected(small_config(), "AllToAll::dispatch: `x` must be bf16, got f32",
+  expect_rejected(small_config(), "AllToAll::dispatch: `x` must be bf16 (bfloat16), got f32 (float32)",
                   [&](AllToAll& a, Args& args) { args.x = x_f32; args.dispatch(a); });
 }
 
@@ -179,7 +179,7 @@ TEST(AllToAllErrors, WrongOutputShape) {
 
 TEST(AllToAllErrors, WrongCountDtype) {
   Buffer counts(DType::f32, {2});
-  expect_rejected(small_config(), "`expert_num_tokens` must be i32, got f32",
+  expect_rejected(small_config(), "`expert_num_tokens` must be i32 (int32), got f32 (float32)",
                   [&](AllToAll& a, Args& args) {
                     a.dispatch(args.x, args.x_scale, args.indices, counts, args.expert_x,
                                args.scale_out);
@@ -216,6 +216,30 @@ TEST(AllToAllErrors, IndexAboveRange) {
   expect_rejected(small_config(), "indices[2, 1] = 4 is outside [-1, 4)",
                   [&](AllToAll& a, Args& args) {
                     args.in.indices.data<int32_t>()[2 * 2 + 1] = 4;
+                    args.dispatch(a);
+                  });
+}
+
+// i64 indices are checked as i64: a value whose low 32 bits are a valid expert is still rejected.
+TEST(AllToAllErrors, Int64IndexBeyondInt32) {
+  Buffer wide(DType::i64, {4, 2});
+  expect_rejected(small_config(), "indices[1, 0] = 4294967297 is outside [-1, 4)",
+                  [&](AllToAll& a, Args& args) {
+                    for (int i = 0; i < 8; ++i)
+                      wide.data<int64_t>()[i] = args.in.indices.data<int32_t>()[i];
+                    wide.data<int64_t>()[2] = (int64_t(1) << 32) + 1;
+                    args.indices = wide;
+                    args.dispatch(a);
+                  });
+}
+
+TEST(AllToAllErrors, FloatIndicesNameWhatToPass) {
+  Buffer floats(DType::f32, {4, 2});
+  expect_rejected(small_config(),
+                  "AllToAll::dispatch: `indices` holds expert indices: it must be i32 or i64 "
+                  "(int32 or int64; torch.topk's int64 works as it is), got f32 (float32)",
+                  [&](AllToAll& a, Args& args) {
+                    args.indices = floats;
                     args.dispatch(a);
                   });
 }
@@ -266,7 +290,7 @@ TEST(AllToAllErrors, CombineWeightsShape) {
 
 TEST(AllToAllErrors, CombineOutputDtype) {
   Buffer y(DType::f32, {4, 32});
-  expect_rejected(small_config(), "`y` must be bf16, got f32", [&](AllToAll& a, Args& args) {
+  expect_rejected(small_config(), "`y` must be bf16 (bfloat16), got f32 (float32)", [&](AllToAll& a, Args& args) {
     args.dispatch(a);
     try {
       a.combine(args.expert_y, args.indices, args.weights, y);
@@ -284,6 +308,25 @@ TEST(AllToAllErrors, CombineExpertYDtype) {
                     args.dispatch(a);
                     try {
                       a.combine(expert_y, args.indices, args.weights, args.y);
+                    } catch (const Error&) {
+                      args.combine(a);
+                      throw;
+                    }
+                  });
+}
+
+TEST(AllToAllErrors, CombineInt64IndicesDifferOnlyAbove32Bits) {
+  expect_rejected(small_config(), "indices[2, 1] = 4294967297 differs from the 1 given",
+                  [&](AllToAll& a, Args& args) {
+                    args.in.indices.data<int32_t>()[5] = 1;
+                    args.in.indices.data<int32_t>()[4] = 0;
+                    args.dispatch(a);
+                    Buffer wide(DType::i64, {4, 2});
+                    for (int i = 0; i < 8; ++i)
+                      wide.data<int64_t>()[i] = args.in.indices.data<int32_t>()[i];
+                    wide.data<int64_t>()[5] += int64_t(1) << 32;
+                    try {
+                      a.combine(args.expert_y, wide, args.weights, args.y);
                     } catch (const Error&) {
                       args.combine(a);
                       throw;

@@ -226,7 +226,7 @@ TEST(OverlapErrors, GemmReduceScatterRejectsAWithMismatchedK) {
 
 TEST(OverlapErrors, RejectsTheWrongDtype) {
   Buffer a32(DType::f32, {30, 108});
-  expect_call_rejected<AllGatherGemm>("AllGatherGemm::run: `A` must be bf16, got f32",
+  expect_call_rejected<AllGatherGemm>("AllGatherGemm::run: `A` must be bf16 (bfloat16), got f32 (float32)",
                                       [&](AllGatherGemm& op, Args& a) { op.run(a32, a.b, a.c); });
 }
 

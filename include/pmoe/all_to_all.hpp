@@ -62,7 +62,8 @@ class AllToAll {
 
   // x                 [m, H] in_dtype, 0 <= m <= max_num_tokens (m may differ between ranks)
   // x_scale           [m, H / scale_block] f32 for f8e4m3 input; an empty Tensor otherwise
-  // indices           [m, k] i32, each in [0, E) or -1 (slot skipped); no expert twice in a row
+  // indices           [m, k] i32 or i64 (as torch.topk returns; on the CPU only, for now), each
+  //                   in [0, E) or -1 (slot skipped); no expert twice in a row
   // expert_num_tokens [E_local] i32, out: rows received per local expert
   // expert_x          [E_local, W * max_num_tokens, H] in_dtype, out: the first
   //                   expert_num_tokens[e] rows of expert e; rows past that are left untouched
@@ -78,7 +79,7 @@ class AllToAll {
                 const Tensor& bound_m = Tensor());
 
   // expert_y [E_local, W * max_num_tokens, H] f32, bf16 or f16, rows in dispatch's order
-  // indices  [m, k] i32, the same as given to the matching dispatch
+  // indices  [m, k] i32 or i64, the same values as given to the matching dispatch
   // weights  [m, k] f32
   // y        [m, H] out_dtype, out: y[t] = sum over j of weights[t, j] * (expert_y row of token t
   //          at expert indices[t, j]), in f32, in j order, skipping -1 slots
@@ -122,6 +123,8 @@ class AllToAll {
   void run_step(Step step, const char* op, const std::function<void()>& body);
   // The tokens this call: `rows`, or *bound_m where the host can read it (validated).
   int64_t tokens_this_call(const char* op, int64_t rows, const Tensor& bound_m) const;
+  // `indices` as i32: itself, or its i64 values narrowed into `storage` (after their check).
+  Tensor indices_i32(const char* op, const Tensor& indices, std::vector<int32_t>& storage) const;
 
   AllToAllConfig config_;
   int rank_ = 0;
@@ -130,6 +133,7 @@ class AllToAll {
   Device device_;
   Step next_ = Step::dispatch_send;
   std::vector<int32_t> routed_indices_;  // dispatch(send)'s indices, which combine must repeat
+  std::vector<int32_t> dispatch_indices_, combine_indices_;  // narrowed i64 indices
   DType sent_expert_y_dtype_ = DType::f32;  // combine(send)'s, which combine(recv) must repeat
   std::string broken_;  // set once a wait failed: the protocol state is lost, the op unusable
   std::unique_ptr<detail::AllToAllBackend> backend_;

@@ -8,7 +8,8 @@
 
 namespace pmoe {
 
-enum class DType : uint8_t { f32, f16, bf16, f8e4m3, i32 };
+// i32 and i64 are for indices (torch.topk returns int64).
+enum class DType : uint8_t { f32, f16, bf16, f8e4m3, i32, i64 };
 
 // Bytes per element.
 constexpr int dtype_size(DType t) {
@@ -18,6 +19,7 @@ constexpr int dtype_size(DType t) {
     case DType::bf16: return 2;
     case DType::f8e4m3: return 1;
     case DType::i32: return 4;
+    case DType::i64: return 8;
   }
   return 0;
 }
@@ -29,6 +31,21 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::bf16: return "bf16";
     case DType::f8e4m3: return "f8e4m3";
     case DType::i32: return "i32";
+    case DType::i64: return "i64";
+  }
+  return "?";
+}
+
+// The name NumPy and PyTorch give the type ("float32", "bfloat16", "int64"), for error messages
+// that Python users read.
+constexpr std::string_view dtype_array_name(DType t) {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::f16: return "float16";
+    case DType::bf16: return "bfloat16";
+    case DType::f8e4m3: return "float8_e4m3fn";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
   }
   return "?";
 }

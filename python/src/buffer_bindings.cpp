@@ -23,6 +23,7 @@ nb::dlpack::dtype dlpack_dtype(DType t) {
     case DType::bf16: return {uint8_t(Code::Bfloat), 16, 1};
     case DType::f8e4m3: return {uint8_t(Code::Float8_E4M3FN), 8, 1};
     case DType::i32: return {uint8_t(Code::Int), 32, 1};
+    case DType::i64: return {uint8_t(Code::Int), 64, 1};
   }
   return {};
 }

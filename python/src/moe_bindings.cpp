@@ -23,17 +23,22 @@ MoeTensor parse_moe_tensor(const std::string& name) {
   throw Error("tensor must be 'router', 'w1', 'w1_linear' or 'w2', got '" + name + "'");
 }
 
-// forward(x, y=None): y is allocated (NumPy, x's dtype) when not given, and returned.
+// forward(x, y=None): y is allocated when not given, and returned: of x's kind (a torch tensor
+// for a torch tensor, through its new_zeros, so also its dtype and device; else NumPy).
 template <typename Layer>
-nb::object forward(Layer& layer, nb::ndarray<> x, nb::handle y) {
-  const Tensor tx = to_tensor(x, "x");
+nb::object forward(Layer& layer, nb::handle x, nb::handle y) {
+  const Tensor tx = to_tensor(nb::cast<nb::ndarray<>>(x), "x");
   nb::object out;
   Tensor ty;
   if (y.is_none()) {
     PMOE_CHECK(tx.dim() == 2, "`x` must be 2-D [m, feature_dim], got ", tx.shape_str());
     const MoeConfig& c = layer.config();
-    out = nb::module_::import_("numpy").attr("zeros")(
-        nb::make_tuple(tx.size(0), c.out_dim()), tx.dtype() == DType::bf16 ? "uint16" : "float32");
+    const auto shape = nb::make_tuple(tx.size(0), c.out_dim());
+    if (nb::hasattr(x, "new_zeros"))
+      out = x.attr("new_zeros")(shape);
+    else
+      out = nb::module_::import_("numpy").attr("zeros")(
+          shape, tx.dtype() == DType::bf16 ? "uint16" : "float32");
     ty = to_tensor(nb::cast<nb::ndarray<>>(out), "y");
   } else {
     out = nb::borrow(y);
@@ -49,7 +54,8 @@ nb::object forward(Layer& layer, nb::ndarray<> x, nb::handle y) {
 const char* kForwardDoc = R"(Runs the layer: y = sum_j weight_j * FFN_{expert_j}(x).
 
 x  [m, feature_dim] float32 (dtype f32) or uint16 bf16 bits (dtype bf16)
-y  optional output [m, out_dim], same dtype; allocated (NumPy) and returned when omitted)";
+y  optional output [m, out_dim], same dtype; when omitted, allocated like x (a torch tensor for
+   a torch x, else NumPy) and returned)";
 
 }  // namespace
 

@@ -1,11 +1,28 @@
 #include "tensor_interop.hpp"
 
 #include <array>
+#include <string>
 
 #include "pmoe/error.hpp"
 
 namespace pmoe::python {
 namespace {
+
+// "float64", "uint32", "bool": what NumPy and PyTorch would call a DLPack dtype.
+std::string array_dtype_words(nb::dlpack::dtype t) {
+  using Code = nb::dlpack::dtype_code;
+  const char* kind = "";
+  switch (Code(t.code)) {
+    case Code::Int: kind = "int"; break;
+    case Code::UInt: kind = "uint"; break;
+    case Code::Float: kind = "float"; break;
+    case Code::Bfloat: kind = "bfloat"; break;
+    case Code::Complex: kind = "complex"; break;
+    case Code::Bool: return "bool";
+    default: return detail::cat("dtype code ", int(t.code), " (", int(t.bits), " bits)");
+  }
+  return detail::cat(kind, int(t.bits));
+}
 
 DType to_dtype(nb::dlpack::dtype t, const char* name) {
   using Code = nb::dlpack::dtype_code;
@@ -16,11 +33,12 @@ DType to_dtype(nb::dlpack::dtype t, const char* name) {
   if (code == Code::Bfloat && t.bits == 16) return DType::bf16;
   if (code == Code::Float8_E4M3FN && t.bits == 8) return DType::f8e4m3;
   if (code == Code::Int && t.bits == 32) return DType::i32;
+  if (code == Code::Int && t.bits == 64) return DType::i64;
   if (code == Code::UInt && t.bits == 16) return DType::bf16;   // bf16 bits (NumPy)
   if (code == Code::UInt && t.bits == 8) return DType::f8e4m3;  // f8e4m3 bits (NumPy)
-  throw Error(detail::cat("`", name, "`: unsupported array dtype (code ", int(t.code), ", ",
-                          int(t.bits), " bits); use float32, float16, bfloat16 (or uint16 bits), ",
-                          "float8_e4m3fn (or uint8 bits) or int32"));
+  throw Error(detail::cat("`", name, "`: pmoe takes no ", array_dtype_words(t),
+                          " arrays; pass float32, float16, bfloat16 (or uint16 bits), "
+                          "float8_e4m3fn (or uint8 bits), or int32 / int64 for indices"));
 }
 
 Device to_device(int type, int id, const char* name) {
@@ -75,6 +93,7 @@ nb::object to_numpy(const Tensor& t, nb::handle owner) {
     case DType::bf16: dtype = nb::dtype<uint16_t>(); break;
     case DType::f8e4m3: dtype = nb::dtype<uint8_t>(); break;
     case DType::i32: dtype = nb::dtype<int32_t>(); break;
+    case DType::i64: dtype = nb::dtype<int64_t>(); break;
   }
   nb::ndarray<nb::numpy> view(t.data(), size_t(t.dim()), shape.data(), owner, strides.data(),
                               dtype);

@@ -11,7 +11,7 @@ from reference import (NUMPY_DTYPE, expected_combine, expected_dispatch, expert_
 
 def run_case(world_size, *, in_dtype="f32", out_dtype="f32", max_tokens=6, experts_per_rank=2,
              top_k=3, hidden=24, calls=2, drop=0.0, zero_on_odd=False, split=False,
-             in_place=False):
+             in_place=False, index_dtype=np.int32):
     """Runs `calls` dispatch + combine calls on thread ranks; every rank checks its outputs."""
     num_experts = experts_per_rank * world_size
     top_k = min(top_k, num_experts)
@@ -33,6 +33,7 @@ def run_case(world_size, *, in_dtype="f32", out_dtype="f32", max_tokens=6, exper
             inputs = [make_inputs(r, tokens(r), num_experts, top_k, hidden, in_dtype,
                                   seed=100 + call, drop=drop) for r in range(world_size)]
             x, indices, weights = inputs[comm.rank]
+            indices = indices.astype(index_dtype)
             if in_place:
                 a2a.input_buffer()[:len(x)] = x
                 x = a2a.input_buffer()[:len(x)]
@@ -71,6 +72,24 @@ def run_case(world_size, *, in_dtype="f32", out_dtype="f32", max_tokens=6, exper
 @pytest.mark.parametrize("dtypes", [("f32", "f32"), ("f16", "f32"), ("bf16", "bf16")])
 def test_matches_numpy_reference(world_size, dtypes):
     run_case(world_size, in_dtype=dtypes[0], out_dtype=dtypes[1])
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_int64_indices_as_torch_topk_gives_them(world_size):
+    run_case(world_size, drop=0.25, index_dtype=np.int64)
+
+
+def test_ranks_with_different_configs_all_raise():
+    """A mismatch crashed the process (num_experts) or waited out the timeout (other fields)."""
+    seen = []
+
+    def rank_main(comm):
+        with pytest.raises(pmoe.Error, match=r"the ranks' configs differ in num_experts "
+                                             r"\(4 on rank 0; 8 on rank 1\)"):
+            small_op(comm, num_experts=4 * (comm.rank + 1))
+        seen.append(comm.rank)
+    pmoe.run_ranks(2, rank_main)
+    assert sorted(seen) == [0, 1]
 
 
 def test_no_tokens_on_odd_ranks_and_dropped_slots():
@@ -129,7 +148,7 @@ def test_bad_arrays_raise_with_message():
         op = small_op(comm)
         op.dispatch(np.zeros((2, 8), np.float16), np.zeros((2, 2), np.int32),
                     np.zeros(4, np.int32), np.zeros((4, 4, 8), np.float32))
-    expect_error(wrong_dtype, "`x` must be f32, got f16")
+    expect_error(wrong_dtype, r"`x` must be f32 \(float32\), got f16 \(float16\)")
 
     def bad_index(comm):
         op = small_op(comm)
@@ -141,7 +160,14 @@ def test_bad_arrays_raise_with_message():
         op = small_op(comm)
         op.dispatch(np.zeros((2, 8), np.float64), np.zeros((2, 2), np.int32),
                     np.zeros(4, np.int32), np.zeros((4, 4, 8), np.float32))
-    expect_error(unsupported, "`x`: unsupported array dtype")
+    expect_error(unsupported, "`x`: pmoe takes no float64 arrays; pass float32")
+
+    def float_indices(comm):
+        op = small_op(comm)
+        op.dispatch(np.zeros((2, 8), np.float32), np.zeros((2, 2), np.float32),
+                    np.zeros(4, np.int32), np.zeros((4, 4, 8), np.float32))
+    expect_error(float_indices, r"`indices` holds expert indices: it must be i32 or i64 "
+                                r"\(int32 or int64; torch.topk's int64 works as it is\), got f32")
 
     expect_error(lambda comm: small_op(comm).dispatch(
         np.zeros((2, 8), np.float32), np.zeros((2, 2), np.int32), np.zeros(4, np.int32),

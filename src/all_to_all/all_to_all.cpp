@@ -13,6 +13,7 @@ namespace pmoe {
 namespace {
 
 using detail::check_absent;
+using detail::check_index_tensor;
 using detail::check_tensor;
 
 bool is_payload_dtype(DType t) {
@@ -21,12 +22,11 @@ bool is_payload_dtype(DType t) {
 bool is_output_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
 // The first m rows of `indices` [rows, k] hold experts in [-1, E) and no expert twice.
-void check_indices(const char* op, const Tensor& indices, int64_t m, int num_experts) {
-  const int64_t k = indices.size(1);
-  const int32_t* idx = indices.data<int32_t>();
+template <typename Index>
+void check_indices(const char* op, const Index* idx, int64_t m, int64_t k, int num_experts) {
   for (int64_t t = 0; t < m; ++t) {
     for (int64_t j = 0; j < k; ++j) {
-      const int32_t e = idx[t * k + j];
+      const Index e = idx[t * k + j];
       PMOE_CHECK(e >= -1 && e < num_experts, op, ": indices[", t, ", ", j, "] = ", e,
                  " is outside [-1, ", num_experts, ")");
       if (e < 0) continue;
@@ -155,6 +155,19 @@ int64_t AllToAll::tokens_this_call(const char* op, int64_t rows, const Tensor& b
   return m;
 }
 
+Tensor AllToAll::indices_i32(const char* op, const Tensor& indices,
+                             std::vector<int32_t>& storage) const {
+  if (indices.dtype() == DType::i32) return indices;
+  // i64 (torch.topk's type): narrowed once per call. Every value the op reads was checked to lie
+  // in [-1, E) (dispatch) or to equal dispatch's (combine), so narrowing loses nothing.
+  PMOE_CHECK(device_.kind == Device::Kind::cpu, op, ": i64 (int64) `indices` are taken on the ",
+             "CPU only for now; on ", device_.str(), " pass int32 indices (torch: indices.int())");
+  const int64_t* wide = indices.data<int64_t>();
+  storage.assign(size_t(indices.numel()), 0);
+  for (size_t i = 0; i < storage.size(); ++i) storage[i] = int32_t(wide[i]);
+  return Tensor(storage.data(), DType::i32, {indices.size(0), indices.size(1)});
+}
+
 void AllToAll::dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& indices,
                         const Tensor& expert_num_tokens, const Tensor& expert_x,
                         const Tensor& expert_x_scale, Phase phase, const Tensor& bound_m) {
@@ -167,7 +180,7 @@ void AllToAll::dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& in
   PMOE_CHECK(x_rows <= config_.max_num_tokens, op, ": m = ", x_rows,
              " tokens exceeds max_num_tokens = ", config_.max_num_tokens);
   check_tensor(op, "x", x, config_.in_dtype, device_, {x_rows, H});
-  check_tensor(op, "indices", indices, DType::i32, device_, {x_rows, k});
+  check_index_tensor(op, "indices", indices, device_, {x_rows, k});
   check_tensor(op, "expert_num_tokens", expert_num_tokens, DType::i32, device_,
                {num_local_experts_});
   check_tensor(op, "expert_x", expert_x, config_.in_dtype, device_,
@@ -184,13 +197,19 @@ void AllToAll::dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& in
   const int64_t m = tokens_this_call(op, x_rows, bound_m);
   // Index values are checked here where the host can read them; a device's kernels check them.
   const bool host_data = device_.kind == Device::Kind::cpu;
-  if (host_data) check_indices(op, indices, m, config_.num_experts);
+  if (host_data) {
+    if (indices.dtype() == DType::i64)
+      check_indices(op, indices.data<int64_t>(), m, k, config_.num_experts);
+    else
+      check_indices(op, indices.data<int32_t>(), m, k, config_.num_experts);
+  }
+  const Tensor idx32 = indices_i32(op, indices, dispatch_indices_);
 
-  const detail::DispatchArgs args{x, x_scale, indices, expert_num_tokens, expert_x,
+  const detail::DispatchArgs args{x, x_scale, idx32, expert_num_tokens, expert_x,
                                   expert_x_scale, int(m), bound_m};
   if (phase != Phase::recv) {
     if (host_data) {
-      const int32_t* idx = indices.data<int32_t>();
+      const int32_t* idx = idx32.data<int32_t>();
       routed_indices_.assign(idx, idx + m * k);
     }
     run_step(Step::dispatch_send, op, [&] { backend_->dispatch_send(args); });
@@ -211,7 +230,7 @@ void AllToAll::combine(const Tensor& expert_y, const Tensor& indices, const Tens
              dtype_name(expert_y.dtype()));
   check_tensor(op, "expert_y", expert_y, expert_y.dtype(), device_,
                {num_local_experts_, rows, H});
-  check_tensor(op, "indices", indices, DType::i32, device_, {y_rows, k});
+  check_index_tensor(op, "indices", indices, device_, {y_rows, k});
   check_tensor(op, "weights", weights, DType::f32, device_, {y_rows, k});
   check_tensor(op, "y", y, config_.out_dtype, device_, {y_rows, H});
   const int64_t m = tokens_this_call(op, y_rows, bound_m);
@@ -219,10 +238,14 @@ void AllToAll::combine(const Tensor& expert_y, const Tensor& indices, const Tens
     PMOE_CHECK(size_t(m * k) == routed_indices_.size(), op, ": `y` has ", m,
                " rows but the matching dispatch had ", routed_indices_.size() / size_t(k),
                " tokens");
-    const int32_t* idx = indices.data<int32_t>();
+    // Compared before narrowing, so that an i64 value is never mistaken for its low 32 bits.
+    auto index = [&](int64_t i) {
+      return indices.dtype() == DType::i64 ? indices.data<int64_t>()[i]
+                                           : int64_t(indices.data<int32_t>()[i]);
+    };
     for (int64_t i = 0; i < m * k; ++i)
-      PMOE_CHECK(idx[i] == routed_indices_[size_t(i)], op, ": indices[", i / k, ", ", i % k,
-                 "] = ", idx[i], " differs from the ", routed_indices_[size_t(i)],
+      PMOE_CHECK(index(i) == routed_indices_[size_t(i)], op, ": indices[", i / k, ", ", i % k,
+                 "] = ", index(i), " differs from the ", routed_indices_[size_t(i)],
                  " given to the matching dispatch");
   }
   if (phase == Phase::recv)
@@ -231,7 +254,8 @@ void AllToAll::combine(const Tensor& expert_y, const Tensor& indices, const Tens
                dtype_name(sent_expert_y_dtype_));
   sent_expert_y_dtype_ = expert_y.dtype();
 
-  const detail::CombineArgs args{expert_y, indices, weights, y, int(m), bound_m};
+  const Tensor idx32 = indices_i32(op, indices, combine_indices_);
+  const detail::CombineArgs args{expert_y, idx32, weights, y, int(m), bound_m};
   if (phase != Phase::recv)
     run_step(Step::combine_send, op, [&] { backend_->combine_send(args); });
   if (phase != Phase::send)

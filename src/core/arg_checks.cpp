@@ -4,13 +4,15 @@
 
 namespace pmoe::detail {
 
+std::string dtype_words(DType t) { return cat(dtype_name(t), " (", dtype_array_name(t), ")"); }
+
 void check_tensor(std::string_view op, const char* name, const Tensor& t, DType dtype,
                   Device device, std::initializer_list<int64_t> shape) {
   const std::string want = Tensor(nullptr, dtype, shape).shape_str();
   PMOE_CHECK(!t.empty() || shape.size() == 0, op, ": `", name, "` is missing (expected ",
              dtype_name(dtype), " ", want, ")");
-  PMOE_CHECK(t.dtype() == dtype, op, ": `", name, "` must be ", dtype_name(dtype), ", got ",
-             dtype_name(t.dtype()));
+  PMOE_CHECK(t.dtype() == dtype, op, ": `", name, "` must be ", dtype_words(dtype), ", got ",
+             dtype_words(t.dtype()));
   PMOE_CHECK(t.device() == device, op, ": `", name, "` must be on ", device.str(), ", got ",
              t.device().str());
   bool same_shape = t.dim() == int(shape.size());
@@ -19,6 +21,15 @@ void check_tensor(std::string_view op, const char* name, const Tensor& t, DType 
   PMOE_CHECK(same_shape, op, ": `", name, "` must have shape ", want, ", got ", t.shape_str());
   PMOE_CHECK(t.is_contiguous(), op, ": `", name, "` must be row-major contiguous");
   PMOE_CHECK(t.data() != nullptr || t.numel() == 0, op, ": `", name, "` has no data pointer");
+}
+
+void check_index_tensor(std::string_view op, const char* name, const Tensor& t, Device device,
+                        std::initializer_list<int64_t> shape) {
+  PMOE_CHECK(t.empty() || t.dtype() == DType::i32 || t.dtype() == DType::i64, op, ": `", name,
+             "` holds expert indices: it must be i32 or i64 (int32 or int64; torch.topk's int64 "
+             "works as it is), got ",
+             dtype_words(t.dtype()));
+  check_tensor(op, name, t, t.empty() ? DType::i32 : t.dtype(), device, shape);
 }
 
 void check_absent(std::string_view op, const char* name, const Tensor& t, const char* why) {

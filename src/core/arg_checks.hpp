@@ -3,6 +3,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <string>
 #include <string_view>
 
 #include "pmoe/tensor.hpp"
@@ -13,6 +14,13 @@ namespace pmoe::detail {
 // contiguous, with data (unless it has no element). Throws pmoe::Error otherwise.
 void check_tensor(std::string_view op, const char* name, const Tensor& t, DType dtype,
                   Device device, std::initializer_list<int64_t> shape);
+
+// Expert indices: like check_tensor, but i32 or i64.
+void check_index_tensor(std::string_view op, const char* name, const Tensor& t, Device device,
+                        std::initializer_list<int64_t> shape);
+
+// "bf16 (bfloat16)": pmoe's name and the array libraries' name, for error messages.
+std::string dtype_words(DType t);
 
 // An argument that must be left out here (an empty Tensor); `why` says when it is used.
 void check_absent(std::string_view op, const char* name, const Tensor& t, const char* why);

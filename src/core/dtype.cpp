@@ -8,13 +8,15 @@
 namespace pmoe {
 
 DType parse_dtype(std::string_view name) {
-  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f8e4m3, DType::i32})
+  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f8e4m3, DType::i32, DType::i64})
     if (dtype_name(t) == name) return t;
   if (name == "f8" || name == "fp8" || name == "float8_e4m3fn") return DType::f8e4m3;
   if (name == "float32" || name == "float") return DType::f32;
   if (name == "float16" || name == "half") return DType::f16;
   if (name == "bfloat16") return DType::bf16;
-  throw Error(detail::cat("unknown dtype '", name, "': expected f32, f16, bf16, f8e4m3 or i32"));
+  if (name == "int32") return DType::i32;
+  if (name == "int64") return DType::i64;
+  throw Error(detail::cat("unknown dtype '", name, "': expected f32, f16, bf16, f8e4m3, i32 or i64"));
 }
 
 float to_float(f16 x) {

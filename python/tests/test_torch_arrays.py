@@ -1,0 +1,57 @@
+"""Torch CPU tensors through pmoe's plain API: torch.topk's int64 indices work as they are, and a
+layer given a torch tensor returns one (same dtype, same device), equal to what NumPy input gives.
+(The autograd layer, pmoe.torch, has tests of its own under torchrun.)"""
+import numpy as np
+import torch
+
+import pmoe
+
+
+def test_layers_return_torch_for_torch_input():
+    config = pmoe.MoeConfig(feature_dim=16, ffn_dim=32, num_experts=4, top_k=2, act="swiglu",
+                            seed=9)
+    x = torch.rand(5, 16, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    layer = pmoe.SimpleMoe(config, max_tokens=8)
+    y = layer.forward(x)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.float32 and y.shape == (5, 16)
+    np.testing.assert_array_equal(y.numpy(), layer.forward(x.numpy()))
+
+    bf16 = pmoe.MoeConfig(feature_dim=16, ffn_dim=32, num_experts=4, top_k=2, dtype="bf16",
+                          seed=9)
+    y16 = pmoe.SimpleMoe(bf16, max_tokens=8).forward(x.to(torch.bfloat16))
+    assert isinstance(y16, torch.Tensor) and y16.dtype == torch.bfloat16
+
+
+def test_ep_layer_with_torch_tensors_on_thread_ranks():
+    config = pmoe.MoeConfig(feature_dim=8, ffn_dim=16, num_experts=4, top_k=2, seed=2)
+    x = torch.linspace(-1, 1, 6 * 8).reshape(6, 8)
+    want = pmoe.SimpleMoe(config, max_tokens=6).forward(x)
+    got = {}
+
+    def rank_main(comm):
+        layer = pmoe.EpMoe(comm, config, max_tokens_per_rank=3)
+        got[comm.rank] = layer.forward(x[3 * comm.rank:3 * comm.rank + 3].contiguous())
+    pmoe.run_ranks(2, rank_main)
+    y = torch.cat([got[0], got[1]])
+    assert isinstance(got[0], torch.Tensor)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-6)
+
+
+def test_all_to_all_takes_topk_int64_indices():
+    E, k, H, m = 4, 2, 8, 3
+
+    def rank_main(comm):
+        op = pmoe.AllToAll(comm, max_num_tokens=m, num_experts=E, experts_per_token=k,
+                           hidden_dim=H, in_dtype="f32", out_dtype="f32")
+        x = torch.arange(m * H, dtype=torch.float32).reshape(m, H) + 100 * comm.rank
+        scores = torch.tensor([[0.1, 0.9, 0.3, 0.2], [0.8, 0.1, 0.7, 0.0], [0.0, 0.1, 0.2, 0.9]])
+        weights, indices = torch.topk(scores, k)
+        assert indices.dtype == torch.int64
+        counts = torch.zeros(op.num_local_experts, dtype=torch.int32)
+        expert_x = torch.zeros(op.num_local_experts, comm.size * m, H)
+        op.dispatch(x, indices, counts, expert_x)
+        # Identity experts: combine gives back sum_j w_j * x.
+        y = torch.zeros(m, H)
+        op.combine(expert_x, indices, weights.contiguous(), y)
+        torch.testing.assert_close(y, x * weights.sum(1, keepdim=True), rtol=1e-6, atol=1e-5)
+    pmoe.run_ranks(2, rank_main)
