@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The consumer test: installs this build into a fresh prefix, then configures, builds and runs
+# examples/mpi (a separate project that says find_package(pmoe)) against that prefix only, under
+# mpirun -n 2. Arguments: <pmoe build dir> <pmoe source dir> <scratch dir> <mpiexec>.
+set -euo pipefail
+build=$1 source=$2 scratch=$3 mpiexec=$4
+rm -rf "$scratch"
+cmake --install "$build" --prefix "$scratch/prefix" >/dev/null
+test -f "$scratch/prefix/lib/cmake/pmoe/pmoeConfig.cmake"
+test -x "$scratch/prefix/bin/pmoe-bench"
+# The installed tree must not point back into the source or build tree (relocatable).
+if grep -rl -e "$source" -e "$build" "$scratch/prefix/lib/cmake/pmoe"; then
+  echo "the installed package config refers to the source or build tree" >&2
+  exit 1
+fi
+mv "$scratch/prefix" "$scratch/moved-prefix"  # relocatable: it works from wherever it lands
+cmake -S "$source/examples/mpi" -B "$scratch/build" -G Ninja \
+      -DCMAKE_PREFIX_PATH="$scratch/moved-prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$scratch/build" >/dev/null
+"$mpiexec" -n 2 --oversubscribe "$scratch/build/mpi_all_to_all"
