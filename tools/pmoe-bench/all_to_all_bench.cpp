@@ -51,6 +51,7 @@ struct Options {
   bool staged = true;
   std::string device = "cpu";  // or "cuda": ranks share GPU 0
   std::string json_path, csv_path, plot_path;
+  bool ranks_given = false;  // --ranks on the command line (under mpirun it must match)
 };
 
 constexpr size_t kCopyBytes = size_t(16) << 20;
@@ -309,12 +310,8 @@ void print_targets(const json& rows) {
 
 void run(const Options& o) {
   PMOE_CHECK(o.iters >= 1 && o.warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
-  std::vector<int> rank_counts = parse_int_list(o.ranks, "--ranks");
-  if (launched_by_mpi()) {
-    int world = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    rank_counts = {world};
-  }
+  const std::vector<int> rank_counts =
+      rank_counts_to_run(o.ranks_given, parse_int_list(o.ranks, "--ranks"));
   const std::vector<int> token_counts = parse_int_list(o.tokens, "--tokens");
   for (int tokens : token_counts) config_for(o, tokens);  // reject bad options before any work
   json rows = json::array();
@@ -382,16 +379,24 @@ void run(const Options& o) {
   if (!o.json_path.empty()) write_json(o.json_path, config, rows, {{"copy_gbps", copy_json}});
   if (!o.csv_path.empty()) write_csv(o.csv_path, rows);
   if (!o.plot_path.empty()) {
-    // The largest token count over the rank counts: pmoe's two ops and round trip against the
-    // two baselines (log scale: dense padded is orders of magnitude slower).
-    json last = json::array();
+    // One panel per token count: pmoe's two ops and round trip against the two baselines over
+    // the rank counts (log scale: dense padded is orders of magnitude slower).
+    json drawn = json::array();
     for (const auto& r : rows)
-      if (r["tokens"] == token_counts.back())
-        for (const char* op : {"dispatch", "combine", "dispatch_combine", "alltoallv", "dense_padded"})
-          if (r["op"] == op) last.push_back(r);
-    plot_sweep(o.plot_path, last, "ranks", "mean_us", "op",
-               detail::cat("all-to-all, ", token_counts.back(), " tokens/rank, ", o.dtype, ", mean µs"),
-               true);
+      for (const char* op : {"dispatch", "combine", "dispatch_combine", "alltoallv", "dense_padded"})
+        if (r["op"] == op) drawn.push_back(r);
+    PlotSpec spec;
+    spec.x = "ranks";
+    spec.x_label = "ranks";
+    spec.y = "mean_us";
+    spec.y_label = "mean time per call (µs, slowest rank)";
+    spec.series = "op";
+    spec.panel = "tokens";
+    spec.panel_label = "tokens per rank:";
+    spec.title = detail::cat("all-to-all, ", o.experts, " experts, top-", o.topk, ", hidden ",
+                             o.hidden, ", ", o.dtype, " (", runtime, ")");
+    spec.log_y = true;
+    plot_sweep(o.plot_path, drawn, spec);
   }
 }
 
@@ -421,7 +426,10 @@ void add_all_to_all_command(CLI::App& app) {
   cmd->add_option("--json", o->json_path, "write the results as JSON to this file");
   cmd->add_option("--csv", o->csv_path, "write the rows as CSV to this file");
   cmd->add_option("--plot", o->plot_path, "draw time over ranks per op to this PNG");
-  cmd->callback([o] { run(*o); });
+  cmd->callback([o, cmd] {
+    o->ranks_given = cmd->get_option("--ranks")->count() > 0;
+    run(*o);
+  });
 }
 
 }  // namespace pmoe::bench

@@ -24,6 +24,19 @@ bool launched_by_mpi() {
          std::getenv("PMIX_RANK");
 }
 
+std::vector<int> rank_counts_to_run(bool given, const std::vector<int>& ranks) {
+  if (!launched_by_mpi()) return ranks;
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  std::string listed;
+  for (int r : ranks) listed += (listed.empty() ? "" : ",") + std::to_string(r);
+  PMOE_CHECK(!given || ranks == std::vector<int>{world}, "--ranks ", listed,
+             " under mpirun, which started ", world, " processes: under mpirun the ranks are the ",
+             "processes; leave --ranks out, or pass --ranks ", world,
+             ", or run without mpirun for thread ranks");
+  return {world};
+}
+
 bool is_printing_rank() {
   if (!launched_by_mpi()) return true;
   int rank = 0;

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <vector>
+
 #include "pmoe/comm.hpp"
 
 namespace pmoe::bench {
@@ -18,6 +20,10 @@ bool launched_by_mpi();
 // Runs fn on `ranks` thread ranks, or, under mpirun, on this process's MPI rank (then `ranks`
 // must be the MPI world size or 0). MPI is initialised by main().
 void run_on_ranks(int ranks, const std::function<void(Communicator&)>& fn);
+
+// The rank counts to run: `ranks` with thread ranks; under mpirun the number of MPI processes,
+// which --ranks, when `given`, must name (anything else is an error, not silently ignored).
+std::vector<int> rank_counts_to_run(bool given, const std::vector<int>& ranks);
 
 // Rank 0 prints; under MPI the other processes stay quiet.
 bool is_printing_rank();

@@ -168,7 +168,7 @@ void run(Options o, const CLI::App& cmd) {
     if (cmd.get_option("--gemm-rate")->count() == 0) o.gemm_rate = true;
     preset_note = p.note;
   }
-  if (launched_by_mpi()) MPI_Comm_size(MPI_COMM_WORLD, &o.ranks);
+  o.ranks = rank_counts_to_run(cmd.get_option("--ranks")->count() > 0, {o.ranks})[0];
   const std::vector<MoeVariantKind> variants = parse_variants(o.variants);
   const std::vector<int> values =
       parse_int_list(o.values.empty() ? default_values(o) : o.values, "--values");
@@ -283,10 +283,19 @@ void run(Options o, const CLI::App& cmd) {
   }
   if (!o.json_path.empty()) write_json(o.json_path, config, rows, {{"gemm_rate", rates}});
   if (!o.csv_path.empty()) write_csv(o.csv_path, rows);
-  if (!o.plot_path.empty())
-    plot_sweep(o.plot_path, rows, key, "median_ms", "variant",
-               "MoE layers: median forward time (" +
-                   (o.preset.empty() ? std::string("seed 004") : o.preset) + ")");
+  if (!o.plot_path.empty()) {
+    PlotSpec spec;
+    spec.x = key;
+    spec.x_label = key == "batch_size"    ? "batch size (tokens per forward)"
+                   : key == "topk"        ? "experts per token (top-k)"
+                                          : "feature dimension (elements per token)";
+    spec.y = "median_ms";
+    spec.y_label = "median forward time (ms, slowest rank)";
+    spec.series = "variant";
+    spec.title = detail::cat("MoE layers on ", o.ranks, " ranks (",
+                             o.preset.empty() ? std::string("seed 004 shape") : o.preset, ")");
+    plot_sweep(o.plot_path, rows, spec);
+  }
 }
 
 }  // namespace

@@ -52,7 +52,8 @@ struct Options {
   int blas_threads = 0;  // 0: automatic, see blas_threads_for()
   int64_t min_overlap_bytes = OverlapConfig{}.min_overlap_bytes;
   uint64_t seed = 1;
-  std::string json_path, csv_path;
+  std::string json_path, csv_path, plot_path;
+  bool ranks_given = false;  // --ranks on the command line (under mpirun it must match)
 };
 
 struct Outcome {
@@ -248,6 +249,19 @@ void report(const Options& o, const OverlapConfig& cfg, int W, int blas, const O
       for (const auto& item : config.items()) row[item.key()] = item.value();
     write_csv(o.csv_path, flat);
   }
+  if (!o.plot_path.empty()) {
+    PlotSpec spec;
+    spec.x = "step";
+    spec.x_label = "what ran";
+    spec.y = "median_ms";
+    spec.y_label = "time per call (ms): median, min..max";
+    spec.y_min = "min_ms";
+    spec.y_max = "max_ms";
+    spec.bars = true;
+    spec.title = detail::cat(name, " M=", cfg.m, " N=", cfg.n, " K=", cfg.k, " ", o.dtype, ", ",
+                             W, " ranks");
+    plot_sweep(o.plot_path, rows, spec);
+  }
 }
 
 void run(const Options& o) {
@@ -256,8 +270,7 @@ void run(const Options& o) {
   PMOE_CHECK(o.blas_threads >= 0, "--blas-threads must be >= 0 (0: automatic), got ",
              o.blas_threads);
   const OverlapConfig cfg = config_of(o);
-  int W = o.ranks;
-  if (launched_by_mpi()) MPI_Comm_size(MPI_COMM_WORLD, &W);
+  const int W = rank_counts_to_run(o.ranks_given, {o.ranks})[0];
   const int blas = o.blas_threads > 0 ? o.blas_threads : blas_threads_for(W);
   cpu::set_blas_threads(blas);
 
@@ -304,7 +317,12 @@ void add_command(CLI::App& app, bool gather) {
   cmd->add_option("--seed", o->seed, "input seed")->capture_default_str();
   cmd->add_option("--json", o->json_path, "write the results as JSON to this file");
   cmd->add_option("--csv", o->csv_path, "write the per-step rows as CSV to this file");
-  cmd->callback([o] { run(*o); });
+  cmd->add_option("--plot", o->plot_path,
+                  "draw the median time of each step (serial, overlapped, GEMM only) to this PNG");
+  cmd->callback([o, cmd] {
+    o->ranks_given = cmd->get_option("--ranks")->count() > 0;
+    run(*o);
+  });
 }
 
 }  // namespace

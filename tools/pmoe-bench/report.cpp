@@ -81,20 +81,32 @@ void write_json(const std::string& path, const nlohmann::json& config, const nlo
   out << doc.dump(2) << "\n";
 }
 
-void plot_sweep(const std::string& png_path, const nlohmann::json& rows, const std::string& x_key,
-                const std::string& y_key, const std::string& series_key, const std::string& title,
-                bool log_y) {
-  char csv_path[] = "/tmp/pmoe-plot-XXXXXX";
-  const int fd = mkstemp(csv_path);
-  PMOE_CHECK(fd >= 0, "plot: cannot create a temporary file");
-  close(fd);
+void plot_sweep(const std::string& png_path, const nlohmann::json& rows, const PlotSpec& spec) {
+  auto temporary = [] {
+    char path[] = "/tmp/pmoe-plot-XXXXXX";
+    const int fd = mkstemp(path);
+    PMOE_CHECK(fd >= 0, "plot: cannot create a temporary file");
+    close(fd);
+    return std::string(path);
+  };
+  const std::string csv_path = temporary(), spec_path = temporary();
   write_csv(csv_path, rows);
+  {
+    std::ofstream out(spec_path);
+    out << nlohmann::json{{"x", spec.x},           {"x_label", spec.x_label},
+                          {"y", spec.y},           {"y_label", spec.y_label},
+                          {"title", spec.title},   {"series", spec.series},
+                          {"panel", spec.panel},   {"panel_label", spec.panel_label},
+                          {"log_y", spec.log_y},   {"bars", spec.bars},
+                          {"y_min", spec.y_min},   {"y_max", spec.y_max}}
+               .dump();
+  }
   const std::string command = std::string("python3 '") + PMOE_SOURCE_DIR +
                               "/tools/pmoe-bench/plot_sweep.py' '" + csv_path + "' '" + png_path +
-                              "' '" + x_key + "' '" + y_key + "' '" + series_key + "' '" + title +
-                              "'" + (log_y ? " log" : "");
+                              "' '" + spec_path + "'";
   const int status = std::system(command.c_str());
-  std::remove(csv_path);
+  std::remove(csv_path.c_str());
+  std::remove(spec_path.c_str());
   PMOE_CHECK(status == 0, "plot: '", command, "' failed (is matplotlib installed? ",
              "scripts/setup.sh installs it)");
 }

@@ -28,12 +28,22 @@ void write_csv(const std::string& path, const nlohmann::json& rows);
 void write_json(const std::string& path, const nlohmann::json& config, const nlohmann::json& rows,
                 const nlohmann::json& extra = nlohmann::json::object());
 
-// A PNG of y_key over x_key, one line per distinct value of series_key (which may be ""),
-// drawn by tools/pmoe-bench/plot_sweep.py with matplotlib; `log_y` for series that differ by
-// orders of magnitude. Throws pmoe::Error if it fails.
-void plot_sweep(const std::string& png_path, const nlohmann::json& rows, const std::string& x_key,
-                const std::string& y_key, const std::string& series_key, const std::string& title,
-                bool log_y = false);
+// What --plot draws: y over x, one line per value of `series`, one panel per value of `panel`;
+// or, with `bars`, one bar per row (x names it), whiskers from y_min to y_max.
+struct PlotSpec {
+  std::string x, x_label;  // a column, and the axis label in words with its unit
+  std::string y, y_label;
+  std::string title;
+  std::string series;                   // "" for one line
+  std::string panel, panel_label;       // "" for one panel; "tokens per rank" -> "... 128"
+  bool log_y = false;                   // for series that differ by orders of magnitude
+  bool bars = false;
+  std::string y_min, y_max;             // bars only; "" for none
+};
+
+// A PNG of `rows` drawn by tools/pmoe-bench/plot_sweep.py with matplotlib. Throws pmoe::Error if
+// it fails.
+void plot_sweep(const std::string& png_path, const nlohmann::json& rows, const PlotSpec& spec);
 
 std::string format(const char* fmt, double value);
 
