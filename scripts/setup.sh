@@ -13,7 +13,7 @@ debian_packages=(
   nlohmann-json3-dev
   libboost-context-dev  # fibers: the threads of a block on the emulated CUDA device
 )
-python_packages=(numpy pytest nanobind matplotlib)  # the Python module, its tests, --plot
+python_packages=(numpy pytest nanobind matplotlib torch)  # the module, its tests, --plot, torch tensors
 
 missing=()
 for pkg in "${debian_packages[@]}"; do
