@@ -1,4 +1,4 @@
-// The README's dispatch/combine example, built and run by ctest so that it stays true.
+// A dispatch/combine round trip on thread ranks, built and run by ctest so that it stays true.
 #include <pmoe/pmoe.hpp>
 
 #include <cstdio>

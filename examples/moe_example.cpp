@@ -1,4 +1,4 @@
-// The README's MoE example, built and run by ctest so that it stays true: the same layer as
+// docs/design.md's MoE example, built and run by ctest so that it stays true: the same layer as
 // SimpleMoe on one rank, as TpMoe and as EpMoe on 4 thread ranks, giving the same outputs.
 #include <pmoe/pmoe.hpp>
 

@@ -303,7 +303,7 @@ TEST(Overlap, ReportsWorkspaceAndTheResolvedConfig) {
   });
 }
 
-// The README's example, kept true.
+// docs/design.md's example, kept true.
 TEST(Overlap, ReadmeExample) {
   cpu::set_blas_threads(1);
   pmoe::run_ranks(2, [](pmoe::Communicator& comm) {
