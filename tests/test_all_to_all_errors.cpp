@@ -303,7 +303,7 @@ TEST(AllToAllErrors, CombineOutputDtype) {
 
 TEST(AllToAllErrors, CombineExpertYDtype) {
   Buffer expert_y(DType::i32, {2, 8, 32});
-  expect_rejected(small_config(), "`expert_y` must be f32, bf16 or f16, got i32",
+  expect_rejected(small_config(), "`expert_y` must be f32, bf16 or f16 (float32, bfloat16 or float16), got i32 (int32)",
                   [&](AllToAll& a, Args& args) {
                     args.dispatch(a);
                     try {

@@ -199,14 +199,14 @@ TEST(MoeErrors, ForwardMoreTokensThanBuiltFor) {
 }
 
 TEST(MoeErrors, ForwardWrongInputDtype) {
-  expect_forward_rejected("`x` must be f32, got bf16", [](auto& forward, const MoeConfig& c) {
+  expect_forward_rejected("`x` must be f32 (float32), got bf16 (bfloat16)", [](auto& forward, const MoeConfig& c) {
     Buffer x(DType::bf16, {2, c.feature_dim}), y(c.dtype, {2, c.out_dim()});
     forward(x, y);
   });
 }
 
 TEST(MoeErrors, ForwardWrongInputWidth) {
-  expect_forward_rejected("`x` must have shape [m, 16] f32, got [2, 15]",
+  expect_forward_rejected("`x` must have shape [m, 16] f32 (float32), got [2, 15]",
                           [](auto& forward, const MoeConfig& c) {
                             Buffer x(c.dtype, {2, 15}), y(c.dtype, {2, c.out_dim()});
                             forward(x, y);
@@ -214,7 +214,7 @@ TEST(MoeErrors, ForwardWrongInputWidth) {
 }
 
 TEST(MoeErrors, ForwardOutputRowsDiffer) {
-  expect_forward_rejected("`y` must have shape [2, 16] f32, got [3, 16]",
+  expect_forward_rejected("`y` must have shape [2, 16] f32 (float32), got [3, 16]",
                           [](auto& forward, const MoeConfig& c) {
                             Buffer x(c.dtype, {2, c.feature_dim}), y(c.dtype, {3, c.out_dim()});
                             forward(x, y);
@@ -222,7 +222,7 @@ TEST(MoeErrors, ForwardOutputRowsDiffer) {
 }
 
 TEST(MoeErrors, ForwardWrongOutputDtype) {
-  expect_forward_rejected("`y` must be f32, got bf16", [](auto& forward, const MoeConfig& c) {
+  expect_forward_rejected("`y` must be f32 (float32), got bf16 (bfloat16)", [](auto& forward, const MoeConfig& c) {
     Buffer x(c.dtype, {2, c.feature_dim}), y(DType::bf16, {2, c.out_dim()});
     forward(x, y);
   });
@@ -238,7 +238,7 @@ TEST(MoeErrors, ForwardStridedInput) {
 }
 
 TEST(MoeErrors, ForwardMissingInput) {
-  expect_forward_rejected("`x` is missing (expected [m, 16] f32)",
+  expect_forward_rejected("`x` is missing (expected [m, 16] f32 (float32))",
                           [](auto& forward, const MoeConfig& c) {
                             Buffer y(c.dtype, {2, c.out_dim()});
                             forward(Tensor(), y);

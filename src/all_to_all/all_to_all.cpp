@@ -226,8 +226,8 @@ void AllToAll::combine(const Tensor& expert_y, const Tensor& indices, const Tens
   const int64_t rows = int64_t(world_size_) * config_.max_num_tokens;
   PMOE_CHECK(y.dim() == 2, op, ": `y` must be 2-D [m, ", H, "], got ", y.shape_str());
   const int64_t y_rows = y.size(0);
-  PMOE_CHECK(is_output_dtype(expert_y.dtype()), op, ": `expert_y` must be f32, bf16 or f16, got ",
-             dtype_name(expert_y.dtype()));
+  PMOE_CHECK(is_output_dtype(expert_y.dtype()), op, ": `expert_y` must be f32, bf16 or f16 (float32, ",
+             "bfloat16 or float16), got ", detail::dtype_words(expert_y.dtype()));
   check_tensor(op, "expert_y", expert_y, expert_y.dtype(), device_,
                {num_local_experts_, rows, H});
   check_index_tensor(op, "indices", indices, device_, {y_rows, k});

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "core/arg_checks.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe::cpu {
@@ -25,7 +26,7 @@ const float* as_f32(const Tensor& t, std::vector<float>& scratch, int64_t& ld) {
 void check_operand(const char* name, const Tensor& t) {
   PMOE_CHECK(t.dim() == 2, "gemm: `", name, "` must be 2-D, got ", t.shape_str());
   PMOE_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, "gemm: `", name,
-             "` must be f32 or bf16, got ", dtype_name(t.dtype()));
+             "` must be f32 or bf16 (float32 or bfloat16), got ", detail::dtype_words(t.dtype()));
   PMOE_CHECK(t.device() == Device::cpu(), "gemm: `", name, "` must be on cpu, got ",
              t.device().str());
   PMOE_CHECK(t.stride(1) == 1 && t.stride(0) >= t.size(1), "gemm: `", name,

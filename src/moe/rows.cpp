@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/arg_checks.hpp"
 #include "pmoe/dtype.hpp"
 #include "pmoe/error.hpp"
 
@@ -13,7 +14,7 @@ void check_rows(const char* op, const char* name, const Tensor& t, int64_t rows,
   std::string allowed;
   bool dtype_ok = false;
   for (DType d : dtypes) {
-    allowed += (allowed.empty() ? "" : " or ") + std::string(dtype_name(d));
+    allowed += (allowed.empty() ? "" : " or ") + dtype_words(d);
     dtype_ok = dtype_ok || t.dtype() == d;
   }
   const std::string expected =
@@ -21,7 +22,7 @@ void check_rows(const char* op, const char* name, const Tensor& t, int64_t rows,
   PMOE_CHECK(!t.empty(), op, ": `", name, "` is missing (expected ", expected, ")");
   PMOE_CHECK(t.dim() == 2 && t.size(1) == cols && (rows < 0 || t.size(0) == rows), op, ": `", name,
              "` must have shape ", expected, ", got ", t.shape_str());
-  PMOE_CHECK(dtype_ok, op, ": `", name, "` must be ", allowed, ", got ", dtype_name(t.dtype()));
+  PMOE_CHECK(dtype_ok, op, ": `", name, "` must be ", allowed, ", got ", dtype_words(t.dtype()));
   PMOE_CHECK(t.device() == Device::cpu(), op, ": `", name, "` must be on cpu, got ",
              t.device().str());
   PMOE_CHECK(t.data() != nullptr || t.numel() == 0, op, ": `", name, "` has no data pointer");
