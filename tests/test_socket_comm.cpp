@@ -64,8 +64,8 @@ struct Layout {
   const char* name;
   std::string (*node_of)(int, int);
 };
-const Layout kLayouts[] = {{"one_node", one_node}, {"own_node", own_node},
-                           {"two_nodes", two_nodes}};
+const Layout kLayouts[] = {
+    {"one_node", one_node}, {"own_node", own_node}, {"two_nodes", two_nodes}};
 
 TEST(SocketComm, CollectivesAndNodeRanks) {
   for (const Layout& layout : kLayouts) {

@@ -18,7 +18,7 @@ void bind_socket(nb::module_& m) {
       .def_prop_ro("port", &SocketCommunicator::Listener::port);
 
   nb::class_<SocketCommunicator, Communicator>(m, "SocketCommunicator",
-                                                R"(Ranks connected by pmoe's own TCP mesh.
+                                               R"(Ranks connected by pmoe's own TCP mesh.
 
 Collective: listener is this rank's SocketListener (taken over), addresses[r] rank r's
 "host:port", nodes[r] rank r's node name (equal names share memory), job_id one string for the

@@ -6,11 +6,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <netdb.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <functional>
-#include <netdb.h>
 
 #include "comm/group.hpp"
 #include "comm/shm_segment.hpp"
@@ -68,7 +68,8 @@ class SocketSymmetricMemory final : public SymmetricMemory {
 uint64_t digest(const std::vector<std::string>& parts) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](const void* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+    for (size_t i = 0; i < n; ++i)
+      h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
   };
   for (const auto& s : parts) {
     const uint64_t n = s.size();
@@ -97,9 +98,8 @@ SocketCommunicator::Listener::Listener(const std::string& bind_host) {
       sockaddr_storage bound{};
       socklen_t length = sizeof bound;
       getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
-      port_ = ntohs(bound.ss_family == AF_INET6
-                        ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                                : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
       fd_ = fd;
     } else {
       error = std::strerror(errno);
@@ -246,8 +246,7 @@ std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric(size_t byte
   agree(error, "map");
   detail::ShmSegment::unlink(name_of(rank_));  // every peer has mapped it: drop the name
   return std::make_unique<SocketSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
-                                                 std::move(signals), regions, group(),
-                                                 timeout_s());
+                                                 std::move(signals), regions, group(), timeout_s());
 }
 
 }  // namespace pmoe

@@ -23,8 +23,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 Clock::time_point deadline_after(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(seconds));
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 int remaining_ms(Clock::time_point deadline) {
@@ -151,8 +151,7 @@ void SocketTransport::remove_region(uint64_t serial) {
   regions_.erase(serial);
 }
 
-void SocketTransport::put(int peer, uint64_t serial, size_t offset, const void* src,
-                          size_t bytes) {
+void SocketTransport::put(int peer, uint64_t serial, size_t offset, const void* src, size_t bytes) {
   send_frame(peer, Header{kPut, serial, offset, bytes, 0, 0}, src);
 }
 
@@ -176,8 +175,8 @@ std::vector<std::byte> SocketTransport::receive_message(int peer, const char* wh
       [&] {
         std::lock_guard lock(mutex_);
         progress();
-        PMOE_CHECK(!queue.empty() || fds_[size_t(peer)] >= 0, what, " on rank ", rank_,
-                   ": rank ", peer, " closed its connection (it failed or left)");
+        PMOE_CHECK(!queue.empty() || fds_[size_t(peer)] >= 0, what, " on rank ", rank_, ": rank ",
+                   peer, " closed its connection (it failed or left)");
       },
       [&] {
         throw Error(cat(what, " on rank ", rank_, ": rank ", peer, " did not arrive within ",
@@ -208,8 +207,8 @@ void SocketTransport::write_all(int peer, const std::byte* data, size_t bytes) {
       continue;
     }
     PMOE_CHECK(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR),
-               "socket transport on rank ", rank_, ": sending to rank ", peer, " failed: ",
-               std::strerror(errno));
+               "socket transport on rank ", rank_, ": sending to rank ", peer,
+               " failed: ", std::strerror(errno));
     // The peer's buffer is full: take what peers send meanwhile (the peer may be blocked
     // sending to this rank), then wait briefly for room.
     progress();
@@ -282,7 +281,8 @@ void SocketTransport::frame_done(int peer) {
     const auto region = regions_.find(in.header.serial);
     if (region != regions_.end())
       std::atomic_ref<uint64_t>(
-          region->second.signals[in.header.slot * (SymmetricMemory::kSignalBytes / sizeof(uint64_t))])
+          region->second
+              .signals[in.header.slot * (SymmetricMemory::kSignalBytes / sizeof(uint64_t))])
           .store(in.header.value, std::memory_order_release);
   } else if (in.header.kind == kMessage) {
     messages_[size_t(peer)].push_back(std::move(in.message));

@@ -66,7 +66,7 @@ class SocketTransport {
     Header header{};
     size_t header_done = 0;
     size_t payload_done = 0;
-    std::byte* into = nullptr;     // where the payload goes
+    std::byte* into = nullptr;       // where the payload goes
     std::vector<std::byte> message;  // a set-up message's payload
   };
 
@@ -84,8 +84,8 @@ class SocketTransport {
   std::vector<std::deque<std::vector<std::byte>>> messages_;  // set-up messages, per peer
   std::map<uint64_t, Region> regions_;
   std::vector<std::byte> discard_;  // payloads for regions already freed
-  std::string closed_;  // set once a peer closed its connection
-  std::recursive_mutex mutex_;  // a rank's threads may wait (and poll) at once
+  std::string closed_;              // set once a peer closed its connection
+  std::recursive_mutex mutex_;      // a rank's threads may wait (and poll) at once
 };
 
 }  // namespace pmoe::detail
