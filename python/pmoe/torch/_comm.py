@@ -15,14 +15,26 @@ from .. import _pmoe
 #: Environment variable naming this process's node; ranks with equal names share memory.
 #: Unset, the hostname. Tests set it to place the ranks of one machine on two "nodes".
 NODE_ENV = "PMOE_NODE"
-#: Environment variable naming the host or address peers connect to. Unset, this host's
-#: hostname resolved, falling back to 127.0.0.1 when every rank is on one node.
+#: Environment variable naming the host or address peers connect to. Unset: the address of
+#: the interface that reaches torchrun's MASTER_ADDR, else the hostname's; 127.0.0.1 when every
+#: rank is on one node.
 ADDRESS_ENV = "PMOE_ADDRESS"
 
 
 def _own_address():
     if os.environ.get(ADDRESS_ENV):
         return os.environ[ADDRESS_ENV]
+    master = os.environ.get("MASTER_ADDR")
+    if master:
+        # The hostname often resolves to 127.0.1.1 (Debian's /etc/hosts); the interface the
+        # kernel would route to the master is one the other nodes can reach. A UDP "connect"
+        # sends nothing.
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
+                return probe.getsockname()[0]
+        except OSError:
+            pass
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
