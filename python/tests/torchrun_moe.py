@@ -137,8 +137,10 @@ def dense_epmoe(xs, router, W1, W2, W3, k, dtype):
 
 
 def check_epmoe(comm, dtype, *, swiglu, m_of, experts_per_rank=2, k=2, H=16, F=24, steps=0,
-                seed=5, tag=""):
-    """Gradients of x, router and experts, and `steps` SGD steps' losses, vs the dense layer."""
+                seed=5, tag="", x_grad=True):
+    """Gradients of x, router and experts, and `steps` SGD steps' losses, vs the dense layer.
+    x_grad=False: x needs no gradient, so autograd runs combine's backward but not dispatch's,
+    and the layer's backward op must settle that half-run pair at its next use."""
     W, rank = comm.size, comm.rank
     E = experts_per_rank * W
     max_tokens = max(m_of(r) for r in range(W)) or 1
@@ -160,7 +162,7 @@ def check_epmoe(comm, dtype, *, swiglu, m_of, experts_per_rank=2, k=2, H=16, F=2
     lr = 0.2
     local = slice(layer.first_expert, layer.first_expert + E // W)
     for step in range(max(steps, 1)):
-        x = xs_all[rank].clone().requires_grad_()
+        x = xs_all[rank].detach().clone().requires_grad_(x_grad)
         y = layer(x)
         loss = ((y.float() - targets[rank]) ** 2).sum() / total
         loss.backward()
@@ -169,14 +171,19 @@ def check_epmoe(comm, dtype, *, swiglu, m_of, experts_per_rank=2, k=2, H=16, F=2
         loss_all = loss.detach().clone()
         dist.all_reduce(loss_all)
 
-        xd = [t.float().requires_grad_() for t in xs_all]
+        xd = [t.detach().float().clone().requires_grad_() for t in xs_all]
         yd = dense_epmoe(xd, dense[0], dense[1], dense[2], dense[3], k, dtype)
         loss_d = sum(((yy - tt) ** 2).sum() for yy, tt in zip(yd, targets)) / total
         loss_d.backward()
         close(f"{name} step {step}: loss", loss_all, loss_d, dtype)
+        if x_grad and layer.a2a.settles():  # full backward: every dispatch has its combine
+            raise AssertionError(f"{name}: {layer.a2a.settles()} settling calls in training")
+        if not x_grad and layer.a2a.settles() != step:  # one per step after the first
+            raise AssertionError(f"{name}: {layer.a2a.settles()} settling calls after {step} steps")
         if step == 0:
             close(f"{name}: y", y, yd[rank], dtype)
-            close(f"{name}: grad x", x.grad, xd[rank].grad, dtype)
+            if x_grad:
+                close(f"{name}: grad x", x.grad, xd[rank].grad, dtype)
             close(f"{name}: grad router", layer.router.weight.grad, dense[0].grad, dtype)
             close(f"{name}: grad w1", layer.w1.grad, dense[1].grad[local], dtype)
             close(f"{name}: grad w2", layer.w2.grad, dense[2].grad[local], dtype)
@@ -271,6 +278,8 @@ def main():
     check_epmoe(comm, torch.float32, swiglu=False, m_of=lambda r: 0 if r == 1 else 5)
     # bf16: one step (gradients); later steps would compare bf16 parameters with f32 ones.
     check_epmoe(comm, torch.bfloat16, swiglu=True, m_of=lambda r: 4 + r % 2)
+    check_epmoe(comm, torch.float32, swiglu=False, m_of=lambda r: 3 + r, steps=3, x_grad=False,
+                tag="x without grad: ")
     check_bad_inputs(comm)
 
     # Two "nodes": the first half of the ranks on one, the rest on the other.
