@@ -13,7 +13,8 @@ debian_packages=(
   nlohmann-json3-dev
   libboost-context-dev  # fibers: the threads of a block on the emulated CUDA device
 )
-python_packages=(numpy pytest nanobind matplotlib torch)  # the module, its tests, --plot, torch tensors
+# The Python module, its tests, --plot; torch for pmoe.torch and its torchrun tests (PyPI's wheel).
+python_packages=(numpy pytest nanobind matplotlib torch)
 
 missing=()
 for pkg in "${debian_packages[@]}"; do

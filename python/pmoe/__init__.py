@@ -1,17 +1,20 @@
 """pmoe: communication for Mixture-of-Experts layers split over ranks.
 
-Ranks are threads of this process (``run_ranks``) or MPI processes (``mpi_world`` under
-mpirun). Ops take any DLPack array (NumPy on CPU; PyTorch, CuPy or JAX where installed) and
-release the GIL while they run. NumPy has no bf16 or f8 types: uint16 and uint8 arrays carry
-bf16 and f8e4m3 bit patterns. Errors are raised as ``pmoe.Error`` with the C++ message.
+Ranks are threads of this process (``run_ranks``), MPI processes (``mpi_world`` under
+mpirun) or torchrun processes (``pmoe.torch.communicator()``; ``pmoe.torch`` needs PyTorch,
+``pmoe`` alone does not). Ops take any DLPack array (NumPy on CPU; PyTorch, CuPy or JAX where
+installed) and release the GIL while they run. NumPy has no bf16 or f8 types: uint16 and uint8
+arrays carry bf16 and f8e4m3 bit patterns. Errors are raised as ``pmoe.Error`` with the C++ message.
 ``device="cuda:N"`` runs on a GPU, or on pmoe's emulated CUDA device where none is visible
 (``cuda_emulated()``); ``zeros`` and ``copy`` give arrays in pmoe's memory on either.
 """
 
 from ._pmoe import (AllGatherGemm, AllToAll, Communicator, EpMoe, Error, GemmReduceScatter,
-                    MoeConfig, MpiCommunicator, SimpleMoe, TpMoe, copy, cuda_available,
-                    cuda_emulated, moe_weights, mpi_world, run_ranks, zeros)
+                    MoeConfig, MpiCommunicator, SimpleMoe, SocketCommunicator, SocketListener,
+                    TpMoe, copy, cuda_available, cuda_emulated, moe_weights, mpi_world,
+                    run_ranks, zeros)
 
 __all__ = ["AllGatherGemm", "AllToAll", "Communicator", "EpMoe", "Error", "GemmReduceScatter",
-           "MoeConfig", "MpiCommunicator", "SimpleMoe", "TpMoe", "copy", "cuda_available",
-           "cuda_emulated", "moe_weights", "mpi_world", "run_ranks", "zeros"]
+           "MoeConfig", "MpiCommunicator", "SimpleMoe", "SocketCommunicator", "SocketListener",
+           "TpMoe", "copy", "cuda_available", "cuda_emulated", "moe_weights", "mpi_world",
+           "run_ranks", "zeros"]

@@ -10,5 +10,6 @@ void bind_buffers(nanobind::module_& m);
 void bind_all_to_all(nanobind::module_& m);
 void bind_moe(nanobind::module_& m);
 void bind_overlap(nanobind::module_& m);
+void bind_socket(nanobind::module_& m);
 
 }  // namespace pmoe::python

@@ -15,4 +15,5 @@ NB_MODULE(_pmoe, m) {
   pmoe::python::bind_all_to_all(m);
   pmoe::python::bind_moe(m);
   pmoe::python::bind_overlap(m);
+  pmoe::python::bind_socket(m);
 }

@@ -1,0 +1,69 @@
+// SocketCommunicator: ranks are processes of a job started by a launcher pmoe does not own
+// (torchrun), with no MPI. The launcher's own group exchanges, once, each rank's listening
+// address and node name (python/pmoe/torch/ does it through torch.distributed); from then on pmoe
+// talks over its own TCP mesh (src/comm/socket_transport.hpp says why).
+//
+// Ranks that name the same node share symmetric memory through POSIX shared memory, loaded and
+// stored directly; ranks on other nodes get puts and signals as TCP frames that the target
+// applies while it waits. CPU memory only (no CUDA IPC path yet).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pmoe/comm.hpp"
+
+namespace pmoe {
+
+namespace detail {
+class SocketTransport;
+}
+
+class SocketCommunicator final : public Communicator {
+ public:
+  // A listening TCP socket on `bind_host` (e.g. "0.0.0.0"), port chosen by the kernel. Open it
+  // before the addresses are exchanged, so that peers can connect as soon as they know it.
+  class Listener {
+   public:
+    explicit Listener(const std::string& bind_host = "0.0.0.0");
+    ~Listener();
+    Listener(Listener&& other) noexcept;
+    Listener(const Listener&) = delete;
+    Listener& operator=(const Listener&) = delete;
+    int port() const { return port_; }
+
+   private:
+    friend class SocketCommunicator;
+    int fd_ = -1;
+    int port_ = 0;
+  };
+
+  // Collective. rank in [0, size); addresses[r] is rank r's "host:port" (its Listener's port,
+  // on a host name or address the other ranks can reach); nodes[r] names rank r's node (ranks
+  // with the same name share memory); job_id is the same string on every rank and unique to
+  // this communicator on the node (it names the shared-memory segments). Takes over `listener`.
+  // Checks that every rank passed the same size, addresses, nodes and job_id, and throws
+  // pmoe::Error on every rank otherwise.
+  SocketCommunicator(Listener&& listener, int rank, std::vector<std::string> addresses,
+                     std::vector<std::string> nodes, std::string job_id);
+  ~SocketCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void barrier() override;
+  std::vector<std::byte> all_gather(std::span<const std::byte> mine) override;
+  void broadcast(std::span<std::byte> data, int root) override;
+  std::vector<int> node_ranks() const override { return node_ranks_; }
+  std::unique_ptr<SymmetricMemory> alloc_symmetric(size_t bytes, int signal_slots) override;
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<int> node_ranks_;
+  std::shared_ptr<detail::SocketTransport> transport_;
+  std::string job_id_;
+  uint64_t allocations_ = 0;
+};
+
+}  // namespace pmoe

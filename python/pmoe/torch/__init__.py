@@ -1,0 +1,20 @@
+"""pmoe.torch: pmoe inside PyTorch jobs started by torchrun (CPU tensors, gloo for set-up).
+
+    import torch.distributed as dist, pmoe.torch
+    dist.init_process_group("gloo")
+    comm = pmoe.torch.communicator()           # pmoe's own shm + TCP paths, no MPI
+    layer = pmoe.torch.EpMoE(comm, hidden_dim=..., ffn_dim=..., num_experts=..., top_k=...,
+                             max_num_tokens=...)
+    y = layer(x); y.sum().backward()
+
+communicator()  a pmoe Communicator over a torch.distributed group
+AllToAll        the exchange one layer uses (three pmoe.AllToAll ops)
+dispatch        differentiable dispatch of tokens to experts
+combine         differentiable combine of expert rows with router weights
+EpMoE           router + stacked experts + dispatch/combine, an nn.Module
+"""
+from ._autograd import AllToAll, combine, dispatch
+from ._comm import communicator
+from ._moe import EpMoE, expert_forward, route
+
+__all__ = ["AllToAll", "EpMoE", "combine", "communicator", "dispatch", "expert_forward", "route"]

@@ -1,0 +1,89 @@
+"""EpMoE: an expert-parallel MoE layer as a torch.nn.Module, trained end to end.
+
+    router:  probs = softmax(x @ router.weight.T) in f32; top-k; weights renormalised to sum 1
+    experts: rank r holds experts [r * E_local, (r + 1) * E_local) as stacked parameters
+             w1 [E_local, H, F], w2 [E_local, F, H] and, with swiglu, w3 [E_local, H, F]:
+             expert(x) = act(x @ w1) @ w2, act = gelu; swiglu: (silu(x @ w3) * (x @ w1)) @ w2
+    forward: dispatch -> per-expert GEMMs in torch -> combine (pmoe's ops carry the traffic)
+
+The router is replicated: each rank's router gradient covers its own tokens only, so sum it
+over the ranks before the optimizer step (replicated_parameters() lists it; DDP does it too).
+The expert parameters are this rank's own and need no reduction.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._autograd import AllToAll, combine, dispatch
+
+
+def route(x, router_weight, top_k):
+    """(indices [m, k] int64, weights [m, k] f32): the top-k experts of each token and their
+    softmax probabilities renormalised over the k."""
+    probs = torch.softmax((x @ router_weight.t()).float(), dim=-1)
+    top, indices = torch.topk(probs, top_k, dim=-1)
+    return indices, top / top.sum(-1, keepdim=True)
+
+
+def expert_forward(x, w1, w2, w3=None):
+    """One expert on its rows x [n, H]."""
+    h = x @ w1
+    h = F.silu(x @ w3) * h if w3 is not None else F.gelu(h)
+    return h @ w2
+
+
+class EpMoE(nn.Module):
+    """Collective at construction over `comm` (pmoe.torch.communicator()).
+
+    hidden_dim H, ffn_dim F, num_experts E (divisible by comm.size), top_k, max_num_tokens (per
+    rank and call), swiglu (adds w3), dtype of activations and parameters (float32, bfloat16,
+    float16). Parameters start random from torch's generator; load_dense() sets them from full
+    tensors (the same on every rank), e.g. to match a single-process model.
+    """
+
+    def __init__(self, comm, *, hidden_dim, ffn_dim, num_experts, top_k, max_num_tokens,
+                 swiglu=False, dtype=torch.float32):
+        super().__init__()
+        self.comm = comm
+        self.top_k = top_k
+        self.a2a = AllToAll(comm, max_num_tokens=max_num_tokens, num_experts=num_experts,
+                            experts_per_token=top_k, hidden_dim=hidden_dim, dtype=dtype)
+        local = self.a2a.num_local_experts
+        self.first_expert = self.a2a.first_expert
+        self.router = nn.Linear(hidden_dim, num_experts, bias=False, dtype=dtype)
+
+        def stacked(rows, cols):
+            return nn.Parameter((torch.randn(local, rows, cols) / rows ** 0.5).to(dtype))
+
+        self.w1 = stacked(hidden_dim, ffn_dim)
+        self.w2 = stacked(ffn_dim, hidden_dim)
+        self.w3 = stacked(hidden_dim, ffn_dim) if swiglu else None
+
+    def replicated_parameters(self):
+        """Parameters every rank holds a copy of (sum their gradients over the ranks)."""
+        return list(self.router.parameters())
+
+    @torch.no_grad()
+    def load_dense(self, router_weight, w1, w2, w3=None):
+        """Sets the router [E, H] and this rank's slices of the full expert tensors [E, ...]."""
+        local = slice(self.first_expert, self.first_expert + self.a2a.num_local_experts)
+        self.router.weight.copy_(router_weight)
+        self.w1.copy_(w1[local])
+        self.w2.copy_(w2[local])
+        if (w3 is None) != (self.w3 is None):
+            raise ValueError("load_dense: w3 must be given exactly when the layer is swiglu")
+        if w3 is not None:
+            self.w3.copy_(w3[local])
+
+    def forward(self, x):
+        """x [m, H] -> y [m, H], m <= max_num_tokens (may differ between ranks, 0 included)."""
+        indices, weights = route(x, self.router.weight, self.top_k)
+        expert_x, counts = dispatch(self.a2a, x, indices)
+        rows = expert_x.shape[1]
+        outputs = []
+        for e, n in enumerate(counts.tolist()):
+            out = expert_forward(expert_x[e, :n], self.w1[e], self.w2[e],
+                                 self.w3[e] if self.w3 is not None else None)
+            outputs.append(F.pad(out, (0, 0, 0, rows - n)))
+        expert_y = torch.stack(outputs).to(expert_x.dtype)
+        return combine(self.a2a, expert_y, indices, weights)

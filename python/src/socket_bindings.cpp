@@ -1,0 +1,58 @@
+// SocketCommunicator: ranks of a job started by another launcher (torchrun). pmoe.torch builds it;
+// these are the two steps it needs around its own address exchange.
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.hpp"
+#include "pmoe/socket_communicator.hpp"
+
+namespace pmoe::python {
+
+namespace nb = nanobind;
+
+void bind_socket(nb::module_& m) {
+  nb::class_<SocketCommunicator::Listener>(
+      m, "SocketListener",
+      "A listening TCP socket (port chosen by the kernel) for a SocketCommunicator.")
+      .def(nb::init<const std::string&>(), nb::arg("bind_host") = "0.0.0.0")
+      .def_prop_ro("port", &SocketCommunicator::Listener::port);
+
+  nb::class_<SocketCommunicator, Communicator>(m, "SocketCommunicator",
+                                               R"(Ranks connected by pmoe's own TCP mesh.
+
+Collective: listener is this rank's SocketListener (taken over), addresses[r] rank r's
+"host:port", nodes[r] rank r's node name (equal names share memory), job_id one string for the
+whole job. Every rank must pass the same lists; pmoe.torch.communicator() fills them in.)")
+      .def(
+          "__init__",
+          [](SocketCommunicator* self, SocketCommunicator::Listener& listener, int rank,
+             std::vector<std::string> addresses, std::vector<std::string> nodes,
+             std::string job_id) {
+            nb::gil_scoped_release release;  // collective: peers are connecting too
+            new (self) SocketCommunicator(std::move(listener), rank, std::move(addresses),
+                                          std::move(nodes), std::move(job_id));
+          },
+          nb::arg("listener"), nb::arg("rank"), nb::arg("addresses"), nb::arg("nodes"),
+          nb::arg("job_id"))
+      .def(
+          "all_gather",
+          [](SocketCommunicator& c, nb::bytes mine) {
+            const std::string text(mine.c_str(), mine.size());
+            std::vector<std::byte> all;
+            {
+              nb::gil_scoped_release release;
+              all = c.all_gather(std::as_bytes(std::span(text.data(), text.size())));
+            }
+            std::vector<nb::bytes> out;
+            for (int r = 0; r < c.size(); ++r)
+              out.emplace_back(reinterpret_cast<const char*>(all.data()) + size_t(r) * text.size(),
+                               text.size());
+            return out;
+          },
+          nb::arg("mine"),
+          "Set-up only: every rank's bytes (the same length on every rank), in rank order.")
+      .def_prop_ro("node_ranks", &SocketCommunicator::node_ranks,
+                   "The ranks (ascending, this one included) that share memory with this one.");
+}
+
+}  // namespace pmoe::python

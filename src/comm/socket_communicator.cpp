@@ -1,0 +1,252 @@
+// SocketCommunicator: set-up collectives as messages over the TCP mesh; symmetric memory through
+// POSIX shared memory on the node and TCP frames off it.
+#include "pmoe/socket_communicator.hpp"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <netdb.h>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+
+#include "comm/group.hpp"
+#include "comm/shm_segment.hpp"
+#include "comm/socket_transport.hpp"
+#include "pmoe/error.hpp"
+
+namespace pmoe {
+namespace {
+
+// Everything one symmetric allocation owns: the mappings of this rank's and its node peers'
+// segments, and its registration with the transport.
+struct SocketRegions {
+  std::vector<detail::ShmSegment> segments;
+  std::shared_ptr<detail::SocketTransport> transport;
+  uint64_t serial = 0;
+  ~SocketRegions() {
+    if (transport) transport->remove_region(serial);
+  }
+};
+
+class SocketSymmetricMemory final : public SymmetricMemory {
+ public:
+  SocketSymmetricMemory(int rank, size_t bytes, int signal_slots, std::vector<std::byte*> data,
+                        std::vector<uint64_t*> signals, std::shared_ptr<SocketRegions> regions,
+                        std::shared_ptr<detail::Group> group, double timeout_s)
+      : SymmetricMemory(rank, bytes, signal_slots, std::move(data), std::move(signals), regions,
+                        std::move(group), timeout_s),
+        transport_(*regions->transport),
+        serial_(regions->serial) {
+    for (int r = 0; r < size(); ++r) has_remote_peers_ = has_remote_peers_ || peer(r) == nullptr;
+  }
+
+  void put(int r, size_t offset, const void* src, size_t bytes) override {
+    if (peer(r)) return SymmetricMemory::put(r, offset, src, bytes);
+    transport_.put(r, serial_, offset, src, bytes);
+  }
+
+  void signal(int r, int slot, uint64_t value) override {
+    if (peer(r)) return SymmetricMemory::signal(r, slot, value);
+    transport_.signal(r, serial_, slot, value);
+  }
+
+ protected:
+  void progress() const override {
+    if (has_remote_peers_) transport_.progress();
+  }
+
+ private:
+  detail::SocketTransport& transport_;  // owned through the regions (the keepalive)
+  uint64_t serial_;
+  bool has_remote_peers_ = false;
+};
+
+// FNV-1a over the strings and their lengths: a digest that ranks compare to agree on set-up.
+uint64_t digest(const std::vector<std::string>& parts) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  };
+  for (const auto& s : parts) {
+    const uint64_t n = s.size();
+    mix(&n, sizeof n);
+    mix(s.data(), s.size());
+  }
+  return h;
+}
+
+}  // namespace
+
+SocketCommunicator::Listener::Listener(const std::string& bind_host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const int status = getaddrinfo(bind_host.c_str(), "0", &hints, &found);
+  PMOE_CHECK(status == 0, "SocketCommunicator: cannot resolve bind address '", bind_host,
+             "': ", gai_strerror(status));
+  std::string error = "no address";
+  for (addrinfo* a = found; a && fd_ < 0; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) {
+      sockaddr_storage bound{};
+      socklen_t length = sizeof bound;
+      getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
+      port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                                : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      fd_ = fd;
+    } else {
+      error = std::strerror(errno);
+      ::close(fd);
+    }
+  }
+  freeaddrinfo(found);
+  PMOE_CHECK(fd_ >= 0, "SocketCommunicator: cannot listen on '", bind_host, "': ", error);
+}
+
+SocketCommunicator::Listener::~Listener() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+SocketCommunicator::Listener::Listener(Listener&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), port_(other.port_) {}
+
+SocketCommunicator::SocketCommunicator(Listener&& listener, int rank,
+                                       std::vector<std::string> addresses,
+                                       std::vector<std::string> nodes, std::string job_id)
+    : Communicator(std::make_shared<detail::Group>(), Device::cpu()),
+      rank_(rank),
+      size_(int(addresses.size())),
+      job_id_(std::move(job_id)) {
+  PMOE_CHECK(listener.fd_ >= 0, "SocketCommunicator: the listener was already used");
+  PMOE_CHECK(size_ >= 1 && rank >= 0 && rank < size_, "SocketCommunicator: rank ", rank,
+             " outside [0, ", size_, ")");
+  PMOE_CHECK(nodes.size() == addresses.size(), "SocketCommunicator: ", addresses.size(),
+             " addresses but ", nodes.size(), " node names");
+  PMOE_CHECK(!job_id_.empty() && job_id_.find('/') == std::string::npos,
+             "SocketCommunicator: job_id must be non-empty and free of '/', got '", job_id_, "'");
+  transport_ = std::make_shared<detail::SocketTransport>(std::exchange(listener.fd_, -1), rank,
+                                                         addresses, timeout_s());
+
+  // Every rank must have been given the same picture of the job.
+  std::vector<std::string> parts = addresses;
+  parts.insert(parts.end(), nodes.begin(), nodes.end());
+  parts.push_back(job_id_);
+  const uint64_t mine = digest(parts);
+  const auto all = all_gather(std::as_bytes(std::span(&mine, 1)));
+  for (int r = 0; r < size_; ++r) {
+    uint64_t theirs;
+    std::memcpy(&theirs, all.data() + size_t(r) * sizeof theirs, sizeof theirs);
+    PMOE_CHECK(theirs == mine, "SocketCommunicator on rank ", rank_, ": rank ", r,
+               " was given other addresses, node names or job id than this rank");
+  }
+  for (int r = 0; r < size_; ++r)
+    if (nodes[size_t(r)] == nodes[size_t(rank_)]) node_ranks_.push_back(r);
+}
+
+SocketCommunicator::~SocketCommunicator() = default;
+
+std::vector<std::byte> SocketCommunicator::all_gather(std::span<const std::byte> mine) {
+  std::vector<std::byte> all(mine.size() * size_t(size_));
+  std::copy(mine.begin(), mine.end(), all.begin() + ptrdiff_t(mine.size() * size_t(rank_)));
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) transport_->send_message(r, mine);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const auto theirs = transport_->receive_message(r, "all_gather");
+    PMOE_CHECK(theirs.size() == mine.size(), "all_gather on rank ", rank_, ": rank ", r, " sent ",
+               theirs.size(), " bytes, this rank ", mine.size(), " (ranks out of step)");
+    std::copy(theirs.begin(), theirs.end(), all.begin() + ptrdiff_t(mine.size() * size_t(r)));
+  }
+  return all;
+}
+
+void SocketCommunicator::barrier() { all_gather({}); }
+
+void SocketCommunicator::broadcast(std::span<std::byte> data, int root) {
+  PMOE_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " outside [0, ", size_, ")");
+  if (rank_ == root) {
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) transport_->send_message(r, data);
+    return;
+  }
+  const auto theirs = transport_->receive_message(root, "broadcast");
+  PMOE_CHECK(theirs.size() == data.size(), "broadcast on rank ", rank_, ": root ", root, " sent ",
+             theirs.size(), " bytes, this rank expected ", data.size());
+  std::copy(theirs.begin(), theirs.end(), data.begin());
+}
+
+std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric(size_t bytes,
+                                                                     int signal_slots) {
+  PMOE_CHECK(signal_slots >= 0, "alloc_symmetric: negative signal count ", signal_slots);
+  const size_t data_bytes = (bytes + 63) / 64 * 64;
+  const size_t total = data_bytes + size_t(signal_slots) * SymmetricMemory::kSignalBytes;
+  // A peer that maps a larger segment than its creator made would fault on touching the end:
+  // ranks that disagree on an op's config (and so on its sizes) fail here, on every rank.
+  const uint64_t request[2] = {bytes, uint64_t(signal_slots)};
+  const auto requests = all_gather(std::as_bytes(std::span(request)));
+  for (int r = 0; r < size_; ++r) {
+    uint64_t theirs[2];
+    std::memcpy(theirs, requests.data() + size_t(r) * sizeof theirs, sizeof theirs);
+    PMOE_CHECK(theirs[0] == request[0] && theirs[1] == request[1], "alloc_symmetric on rank ",
+               rank_, ": rank ", r, " asks for ", theirs[0], " bytes and ", theirs[1],
+               " signals, this rank for ", bytes, " and ", signal_slots,
+               " (the ranks disagree on the op's config)");
+  }
+  const uint64_t serial = allocations_++;
+  auto name_of = [&](int r) { return detail::cat("/pmoe.", job_id_, ".", serial, ".", r); };
+
+  // Each step ends with an exchange of error texts, so that a failure on one rank becomes an
+  // error on every rank instead of a wait that times out.
+  auto agree = [&](const std::string& my_error, const char* step) {
+    char text[200] = {};
+    std::strncpy(text, my_error.c_str(), sizeof text - 1);
+    const auto all = all_gather(std::as_bytes(std::span(text)));
+    for (int r = 0; r < size_; ++r) {
+      const char* theirs = reinterpret_cast<const char*>(all.data()) + size_t(r) * sizeof text;
+      PMOE_CHECK(theirs[0] == '\0', "alloc_symmetric (", step, ") failed on rank ", r, ": ",
+                 std::string(theirs, strnlen(theirs, sizeof text)));
+    }
+  };
+
+  auto regions = std::make_shared<SocketRegions>();
+  std::vector<std::byte*> data(size_t(size_), nullptr);
+  std::string error;
+  try {
+    regions->segments.push_back(detail::ShmSegment::create(name_of(rank_), total));
+    data[size_t(rank_)] = regions->segments.back().data();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree(error, "create");
+  for (int r : node_ranks_) {
+    if (r == rank_) continue;
+    try {
+      regions->segments.push_back(detail::ShmSegment::open(name_of(r), total));
+      data[size_t(r)] = regions->segments.back().data();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  std::vector<uint64_t*> signals(size_t(size_), nullptr);
+  for (int r = 0; r < size_; ++r)
+    if (data[size_t(r)])
+      signals[size_t(r)] = reinterpret_cast<uint64_t*>(data[size_t(r)] + data_bytes);
+  // Registered before the last exchange: a peer puts only after that exchange, so its frames
+  // never find this region missing.
+  regions->transport = transport_;
+  regions->serial = serial;
+  transport_->add_region(serial, data[size_t(rank_)], signals[size_t(rank_)]);
+  agree(error, "map");
+  detail::ShmSegment::unlink(name_of(rank_));  // every peer has mapped it: drop the name
+  return std::make_unique<SocketSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
+                                                 std::move(signals), regions, group(), timeout_s());
+}
+
+}  // namespace pmoe

@@ -1,0 +1,161 @@
+// SocketCommunicator (the communicator pmoe.torch builds under torchrun): W = 2, 3, 4 ranks as
+// threads of this process, each with its own communicator over pmoe's TCP mesh, placed on one
+// node (shared memory), on one node each (every put a TCP frame), or on two nodes. Checks the
+// set-up collectives, AllToAll cases against the reference, and the errors a user can cause.
+// Runs under the sanitizer presets too (the transport's locking is what TSan checks).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <barrier>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "all_to_all_cases.hpp"
+#include "pmoe/error.hpp"
+#include "pmoe/socket_communicator.hpp"
+
+namespace pmoe {
+namespace {
+
+using Placement = std::function<std::string(int rank, int size)>;
+
+std::string one_node(int, int) { return "n0"; }
+std::string own_node(int rank, int) { return "n" + std::to_string(rank); }
+std::string two_nodes(int rank, int size) { return rank * 2 < size ? "a" : "b"; }
+
+// Runs fn on `size` thread ranks, each with its own SocketCommunicator; returns each rank's error
+// text ("" when it passed).
+std::vector<std::string> run_socket_ranks(int size, const Placement& node_of,
+                                          const std::function<void(Communicator&)>& fn) {
+  static std::atomic<int> jobs{0};
+  const std::string job = "test." + std::to_string(::getpid()) + "." + std::to_string(jobs++);
+  const auto n = static_cast<size_t>(size);
+  std::vector<std::string> addresses(n), nodes(n), errors(n);
+  std::vector<SocketCommunicator::Listener> listeners;
+  for (int r = 0; r < size; ++r) {
+    listeners.emplace_back("127.0.0.1");
+    addresses[size_t(r)] = "127.0.0.1:" + std::to_string(listeners.back().port());
+    nodes[size_t(r)] = node_of(r, size);
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        SocketCommunicator comm(std::move(listeners[size_t(r)]), r, addresses, nodes, job);
+        fn(comm);
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+void expect_all_passed(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+struct Layout {
+  const char* name;
+  std::string (*node_of)(int, int);
+};
+const Layout kLayouts[] = {
+    {"one_node", one_node}, {"own_node", own_node}, {"two_nodes", two_nodes}};
+
+TEST(SocketComm, CollectivesAndNodeRanks) {
+  for (const Layout& layout : kLayouts) {
+    for (int size : {1, 2, 3, 4}) {
+      SCOPED_TRACE(std::string(layout.name) + " W=" + std::to_string(size));
+      expect_all_passed(run_socket_ranks(size, layout.node_of, [&](Communicator& comm) {
+        const int r = comm.rank();
+        // node_ranks: the ranks whose node name equals this rank's.
+        std::vector<int> mates;
+        for (int p = 0; p < size; ++p)
+          if (layout.node_of(p, size) == layout.node_of(r, size)) mates.push_back(p);
+        PMOE_CHECK(comm.node_ranks() == mates, "node_ranks differ from the placement");
+        for (int round = 0; round < 3; ++round) {
+          const uint64_t mine = uint64_t(r * 100 + round);
+          const auto all = comm.all_gather(std::as_bytes(std::span(&mine, 1)));
+          for (int p = 0; p < size; ++p) {
+            uint64_t theirs;
+            std::memcpy(&theirs, all.data() + size_t(p) * 8, 8);
+            PMOE_CHECK(theirs == uint64_t(p * 100 + round), "all_gather: rank ", p, " gave ",
+                       theirs);
+          }
+          uint64_t value = r == round % size ? 4242 + uint64_t(round) : 0;
+          comm.broadcast(std::as_writable_bytes(std::span(&value, 1)), round % size);
+          PMOE_CHECK(value == 4242 + uint64_t(round), "broadcast gave ", value);
+          comm.barrier();
+        }
+      }));
+    }
+  }
+}
+
+TEST(SocketComm, AllToAllMatchesReference) {
+  for (const Layout& layout : kLayouts) {
+    for (int size : {2, 3, 4}) {
+      testing::AllToAllCase c;
+      c.config = testing::make_config(6, 2 * size, 3, 40, DType::bf16, DType::f32);
+      c.tokens = size == 3 ? testing::TokenCounts::zero_on_odd : testing::TokenCounts::random;
+      c.expert_y_dtype = DType::f32;
+      c.calls = 3;
+      c.split_phases = size == 4;
+      c.seed = uint64_t(size) * 7;
+      SCOPED_TRACE(std::string(layout.name) + " " + testing::describe(c));
+      expect_all_passed(run_socket_ranks(size, layout.node_of, [&](Communicator& comm) {
+        const auto result = testing::run_all_to_all_case(comm, c);
+        PMOE_CHECK(result.error.empty(), result.error);
+      }));
+    }
+  }
+}
+
+// Large puts both ways between two nodes: each rank's sends fill the socket while its peer is
+// sending too; the transport must read while it writes, or both block.
+TEST(SocketComm, LargeExchangeAcrossNodes) {
+  testing::AllToAllCase c;
+  c.config = testing::make_config(256, 4, 4, 4096, DType::f32, DType::f32);  // 4 MiB a way
+  c.tokens = testing::TokenCounts::full;
+  c.expert_y_dtype = DType::f32;
+  c.calls = 2;
+  expect_all_passed(run_socket_ranks(2, own_node, [&](Communicator& comm) {
+    const auto result = testing::run_all_to_all_case(comm, c);
+    PMOE_CHECK(result.error.empty(), result.error);
+  }));
+}
+
+TEST(SocketComm, RanksDisagreeingOnSizesFailEverywhere) {
+  const auto errors = run_socket_ranks(3, two_nodes, [](Communicator& comm) {
+    const size_t bytes = comm.rank() == 1 ? 4096 : 8192;
+    comm.alloc_symmetric(bytes, 2);
+  });
+  for (size_t r = 0; r < errors.size(); ++r)
+    EXPECT_NE(errors[r].find("disagree"), std::string::npos) << "rank " << r << ": " << errors[r];
+}
+
+TEST(SocketComm, PeerThatLeavesIsNamed) {
+  const auto errors = run_socket_ranks(2, own_node, [](Communicator& comm) {
+    if (comm.rank() == 1) return;  // leaves: its destructor closes the connections
+    comm.barrier();
+  });
+  EXPECT_NE(errors[0].find("rank 1 closed its connection"), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[1], "");
+}
+
+TEST(SocketComm, BadArguments) {
+  SocketCommunicator::Listener listener("127.0.0.1");
+  EXPECT_THROW(SocketCommunicator(std::move(listener), 2, {"127.0.0.1:1"}, {"n"}, "job"), Error);
+  SocketCommunicator::Listener other("127.0.0.1");
+  EXPECT_THROW(SocketCommunicator(std::move(other), 0, {"x:1", "y:2"}, {"n"}, "job"), Error);
+  SocketCommunicator::Listener third("127.0.0.1");
+  EXPECT_THROW(SocketCommunicator(std::move(third), 0, {"x:1"}, {"n"}, "a/b"), Error);
+}
+
+}  // namespace
+}  // namespace pmoe
