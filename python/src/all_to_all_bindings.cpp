@@ -52,8 +52,8 @@ bit-identical run after run. Every call validates its arguments before sending a
           "elements per f32 scale); out_dtype: f32, bf16 or f16.")
       .def(
           "dispatch",
-          [](AllToAll& self, nb::ndarray<> x, nb::ndarray<> indices,
-             nb::ndarray<> expert_num_tokens, nb::ndarray<> expert_x, nb::handle x_scale,
+          [](AllToAll& self, nb::handle x, nb::handle indices, nb::handle expert_num_tokens,
+             nb::handle expert_x, nb::handle x_scale,
              nb::handle expert_x_scale, const std::string& phase) {
             const Tensor tx = to_tensor(x, "x"), ti = to_tensor(indices, "indices"),
                          tn = to_tensor(expert_num_tokens, "expert_num_tokens"),
@@ -78,8 +78,8 @@ expert_x_scale    [E_local, W * max_num_tokens, H / scale_block] float32, f8e4m3
 phase             'both', or 'send' then 'recv' with other work in between)")
       .def(
           "combine",
-          [](AllToAll& self, nb::ndarray<> expert_y, nb::ndarray<> indices, nb::ndarray<> weights,
-             nb::ndarray<> y, const std::string& phase) {
+          [](AllToAll& self, nb::handle expert_y, nb::handle indices, nb::handle weights,
+             nb::handle y, const std::string& phase) {
             const Tensor te = to_tensor(expert_y, "expert_y"), ti = to_tensor(indices, "indices"),
                          tw = to_tensor(weights, "weights"), ty = to_tensor(y, "y");
             const Phase p = parse_phase(phase);

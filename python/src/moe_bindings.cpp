@@ -27,7 +27,7 @@ MoeTensor parse_moe_tensor(const std::string& name) {
 // for a torch tensor, through its new_zeros, so also its dtype and device; else NumPy).
 template <typename Layer>
 nb::object forward(Layer& layer, nb::handle x, nb::handle y) {
-  const Tensor tx = to_tensor(nb::cast<nb::ndarray<>>(x), "x");
+  const Tensor tx = to_tensor(x, "x");
   nb::object out;
   Tensor ty;
   if (y.is_none()) {
@@ -42,7 +42,7 @@ nb::object forward(Layer& layer, nb::handle x, nb::handle y) {
     ty = to_tensor(nb::cast<nb::ndarray<>>(out), "y");
   } else {
     out = nb::borrow(y);
-    ty = to_tensor(nb::cast<nb::ndarray<>>(y), "y");
+    ty = to_tensor(y, "y");
   }
   {
     nb::gil_scoped_release release;

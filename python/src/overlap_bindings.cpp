@@ -54,7 +54,7 @@ void bind_op(nb::module_& m, const char* name, const char* doc) {
           "'all_pairs' or 'ring'.")
       .def(
           "run",
-          [](Op& self, nb::ndarray<> a, nb::ndarray<> b, nb::ndarray<> c) {
+          [](Op& self, nb::handle a, nb::handle b, nb::handle c) {
             const Tensor ta = to_tensor(a, "A"), tb = to_tensor(b, "B"), tc = to_tensor(c, "C");
             nb::gil_scoped_release release;
             self.run(ta, tb, tc);
@@ -62,7 +62,7 @@ void bind_op(nb::module_& m, const char* name, const char* doc) {
           nb::arg("A"), nb::arg("B"), nb::arg("C"), "The overlapped op. Collective.")
       .def(
           "run_serial",
-          [](Op& self, nb::ndarray<> a, nb::ndarray<> b, nb::ndarray<> c) {
+          [](Op& self, nb::handle a, nb::handle b, nb::handle c) {
             const Tensor ta = to_tensor(a, "A"), tb = to_tensor(b, "B"), tc = to_tensor(c, "C");
             nb::gil_scoped_release release;
             self.run_serial(ta, tb, tc);

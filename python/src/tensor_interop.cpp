@@ -1,5 +1,7 @@
 #include "tensor_interop.hpp"
 
+#include <nanobind/stl/string.h>
+
 #include <array>
 #include <string>
 
@@ -73,9 +75,31 @@ Tensor to_tensor(const nb::ndarray<>& array, const char* name) {
                 to_device(array.device_type(), array.device_id(), name));
 }
 
+Tensor to_tensor(nb::handle object, const char* name) {
+  PMOE_CHECK(!nb::hasattr(object, "requires_grad") || !nb::cast<bool>(object.attr("requires_grad")),
+             "`", name, "` requires grad: pmoe's ops record no gradients; pass ", name,
+             ".detach(), or use pmoe.torch.dispatch / combine, which do");
+  nb::ndarray<> array;
+  bool is_array = false;
+  try {
+    is_array = nb::try_cast(object, array);
+  } catch (const std::exception&) {
+  }
+  if (is_array) return to_tensor(array, name);
+  // __dlpack__ itself may have refused (a torch tensor on "meta") and left its Python exception
+  // set; the pmoe::Error below replaces it.
+  PyErr_Clear();
+  const std::string type = nb::str(object.type().attr("__name__")).c_str();
+  PMOE_CHECK(!nb::hasattr(object, "__dlpack__"), "`", name, "`: this ", type,
+             " refused to export itself through DLPack (a torch tensor on the meta device does); ",
+             "pass a CPU or CUDA array");
+  throw Error(detail::cat("`", name, "` must be an array (a torch tensor, a NumPy array or ",
+                          "anything with __dlpack__), got ", type));
+}
+
 Tensor to_tensor_or_empty(const nb::handle& maybe_array, const char* name) {
   if (maybe_array.is_none()) return Tensor();
-  return to_tensor(nb::cast<nb::ndarray<>>(maybe_array), name);
+  return to_tensor(maybe_array, name);
 }
 
 nb::object to_numpy(const Tensor& t, nb::handle owner) {

@@ -17,6 +17,10 @@ namespace nb = nanobind;
 // A view of `array`; throws pmoe::Error naming `name` for a dtype or device pmoe has no use for.
 Tensor to_tensor(const nb::ndarray<>& array, const char* name);
 
+// Any Python object: a DLPack array as above; anything else (a list, a torch tensor that requires
+// grad, which torch refuses to export) raises pmoe::Error saying what to pass instead.
+Tensor to_tensor(nb::handle object, const char* name);
+
 // The same for an optional argument: None becomes the empty Tensor.
 Tensor to_tensor_or_empty(const nb::handle& maybe_array, const char* name);
 

@@ -2,6 +2,7 @@
 layer given a torch tensor returns one (same dtype, same device), equal to what NumPy input gives.
 (The autograd layer, pmoe.torch, has tests of its own under torchrun.)"""
 import numpy as np
+import pytest
 import torch
 
 import pmoe
@@ -55,3 +56,22 @@ def test_all_to_all_takes_topk_int64_indices():
         op.combine(expert_x, indices, weights.contiguous(), y)
         torch.testing.assert_close(y, x * weights.sum(1, keepdim=True), rtol=1e-6, atol=1e-5)
     pmoe.run_ranks(2, rank_main)
+
+
+def test_raw_ops_refuse_what_they_cannot_take_with_pmoe_error():
+    def rank_main(comm):
+        op = pmoe.AllToAll(comm, max_num_tokens=2, num_experts=2, experts_per_token=1,
+                           hidden_dim=4, in_dtype="f32", out_dtype="f32")
+        counts, expert_x = torch.zeros(2, dtype=torch.int32), torch.zeros(2, 2, 4)
+        indices = torch.zeros(2, 1, dtype=torch.int64)
+        x = torch.zeros(2, 4, requires_grad=True)
+        with pytest.raises(pmoe.Error, match=r"`x` requires grad: pmoe's ops record no gradients; "
+                                             r"pass x.detach\(\), or use pmoe.torch"):
+            op.dispatch(x, indices, counts, expert_x)
+        with pytest.raises(pmoe.Error, match="`indices` must be an array .* got list"):
+            op.dispatch(x.detach(), [[0], [1]], counts, expert_x)
+        with pytest.raises(pmoe.Error, match="`x`: this Tensor refused to export itself through DLPack"):
+            op.dispatch(x.detach().to("meta"), indices, counts, expert_x)
+        op.dispatch(x.detach(), indices, counts, expert_x)  # the op is still usable
+        assert counts.tolist() == [2, 0]
+    pmoe.run_ranks(1, rank_main)

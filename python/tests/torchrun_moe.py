@@ -249,10 +249,10 @@ def check_disagreement(comm):
     expect_error("config mismatch", lambda: pt.AllToAll(
         comm, max_num_tokens=4, num_experts=2 * comm.size, experts_per_token=2, hidden_dim=H),
         "hidden_dim")
-    # pmoe's own op, below the torch layer: its symmetric allocation sizes differ.
+    # pmoe's own op, below the torch layer: its config agreement names the field and the values.
     expect_error("raw op config mismatch", lambda: pmoe.AllToAll(
         comm, max_num_tokens=4, num_experts=2 * comm.size, experts_per_token=2, hidden_dim=H),
-        "disagree")
+        "the ranks' configs differ in hidden_dim")
 
 
 def run_cases(comm, tag=""):
