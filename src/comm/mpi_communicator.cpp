@@ -2,6 +2,7 @@
 // wait; symmetric memory through POSIX shared memory on the node and MPI messages off it.
 #include "pmoe/mpi_communicator.hpp"
 
+#include <sched.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -223,6 +224,21 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device device)
   std::vector<detail::PeerWatch::Identity> identities(static_cast<size_t>(size_));
   std::memcpy(identities.data(), all.data(), all.size());
   group()->set_peer_watch(std::make_shared<detail::PeerWatch>(rank_, ranks_in_node, identities));
+
+  // Do this node's ranks outnumber the CPUs they may run on together? (Open MPI binds each rank
+  // to one core when they fit, so one rank's own mask says too little.) Waits block early if so.
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0) CPU_SET(0, &mask);
+  const auto masks = all_gather(std::as_bytes(std::span(&mask, 1)));
+  cpu_set_t node_cpus;
+  CPU_ZERO(&node_cpus);
+  for (int r : ranks_in_node) {
+    cpu_set_t theirs;
+    std::memcpy(&theirs, masks.data() + size_t(r) * sizeof theirs, sizeof theirs);
+    CPU_OR(&node_cpus, &node_cpus, &theirs);
+  }
+  detail::note_ranks_on_node(node_size, CPU_COUNT(&node_cpus));
 }
 
 MpiCommunicator::~MpiCommunicator() {

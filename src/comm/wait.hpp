@@ -2,16 +2,21 @@
 // cores in tests, a laptop, a CI runner), so a wait goes through three stages:
 //   1. spin a few microseconds: a peer that is running answers that fast, and a spin costs
 //      nothing when every rank has its own core;
-//   2. yield for a short while: a peer that shares this core gets it at once;
+//   2. yield: a peer that shares this core gets it at once;
 //   3. block: in the kernel on the awaited word (futex) where the waker knows to wake it, else in
-//      short naps. The core goes idle, so the scheduler moves a runnable peer onto it; a peer
-//      that waits on a core another rank needs is what made 4 ranks on 2 cores take milliseconds
-//      per call while a plain yield loop ran.
+//      naps growing to kMaxBlock. The core goes idle, so the scheduler moves a runnable peer onto
+//      it. Waiters that kept yielding to each other on one core while the ranks they waited for
+//      shared the other made 4 ranks on 2 cores take milliseconds per call.
+// How long stage 2 lasts depends on whether this process's ranks outnumber the cores they may
+// run on (the communicators report it at set-up, note_ranks_on_node): if they do, 50 us, and
+// then block; if not, 5 ms as before blocking existed, since a rank with a core of its own loses
+// nothing by yielding and a woken sleeper would add its wake-up latency to every wait.
 // Every stage polls the side conditions (a failed or dead peer, MPI progress) and the deadline;
 // no block lasts longer than kMaxBlock, so the latency of those checks stays bounded.
 //
-// PMOE_WAIT=spin selects the previous policy (spin, yield for 5 ms, then 50 us naps, no futex),
-// kept so that both can be measured side by side by one binary.
+// PMOE_WAIT overrides the choice: "spin" (yield 5 ms, then 50 us naps, never a futex: the policy
+// before this one), "block" (always the oversubscribed policy) or "adaptive" (the default), so
+// that one binary can measure them side by side.
 #pragma once
 
 #include <algorithm>
@@ -33,8 +38,13 @@ struct WaitPolicy {
   std::chrono::nanoseconds yield_for;  // length of stage 2
   std::chrono::nanoseconds nap;        // first nap of stage 3 (fixed in the "spin" policy)
 };
-// Read once from PMOE_WAIT ("adaptive", the default, or "spin"); an unknown value throws.
-const WaitPolicy& wait_policy();
+// The policy now: PMOE_WAIT (read once; an unknown value throws), else adaptive.
+WaitPolicy wait_policy();
+// A communicator saw `ranks` of its ranks in this process's node share `cpus` CPUs. Once any
+// group of this process is oversubscribed, adaptive waits block early for the process's life.
+void note_ranks_on_node(int ranks, int cpus);
+// The CPUs this thread may run on (its affinity mask), at least 1.
+int usable_cpus();
 
 inline constexpr int kSpins = 256;  // a few microseconds of _mm_pause
 inline constexpr auto kMaxBlock = std::chrono::milliseconds(1);
@@ -54,7 +64,7 @@ void wait_until(double timeout_s, Ready&& ready, PollSide&& poll_side, OnTimeout
                 Block&& block) {
   if (ready()) return;
   using Clock = std::chrono::steady_clock;
-  const WaitPolicy& policy = wait_policy();
+  const WaitPolicy policy = wait_policy();
   const auto start = Clock::now();
   const auto deadline =
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
