@@ -40,5 +40,11 @@ bench: build
 soak: build
 	@scripts/soak.sh 10000
 
+# libFuzzer (Clang) with ASan+UBSan over each fuzz target, FUZZ_SECONDS each (default 120).
+# `make test` runs the same targets for a few seconds through a replay driver.
+FUZZ_SECONDS ?= 120
+fuzz: setup
+	@scripts/fuzz.sh $(FUZZ_SECONDS)
+
 clean:
 	rm -rf build
