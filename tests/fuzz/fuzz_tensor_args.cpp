@@ -4,6 +4,7 @@
 // numel, nbytes, contiguity and shape text are computed without overflow or crash; passing it as
 // any one argument of AllToAll::dispatch/combine or SimpleMoe::forward (1 rank) must throw
 // pmoe::Error unless it is exactly what that argument takes.
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -74,7 +75,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const Error&) {
     return 0;  // refused at construction: fine
   }
-  // Whatever was accepted must answer these without undefined behaviour.
+  // Whatever was accepted must answer these without undefined behaviour, and its element count
+  // must be the true one (computed here in 128 bits, in numel()'s order).
+  __int128 exact = ndim == 0 ? (ptr ? 1 : 0) : 1;
+  for (int d = 0; d < ndim && exact <= INT64_MAX; ++d) exact *= shape[d];
+  if (exact > INT64_MAX || exact * __int128(dtype_size(dtype)) > INT64_MAX)
+    fuzz_bug("a tensor whose byte count overflows int64 was accepted: " + t.shape_str());
+  if (t.numel() != int64_t(exact)) fuzz_bug("numel() is wrong for " + t.shape_str());
   (void)t.numel();
   (void)t.nbytes();
   (void)t.is_contiguous();
