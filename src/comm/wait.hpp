@@ -3,10 +3,10 @@
 //   1. spin a few microseconds: a peer that is running answers that fast, and a spin costs
 //      nothing when every rank has its own core;
 //   2. yield: a peer that shares this core gets it at once;
-//   3. block: in the kernel on the awaited word (futex) where the waker knows to wake it, else in
-//      naps growing to kMaxBlock. The core goes idle, so the scheduler moves a runnable peer onto
-//      it. Waiters that kept yielding to each other on one core while the ranks they waited for
-//      shared the other made 4 ranks on 2 cores take milliseconds per call.
+//   3. block: in the kernel on the awaited word (futex) where the waker knows to wake it (up to
+//      kMaxBlock at a time), else in naps growing to kMaxNap. The core goes idle, so the
+//      scheduler moves a runnable peer onto it. Waiters that kept yielding on a core that the
+//      ranks they waited for needed made 4 ranks on 2 cores take milliseconds per call.
 // How long stage 2 lasts depends on whether this process's ranks outnumber the cores they may
 // run on (the communicators report it at set-up, note_ranks_on_node): if they do, 50 us, and
 // then block; if not, 5 ms as before blocking existed, since a rank with a core of its own loses
@@ -34,7 +34,7 @@
 namespace pmoe::detail {
 
 struct WaitPolicy {
-  bool block;                          // stage 3 blocks (futex or naps growing to kMaxBlock)
+  bool block;                          // stage 3 blocks (futex, or naps up to kMaxNap)
   std::chrono::nanoseconds yield_for;  // length of stage 2
   std::chrono::nanoseconds nap;        // first nap of stage 3 (fixed in the "spin" policy)
 };
@@ -47,7 +47,8 @@ void note_ranks_on_node(int ranks, int cpus);
 int usable_cpus();
 
 inline constexpr int kSpins = 256;  // a few microseconds of _mm_pause
-inline constexpr auto kMaxBlock = std::chrono::milliseconds(1);
+inline constexpr auto kMaxBlock = std::chrono::milliseconds(1);  // a futex wait (woken early)
+inline constexpr auto kMaxNap = std::chrono::microseconds(100);   // a nap nobody cuts short
 
 // Blocks until *word != expected, a wake on `word`, or `timeout`, whichever comes first (spurious
 // returns are fine: callers loop). `word` may be shared between processes.
@@ -92,11 +93,13 @@ void wait_until(double timeout_s, Ready&& ready, PollSide&& poll_side, OnTimeout
   }
 }
 
-// The same, blocking in plain naps: for waits nobody wakes (MPI requests, barriers).
+// The same, blocking in plain naps of at most kMaxNap, since nothing wakes them: for MPI
+// requests, barriers and waits on signals outside SymmetricMemory::wait_signal.
 template <typename Ready, typename PollSide, typename OnTimeout>
 void wait_until(double timeout_s, Ready&& ready, PollSide&& poll_side, OnTimeout&& on_timeout) {
-  wait_until(timeout_s, ready, poll_side, on_timeout,
-             [](std::chrono::nanoseconds nap) { std::this_thread::sleep_for(nap); });
+  wait_until(timeout_s, ready, poll_side, on_timeout, [](std::chrono::nanoseconds nap) {
+    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(nap, kMaxNap));
+  });
 }
 
 }  // namespace pmoe::detail
