@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
     // Dies at a random moment 100..400 ms after set-up, in whatever call it is in.
     std::srand(unsigned(getpid()));
     const int delay_ms = 100 + std::rand() % 300;
-    std::thread([&] {
+    std::thread([delay_ms, &stamp_file] {
       std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
       std::ofstream(stamp_file) << monotonic_ns() << "\n";
       raise(SIGKILL);
