@@ -1,6 +1,6 @@
 # The README's entry points. Each installs what is missing (scripts/setup.sh), configures,
 # builds and runs; nothing else is needed on a fresh machine.
-.PHONY: all setup build test test-asan test-tsan bench clean
+.PHONY: all setup build test test-asan test-tsan bench soak fuzz clean
 
 JOBS ?= $(shell nproc)
 
@@ -34,6 +34,17 @@ test-tsan: setup
 # JSON lands in build/bench/; the committed results in bench/results/ come from fuller runs.
 bench: build
 	@build/default/tools/pmoe-bench/pmoe-bench all --out build/bench
+
+# 10,000 checked AllToAll calls over 4 MPI processes, everything changing per call, resident
+# memory sampled (docs/robustness.md). `make test` runs 500 of them.
+soak: build
+	@scripts/soak.sh 10000
+
+# libFuzzer (Clang) with ASan+UBSan over each fuzz target, FUZZ_SECONDS each (default 120).
+# `make test` runs the same targets for a few seconds through a replay driver.
+FUZZ_SECONDS ?= 120
+fuzz: setup
+	@scripts/fuzz.sh $(FUZZ_SECONDS)
 
 clean:
 	rm -rf build

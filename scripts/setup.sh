@@ -12,6 +12,7 @@ debian_packages=(
   libcli11-dev
   nlohmann-json3-dev
   libboost-context-dev  # fibers: the threads of a block on the emulated CUDA device
+  clang libclang-rt-14-dev  # make fuzz: libFuzzer and the sanitizer runtimes for Clang
 )
 # The Python module, its tests, --plot; torch for pmoe.torch and its torchrun tests (PyPI's wheel).
 python_packages=(numpy pytest nanobind matplotlib torch)

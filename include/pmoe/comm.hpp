@@ -100,7 +100,7 @@ class SymmetricMemory {
   // Copies `bytes` from `src` into rank r's region at `offset`; works for every peer.
   virtual void put(int r, size_t offset, const void* src, size_t bytes);
   // Sets rank r's signal `slot` to `value` with release semantics: everything this rank put to r
-  // before is visible to r once r sees the value.
+  // before is visible to r once r sees the value, and wakes r if it blocks in wait_signal.
   virtual void signal(int r, int slot, uint64_t value);
 
   // This rank's signal `slot`, read with acquire semantics.
@@ -125,6 +125,9 @@ class SymmetricMemory {
  protected:
 
   virtual void progress() const {}  // called while waiting, for transports that need it
+  // Set by transports whose signals land only when the waiter itself calls progress(): a wait
+  // then naps briefly instead of blocking until woken.
+  void set_polled_transport() { polled_transport_ = true; }
 
  private:
   int rank_;
@@ -136,6 +139,7 @@ class SymmetricMemory {
   std::shared_ptr<detail::Group> group_;
   double timeout_s_;
   Device device_;
+  bool polled_transport_ = false;
 };
 
 // Runs fn(comm) on n ranks, each a thread of this process, and returns when all have returned.

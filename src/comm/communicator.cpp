@@ -1,5 +1,7 @@
 // The parts of Communicator and SymmetricMemory that every backend shares.
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 
@@ -28,6 +30,12 @@ Communicator::~Communicator() = default;
 void Communicator::check_group() const { group_->check(rank()); }
 
 constexpr size_t kSignalStride = SymmetricMemory::kSignalBytes / sizeof(uint64_t);
+// A signal's 64-byte slot: word 0 is the epoch; word 1 counts the threads blocked on it (any
+// process), so that signal() makes the wake-up system call only when someone sleeps. The futex
+// is the epoch's low 32 bits (x86 and Arm are little-endian): epochs only grow, by far less than
+// 2^32 between two looks, so a changed epoch always changes that word.
+constexpr size_t kWaitersWord = 1;
+static_assert(SymmetricMemory::kSignalBytes >= 2 * sizeof(uint64_t));
 
 SymmetricMemory::SymmetricMemory(int rank, size_t bytes, int signal_slots,
                                  std::vector<std::byte*> data, std::vector<uint64_t*> signals,
@@ -64,7 +72,14 @@ void SymmetricMemory::signal(int r, int slot, uint64_t value) {
              device_.str(), " is signalled by kernels, not from the host");
   PMOE_CHECK(peer_signals_[r] != nullptr, "SymmetricMemory::signal: rank ", r,
              " is not load/store reachable from rank ", rank_, " and this backend has no transport");
-  std::atomic_ref<uint64_t>(*signal_word(r, slot)).store(value, std::memory_order_release);
+  uint64_t* word = signal_word(r, slot);
+  std::atomic_ref<uint64_t>(*word).store(value, std::memory_order_release);
+  if (!detail::wait_policy().block) return;
+  // Pairs with the waiter's increment then re-read in wait_signal: either it sees the new value,
+  // or this sees its count and wakes it. One fence and a load when nobody sleeps.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (std::atomic_ref<uint64_t>(word[kWaitersWord]).load(std::memory_order_relaxed) != 0)
+    detail::futex_wake_all(reinterpret_cast<const uint32_t*>(word));
 }
 
 uint64_t SymmetricMemory::read_signal(int slot) const {
@@ -77,7 +92,12 @@ void SymmetricMemory::wait_signal(int slot, uint64_t value, const WaitFor& what)
   detail::wait_until(
       timeout_s_, [&] { return read_signal(slot) >= value; },
       [&] {
-        group_->check(rank_);
+        try {
+          group_->check(rank_);
+        } catch (const Error& e) {  // say which op gave up on which peer
+          throw Error(detail::cat(what.op, " (waiting for rank ", what.peer, ": ", what.event,
+                                  "): ", e.what()));
+        }
         progress();
       },
       [&] {
@@ -85,6 +105,20 @@ void SymmetricMemory::wait_signal(int slot, uint64_t value, const WaitFor& what)
                                 " did not arrive within ", timeout_s_, " s (waited for ",
                                 what.event, ": signal ", slot, " to reach ", value, ", it is at ",
                                 read_signal(slot), ")"));
+      },
+      [&](std::chrono::nanoseconds most) {
+        if (polled_transport_) {  // the signal may be in a message only progress() applies
+          std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(
+              most, std::chrono::microseconds(50)));
+          return;
+        }
+        uint64_t* word = signal_word(rank_, slot);
+        std::atomic_ref<uint64_t> waiters(word[kWaitersWord]);
+        waiters.fetch_add(1, std::memory_order_seq_cst);
+        const uint64_t seen = std::atomic_ref<uint64_t>(*word).load(std::memory_order_seq_cst);
+        if (seen < value)
+          detail::futex_wait(reinterpret_cast<const uint32_t*>(word), uint32_t(seen), most);
+        waiters.fetch_sub(1, std::memory_order_relaxed);
       });
 }
 

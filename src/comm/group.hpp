@@ -1,29 +1,40 @@
 // detail::Group: what every wait of a rank consults besides its own flag. Thread groups record
-// the first failure of any rank, so that the others stop waiting at once; MPI groups drive
-// progress of one-sided transfers.
+// the first failure of any rank, so that the others stop waiting at once; MPI groups also watch
+// their node-local peer processes (PeerWatch), so that one that died is named within a fraction
+// of a second.
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
 
 namespace pmoe::detail {
 
+class PeerWatch;
+
 class Group {
  public:
-  virtual ~Group() = default;
+  virtual ~Group();
 
-  // Throws pmoe::Error if a rank of this group has failed. `rank` is the caller's rank.
-  void check(int rank) const;
+  // Throws pmoe::Error if a rank of this group has failed or, where peers are watched, if a
+  // peer's process has ended. `rank` is the caller's rank.
+  void check(int rank);
   // Records that `rank` failed with `message`; only the first failure is kept.
   void fail(int rank, const std::string& message);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
 
+  // Set once, at set-up, before any wait.
+  void set_peer_watch(std::shared_ptr<PeerWatch> watch) { watch_ = std::move(watch); }
+
  private:
+  static constexpr int kPeerEnded = -2;  // failed_rank_ when the watch saw processes end
+
   std::atomic<bool> failed_{false};
   mutable std::mutex mutex_;
   int failed_rank_ = -1;
   std::string failure_;
+  std::shared_ptr<PeerWatch> watch_;
 };
 
 }  // namespace pmoe::detail

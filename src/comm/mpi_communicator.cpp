@@ -2,6 +2,8 @@
 // wait; symmetric memory through POSIX shared memory on the node and MPI messages off it.
 #include "pmoe/mpi_communicator.hpp"
 
+#include <sched.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <functional>
 
 #include "comm/group.hpp"
+#include "comm/peer_watch.hpp"
 #include "core/device_runtime.hpp"
 #include "comm/mpi_transport.hpp"
 #include "comm/shm_segment.hpp"
@@ -63,6 +66,7 @@ class MpiSymmetricMemory final : public SymmetricMemory {
         transport_(*regions->transport),
         serial_(regions->serial) {
     for (int r = 0; r < size(); ++r) has_remote_peers_ = has_remote_peers_ || peer(r) == nullptr;
+    if (has_remote_peers_) set_polled_transport();
   }
 
   void put(int r, size_t offset, const void* src, size_t bytes) override {
@@ -92,10 +96,21 @@ class MpiSymmetricMemory final : public SymmetricMemory {
 using Agree = std::function<void(const std::string& my_error, const char* step)>;
 
 // Node peers' memory through POSIX shared memory: each rank creates its segment, maps its
-// peers', and unlinks its name once every peer has mapped it.
+// peers', and unlinks its name once every peer has mapped it. If set-up fails anywhere (a peer
+// died, /dev/shm is full), every rank unlinks every node peer's name as it leaves: a name whose
+// creator was killed between create and unlink is removed by the survivors.
 void map_host_regions(MpiRegions& regions, std::vector<std::byte*>& data, size_t total, int rank,
                       const std::vector<int>& node_ranks,
                       const std::function<std::string(int)>& name_of, const Agree& agree) {
+  struct UnlinkOnFailure {
+    const std::vector<int>& ranks;
+    const std::function<std::string(int)>& name_of;
+    bool armed = true;
+    ~UnlinkOnFailure() {
+      if (armed)
+        for (int r : ranks) detail::ShmSegment::unlink(name_of(r));
+    }
+  } guard{node_ranks, name_of};
   std::string error;
   try {
     regions.segments.push_back(detail::ShmSegment::create(name_of(rank), total));
@@ -114,6 +129,7 @@ void map_host_regions(MpiRegions& regions, std::vector<std::byte*>& data, size_t
     }
   }
   agree(error, "map");
+  guard.armed = false;
   detail::ShmSegment::unlink(name_of(rank));  // every peer has mapped it: drop the name
 }
 
@@ -189,15 +205,40 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device device)
     node_ranks_ = {rank_};
   }
 
-  // A name prefix no other job on this node uses: rank 0's pid and clock, shared by all.
-  char id[32] = {};
+  // Segment names: PMOE_SHM_PREFIX (default "pmoe"), then 128 random bits drawn by rank 0 and
+  // shared by all, so that no other process can guess a name and create or open it first.
+  char id[33] = {};
   if (rank_ == 0) {
-    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
-    std::snprintf(id, sizeof id, "%d.%llx", int(getpid()),
-                  static_cast<unsigned long long>(now) & 0xffffffffffull);
+    unsigned char random[16] = {};
+    PMOE_CHECK(getrandom(random, sizeof random, 0) == ssize_t(sizeof random),
+               "MpiCommunicator: getrandom failed: ", std::strerror(errno));
+    for (size_t i = 0; i < sizeof random; ++i)
+      std::snprintf(id + 2 * i, 3, "%02x", unsigned(random[i]));
   }
   broadcast(std::as_writable_bytes(std::span(id)), 0);
-  job_id_ = id;
+  job_id_ = detail::cat(detail::shm_prefix(), ".", std::string(id, 32));
+
+  // Node-local peers are watched whatever the transport: a dead one fails every wait at once.
+  const auto self = detail::PeerWatch::self();
+  const auto all = all_gather(std::as_bytes(std::span(&self, 1)));
+  std::vector<detail::PeerWatch::Identity> identities(static_cast<size_t>(size_));
+  std::memcpy(identities.data(), all.data(), all.size());
+  group()->set_peer_watch(std::make_shared<detail::PeerWatch>(rank_, ranks_in_node, identities));
+
+  // Do this node's ranks outnumber the CPUs they may run on together? (Open MPI binds each rank
+  // to one core when they fit, so one rank's own mask says too little.) Waits block early if so.
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0) CPU_SET(0, &mask);
+  const auto masks = all_gather(std::as_bytes(std::span(&mask, 1)));
+  cpu_set_t node_cpus;
+  CPU_ZERO(&node_cpus);
+  for (int r : ranks_in_node) {
+    cpu_set_t theirs;
+    std::memcpy(&theirs, masks.data() + size_t(r) * sizeof theirs, sizeof theirs);
+    CPU_OR(&node_cpus, &node_cpus, &theirs);
+  }
+  detail::note_ranks_on_node(node_size, CPU_COUNT(&node_cpus));
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -215,7 +256,10 @@ void MpiCommunicator::wait(MPI_Request& request, const char* what) {
         check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
         return done != 0;
       },
-      [&] { transport_->progress(); },  // a peer may be sending to this rank meanwhile
+      [&] {
+        group()->check(rank_);   // a node peer that died
+        transport_->progress();  // a peer may be sending to this rank meanwhile
+      },
       [&] {
         throw Error(detail::cat(what, " on rank ", rank_, ": not every rank arrived within ",
                                 timeout_s(), " s"));
@@ -254,7 +298,7 @@ std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
   const size_t data_bytes = (bytes + 63) / 64 * 64;
   const size_t total = data_bytes + size_t(signal_slots) * SymmetricMemory::kSignalBytes;
   const uint64_t serial = allocations_++;
-  auto name_of = [&](int r) { return detail::cat("/pmoe.", job_id_, ".", serial, ".", r); };
+  auto name_of = [&](int r) { return detail::cat("/", job_id_, ".", serial, ".", r); };
 
   // Each step ends with an exchange of error texts, so that a failure on one rank becomes an
   // error on every rank instead of a wait that times out.

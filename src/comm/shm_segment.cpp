@@ -4,7 +4,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -24,6 +26,16 @@ std::byte* map_fd(int fd, size_t bytes, const std::string& name) {
 
 }  // namespace
 
+std::string shm_prefix() {
+  const char* text = std::getenv("PMOE_SHM_PREFIX");
+  if (!text || !*text) return "pmoe";
+  const std::string prefix = text;
+  bool ok = prefix.size() <= 64;
+  for (char c : prefix) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_');
+  PMOE_CHECK(ok, "PMOE_SHM_PREFIX must be 1 to 64 letters, digits, '-' or '_', got '", prefix, "'");
+  return prefix;
+}
+
 ShmSegment::~ShmSegment() {
   if (data_) munmap(data_, bytes_);
 }
@@ -41,7 +53,8 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
 }
 
 ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
-  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  // O_EXCL: a name that exists already (someone else's) is an error, never reused.
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   PMOE_CHECK(fd >= 0, "shared memory '", name, "': shm_open(create) failed: ",
              std::strerror(errno));
   if (ftruncate(fd, off_t(bytes)) != 0) {  // the new pages read as zero
@@ -58,7 +71,7 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
 }
 
 ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
-  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   PMOE_CHECK(fd >= 0, "shared memory '", name, "': shm_open failed: ", std::strerror(errno));
   ShmSegment segment;
   segment.data_ = map_fd(fd, bytes, name);

@@ -1,13 +1,18 @@
 // A POSIX shared-memory segment mapped into this process: how MPI ranks on one node share
-// symmetric memory. The creator unlinks the name once every peer has mapped it, so nothing
-// is left in /dev/shm after set-up, and unmapping is local (no collective teardown that could
-// hang on a rank that left).
+// symmetric memory. Segments are created 0600 (only this user) under names with 128 random bits
+// (nobody can create or open one first); the creator unlinks the name once every peer has mapped
+// it, so nothing is left in /dev/shm after set-up, not even when a process is killed later, and
+// unmapping is local (no collective teardown that could hang on a rank that left).
 #pragma once
 
 #include <cstddef>
 #include <string>
 
 namespace pmoe::detail {
+
+// The first part of every segment name: PMOE_SHM_PREFIX if set (letters, digits, '-', '_', at
+// most 64), else "pmoe". Tests set it to tell their segments from other jobs'.
+std::string shm_prefix();
 
 class ShmSegment {
  public:

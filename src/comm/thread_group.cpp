@@ -146,6 +146,7 @@ class ThreadCommunicator final : public Communicator {
 
 void run_ranks(int n, const std::function<void(Communicator&)>& fn, Device device) {
   PMOE_CHECK(n >= 1, "run_ranks: need at least 1 rank, got ", n);
+  detail::note_ranks_on_node(n, detail::usable_cpus());  // more threads than CPUs: waits block early
   auto group = std::make_shared<ThreadGroup>(n);
   std::mutex first_mutex;
   std::exception_ptr first_error;

@@ -12,6 +12,26 @@
 
 namespace pmoe {
 
+namespace {
+
+// numel() and nbytes() must not overflow: extents whose element or byte count exceeds int64 (a
+// hostile or corrupt DLPack shape) are refused when the view is made.
+void check_element_count(int ndim, const int64_t* shape, DType dtype) {
+  // In numel()'s order: a partial product that overflows is refused even if a later extent is 0.
+  int64_t count = 1;
+  for (int d = 0; d < ndim && count >= 0; ++d)
+    if (__builtin_mul_overflow(count, shape[d], &count)) count = -1;
+  int64_t bytes = 0;
+  if (count < 0 || __builtin_mul_overflow(count, int64_t(dtype_size(dtype)), &bytes)) {
+    std::string extents;
+    for (int d = 0; d < ndim; ++d) extents += (d ? ", " : "") + std::to_string(shape[d]);
+    throw Error(detail::cat("Tensor: shape [", extents, "] of ", dtype_name(dtype),
+                            " has more bytes than a 64-bit count holds"));
+  }
+}
+
+}  // namespace
+
 std::string Device::str() const {
   return kind == Kind::cpu ? std::string("cpu") : detail::cat("cuda:", index);
 }
@@ -24,6 +44,7 @@ Tensor::Tensor(void* data, DType dtype, std::initializer_list<int64_t> shape, De
     PMOE_CHECK(extent >= 0, "Tensor: negative extent ", extent, " in dim ", d);
     shape_[d++] = extent;
   }
+  check_element_count(ndim_, shape_.data(), dtype_);
   int64_t stride = 1;
   for (d = ndim_ - 1; d >= 0; --d) {
     strides_[d] = stride;
@@ -40,6 +61,7 @@ Tensor::Tensor(void* data, DType dtype, int ndim, const int64_t* shape, const in
     shape_[d] = shape[d];
     strides_[d] = strides[d];
   }
+  check_element_count(ndim, shape_.data(), dtype_);
 }
 
 int64_t Tensor::numel() const {

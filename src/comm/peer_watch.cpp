@@ -1,0 +1,87 @@
+#include "comm/peer_watch.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "pmoe/error.hpp"
+
+namespace pmoe::detail {
+namespace {
+
+int open_pidfd(int64_t pid) {
+#ifdef SYS_pidfd_open
+  const long fd = syscall(SYS_pidfd_open, pid_t(pid), 0);
+  return fd >= 0 ? int(fd) : -1;
+#else
+  return -1;
+#endif
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+PeerWatch::Identity PeerWatch::self() {
+  struct stat ns = {};
+  const uint64_t inode = stat("/proc/self/ns/pid", &ns) == 0 ? uint64_t(ns.st_ino) : 0;
+  return {int64_t(getpid()), inode};
+}
+
+PeerWatch::PeerWatch(int rank, const std::vector<int>& peers,
+                     const std::vector<Identity>& identities) {
+  const Identity mine = identities[size_t(rank)];
+  for (int r : peers) {
+    const Identity& theirs = identities[size_t(r)];
+    if (r == rank || mine.pid_namespace == 0 || theirs.pid_namespace != mine.pid_namespace)
+      continue;
+    peers_.push_back({r, theirs.pid, open_pidfd(theirs.pid)});
+  }
+}
+
+PeerWatch::~PeerWatch() {
+  for (const Peer& peer : peers_)
+    if (peer.pidfd >= 0) ::close(peer.pidfd);
+}
+
+bool PeerWatch::ended(const Peer& peer) const {
+  if (peer.pidfd >= 0) {
+    pollfd entry{peer.pidfd, POLLIN, 0};
+    return ::poll(&entry, 1, 0) > 0;  // readable once the process has ended
+  }
+  return ::kill(pid_t(peer.pid), 0) != 0 && errno == ESRCH;
+}
+
+std::string PeerWatch::poll() {
+  if (peers_.empty()) return {};
+  const int64_t now = now_ns();
+  int64_t next = next_check_ns_.load(std::memory_order_relaxed);
+  if (now < next) return {};
+  // One waiter per interval does the check; the others go back to waiting.
+  const int64_t interval =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(kCheckInterval).count();
+  if (!next_check_ns_.compare_exchange_strong(next, now + interval, std::memory_order_relaxed))
+    return {};
+  // Every ended peer is named: survivors that noticed the first death leave too, and a check
+  // that comes late may see them as well as the one that caused it.
+  std::string ended_ranks;
+  int count = 0;
+  for (const Peer& peer : peers_) {
+    if (!ended(peer)) continue;
+    ended_ranks += cat(count++ ? ", " : "", peer.rank, " (pid ", peer.pid, ")");
+  }
+  if (count == 0) return {};
+  return cat(count == 1 ? "the process of rank " : "the processes of ranks ", ended_ranks,
+             count == 1 ? " has" : " have",
+             " ended on this node (killed, crashed or exited) in the middle of the group's work");
+}
+
+}  // namespace pmoe::detail
