@@ -200,7 +200,9 @@ std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric(size_t byte
                " (the ranks disagree on the op's config)");
   }
   const uint64_t serial = allocations_++;
-  auto name_of = [&](int r) { return detail::cat("/pmoe.", job_id_, ".", serial, ".", r); };
+  auto name_of = [&](int r) {
+    return detail::cat("/", detail::shm_prefix(), ".torch.", job_id_, ".", serial, ".", r);
+  };
 
   // Each step ends with an exchange of error texts, so that a failure on one rank becomes an
   // error on every rank instead of a wait that times out.

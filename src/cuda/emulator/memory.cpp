@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/shm_segment.hpp"
 #include "cuda/emulator/streams.hpp"
 
 namespace pmoe::emu {
@@ -204,8 +205,13 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
   if (a.name.empty()) {
     // A name nobody can guess, made only now, linked to the file the memory already lives in.
     std::random_device entropy;
-    char name[48];
-    std::snprintf(name, sizeof name, "/pmoe-emu-%d-%08x%08x", int(getpid()), entropy(), entropy());
+    char name[sizeof IpcHandle{}.name];
+    // Under the shared-memory prefix (PMOE_SHM_PREFIX), so that tests find any left behind; a
+    // prefix too long for the handle falls back to the default one.
+    const unsigned high = entropy(), low = entropy();
+    std::string prefix = pmoe::detail::shm_prefix();
+    if (prefix.size() > sizeof IpcHandle{}.name - 23) prefix = "pmoe";
+    std::snprintf(name, sizeof name, "/%s.emu.%08x%08x", prefix.c_str(), high, low);
     const std::string from = "/proc/self/fd/" + std::to_string(a.fd);
     const std::string to = std::string("/dev/shm") + name;
     if (linkat(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), AT_SYMLINK_FOLLOW) != 0)
