@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "all_to_all/backend.hpp"
+#include "all_to_all/step.hpp"
 #include "core/arg_checks.hpp"
 #include "pmoe/error.hpp"
 
@@ -42,12 +43,6 @@ const char* op_name(bool dispatch, Phase phase) {
       {"AllToAll::combine(send)", "AllToAll::combine(recv)", "AllToAll::combine"},
       {"AllToAll::dispatch(send)", "AllToAll::dispatch(recv)", "AllToAll::dispatch"}};
   return names[dispatch][int(phase)];
-}
-
-const char* step_name(int step) {
-  static const char* names[] = {"dispatch(send)", "dispatch(recv)", "combine(send)",
-                                "combine(recv)"};
-  return names[step];
 }
 
 }  // namespace
@@ -120,7 +115,7 @@ void AllToAll::enter(Step step, const char* op) {
   PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this AllToAll is unusable since an ",
              "earlier call failed while waiting for peers (", broken_, "); create a new one");
   PMOE_CHECK(step == next_, op, " on rank ", rank_, ": phase out of order: expected ",
-             step_name(int(next_)), ", got ", step_name(int(step)));
+             detail::step_name(next_), ", got ", detail::step_name(step));
 }
 
 void AllToAll::run_step(Step step, const char* op, const std::function<void()>& body) {
@@ -130,7 +125,7 @@ void AllToAll::run_step(Step step, const char* op, const std::function<void()>& 
     broken_ = e.what();  // a failed wait leaves peers mid-protocol: no safe way to continue
     throw;
   }
-  next_ = Step((int(step) + 1) % 4);
+  next_ = detail::next_step(step);
 }
 
 int64_t AllToAll::tokens_this_call(const char* op, int64_t rows, const Tensor& bound_m) const {

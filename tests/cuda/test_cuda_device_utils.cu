@@ -56,8 +56,8 @@ TEST(DeviceUtils, BlockCopyAtEveryMisalignmentMatchesMemcpy) {
   expect_ok(cudaDeviceSynchronize(), "sync");
   // 64 threads: several words per thread for the longer cases, and a head and tail that do not
   // cover the block.
-  cuda::launch(copy_cases, unsigned(cases.size()), 64, nullptr, device_cases, device_dst,
-               static_cast<const std::byte*>(device_src));
+  cuda::launch_shaped(copy_cases, unsigned(cases.size()), 64, nullptr, device_cases, device_dst,
+                      static_cast<const std::byte*>(device_src));
   expect_ok(cudaDeviceSynchronize(), "kernel");
   expect_ok(cudaMemcpy(dst.data(), device_dst, total, cudaMemcpyDeviceToHost), "copy back");
   for (size_t b = 0; b < cases.size(); ++b) {

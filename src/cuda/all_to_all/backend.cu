@@ -1,4 +1,5 @@
-// AllToAll's CUDA backend: allocates the symmetric region (the CPU backend's layout) and the
+// AllToAll's CUDA backend: allocates the symmetric region (src/all_to_all/layout.hpp, every
+// backend's layout) and the
 // private scratch, fills one AllToAllParams per call and launches the kernels on the rank's
 // stream. Nothing here waits for the device, so dispatch + combine can be captured in a graph.
 #include <algorithm>
@@ -9,21 +10,17 @@
 
 #include "all_to_all/backend.hpp"
 #include "core/device_runtime.hpp"
-#include "cpu/all_to_all_layout.hpp"
+#include "all_to_all/layout.hpp"
+#include "all_to_all/step.hpp"
 #include "cuda/all_to_all/kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
+#include "cuda/launch.cuh"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR {
 namespace {
 
 using cuda::AllToAllParams;
-
-const char* kernel_name(int kernel) {
-  static const char* names[] = {"dispatch(send)", "dispatch(recv)", "combine(send)",
-                                "combine(recv)"};
-  return kernel >= 0 && kernel < 4 ? names[kernel] : "?";
-}
 
 class CudaAllToAll final : public AllToAllBackend {
  public:
@@ -55,7 +52,7 @@ class CudaAllToAll final : public AllToAllBackend {
     const size_t max_routes = size_t(W) * config.max_num_tokens * layout_.max_pairs;
 
     AllToAllParams& p = params_;
-    std::memset(&p, 0, sizeof p);
+    p = AllToAllParams{};
     p.rank = comm.rank();
     p.world_size = W;
     p.num_local_experts = L;
@@ -66,16 +63,7 @@ class CudaAllToAll final : public AllToAllBackend {
     p.rows_per_expert = int64_t(W) * config.max_num_tokens;
     p.in_elem_bytes = dtype_size(config.in_dtype);
     p.out_dtype = int(config.out_dtype);
-    p.token_stride = layout_.token_stride;
-    p.header_bytes = layout_.header_bytes;
-    p.payload_offset_in_slot = layout_.payload_offset(0, 0) - layout_.token_offset(0, 0);
-    p.scale_offset_in_slot = layout_.scale_offset(0, 0) - layout_.token_offset(0, 0);
-    p.source_block = layout_.source_block;
-    p.combine_offset = layout_.combine_offset;
-    p.combine_row = layout_.combine_row;
-    p.combine_dtype_offset = layout_.combine_dtype_offset;
-    p.payload_bytes = layout_.payload_bytes;
-    p.scale_bytes = layout_.scale_bytes;
+    p.layout = layout_;
     for (int r = 0; r < W; ++r) {
       p.regions[r] = memory_->peer(r);
       p.signals[r] = memory_->signal_word(r, 0);
@@ -121,7 +109,7 @@ class CudaAllToAll final : public AllToAllBackend {
     p.timeout_ns = uint64_t(comm.timeout_s() * 1e9);
     int sms = 0;
     PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_.index));
-    blocks_ = 2 * sms;
+    blocks_ = cuda::grid_blocks(sms);
     // The allocations above (page-locking above all) may synchronise the device. A rank that
     // finished first and already spins in its first dispatch would then wait for this rank,
     // which waits for the device: nobody launches until everybody is built.
@@ -175,7 +163,7 @@ class CudaAllToAll final : public AllToAllBackend {
 
  private:
   struct ErrorRecord {
-    int32_t code, detail, kernel, value;
+    int32_t code, detail, step, value;
   };
 
   // The host-mapped mirror, which a kernel may be writing: atomically, the code first (a kernel
@@ -186,12 +174,12 @@ class CudaAllToAll final : public AllToAllBackend {
       return std::atomic_ref<int32_t>(field).load(order);
     };
     const int32_t code = load(e.code, std::memory_order_acquire);
-    return {code, load(e.detail, std::memory_order_relaxed), load(e.kernel, std::memory_order_relaxed),
+    return {code, load(e.detail, std::memory_order_relaxed), load(e.step, std::memory_order_relaxed),
             load(e.value, std::memory_order_relaxed)};
   }
 
   [[noreturn]] void raise(const ErrorRecord& r) const {
-    const char* kernel = kernel_name(r.kernel);
+    const char* kernel = step_name(r.step);
     switch (r.code) {
       case cuda::kTimeout:
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, " (", device_.str(),

@@ -3,9 +3,10 @@
 // words, last-block election.
 #pragma once
 
+#include "cuda/all_to_all/params.cuh"  // first: see there
+
 #include <cuda/atomic>
 
-#include "cuda/all_to_all/params.cuh"
 #include "cuda/launch.cuh"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
@@ -23,16 +24,16 @@ __device__ __forceinline__ uint64_t signal_acquire(uint64_t* word) {
 // Records the first error of this op; later ones are dropped. The race is decided in device
 // memory (atomics on host-mapped memory are not atomic over PCIe); the winner then copies the
 // word to its host-mapped mirror, which the host reads without synchronizing.
-__device__ __forceinline__ void report(ErrorWord* error, int32_t code, int32_t detail,
-                                      int32_t kernel, int32_t value = 0) {
+__device__ __forceinline__ void report(ErrorWord* error, int32_t code, int32_t detail, Step step,
+                                      int32_t value = 0) {
   if (atomicCAS(&error->code, kOk, code) == kOk) {
     error->detail = detail;
-    error->kernel = kernel;
+    error->step = int32_t(step);
     error->value = value;
     using HostWord = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
     ErrorWord* mirror = error->host_mirror;
     HostWord(mirror->detail).store(detail, ::cuda::memory_order_relaxed);
-    HostWord(mirror->kernel).store(kernel, ::cuda::memory_order_relaxed);
+    HostWord(mirror->step).store(int32_t(step), ::cuda::memory_order_relaxed);
     HostWord(mirror->value).store(value, ::cuda::memory_order_relaxed);
     __threadfence_system();
     // Last: the host reads the code first.
@@ -43,11 +44,11 @@ __device__ __forceinline__ void report(ErrorWord* error, int32_t code, int32_t d
 
 // Spins until `word` >= value; false (and an error report naming `peer`) after the timeout.
 __device__ __forceinline__ bool wait_signal(uint64_t* word, uint64_t value, uint64_t timeout_ns,
-                                           ErrorWord* error, int peer, int kernel) {
+                                           ErrorWord* error, int peer, Step step) {
   const uint64_t start = global_timer_ns();
   while (signal_acquire(word) < value) {
     if (global_timer_ns() - start > timeout_ns) {
-      report(error, kTimeout, peer, kernel);
+      report(error, kTimeout, peer, step);
       return false;
     }
     const int32_t code = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(error->code)
@@ -86,16 +87,7 @@ __device__ __forceinline__ void block_copy(std::byte* dst, const std::byte* src,
   for (size_t i = tail + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
 }
 
-// True when slot j of a token's top-k row names an expert in [0, E) that no earlier slot names,
-// counting experts in groups of `group`: with 1, the slot routes the token to that expert (a
-// repeat is a bad index, skipped); with L, it is the first to send the token to that rank.
-__device__ __forceinline__ bool first_in_group(const int32_t* row, int j, int E, int group) {
-  const int e = row[j];
-  if (e < 0 || e >= E) return false;
-  for (int i = 0; i < j; ++i)
-    if (row[i] >= 0 && row[i] / group == e / group) return false;
-  return true;
-}
+using ::pmoe::detail::first_in_group;  // src/all_to_all/route.hpp, the CPU backend's rule too
 
 // True in exactly one thread of the last block of the grid to get here; every earlier write of
 // every block is visible to it. Resets the counter for the next launch.

@@ -1,4 +1,5 @@
-// AllToAll dispatch on the CUDA backend. Layout: params.cuh (and src/cpu/all_to_all_layout.hpp).
+// AllToAll dispatch on the CUDA backend. Layout: src/all_to_all/layout.hpp (every offset below
+// comes from it), scratch: params.cuh.
 //
 //   send:  route_tokens  (1 block)  index checks; token t's slot at each destination rank (a
 //                                   prefix sum over tokens, so slots follow token order), counts
@@ -16,7 +17,6 @@
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
 
-constexpr int kKernelDispatchSend = 0, kKernelDispatchRecv = 1;
 constexpr int kKeysPerPass = 32;  // keys rank_by_key counts at once: a 32 KiB table in __shared__
 static_assert(kMaxRanks <= kBlockThreads, "route_rows gives each source one thread");
 
@@ -71,17 +71,17 @@ __device__ int rank_by_key(int items, int num_keys, Visit visit, Emit emit, Tota
   return pairs;
 }
 
-__global__ void route_tokens(const AllToAllParams p) {
+__global__ void __launch_bounds__(kBlockThreads) route_tokens(const AllToAllParams p) {
   const int requested = requested_tokens(p), tokens = tokens_this_call(p);
   const int k = p.top_k, W = p.world_size, L = p.num_local_experts, E = L * W;
   if (requested != tokens && threadIdx.x == 0)
-    report(p.error, kTooManyTokens, requested, kKernelDispatchSend, p.m);
+    report(p.error, kTooManyTokens, requested, Step::dispatch_send, p.m);
   // Indices the host could not check (they live on the device): out of range or repeated in a
   // row. They are reported, and the slot is treated as -1 so that peers still complete.
   for (int i = threadIdx.x; i < tokens * k; i += blockDim.x) {
     const int e = p.indices[i];
     if (e != -1 && !first_in_group(p.indices + i / k * k, i % k, E, 1))
-      report(p.error, kBadIndex, i, kKernelDispatchSend, e);
+      report(p.error, kBadIndex, i, Step::dispatch_send, e);
   }
   for (int i = threadIdx.x; i < tokens * W; i += blockDim.x) p.send_slot[i] = -1;
   __syncthreads();  // other threads overwrite the slots of the destinations a token goes to
@@ -97,59 +97,59 @@ __global__ void route_tokens(const AllToAllParams p) {
       [&](int dest, int count) { p.send_count[dest] = count; });
 }
 
-__global__ void send_tokens(const AllToAllParams p) {
+__global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParams p) {
   const int tokens = tokens_this_call(p);
+  const AllToAllLayout& lay = p.layout;
   const int k = p.top_k, E = p.num_local_experts * p.world_size;
+  const size_t payload = lay.payload_bytes, scales = lay.scale_bytes;
   for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
     for (int dest = 0; dest < p.world_size; ++dest) {
       const int slot = p.send_slot[t * p.world_size + dest];
       if (slot < 0) continue;
-      std::byte* token_slot = p.regions[dest] + size_t(p.rank) * p.source_block + 64 +
-                              size_t(slot) * p.token_stride;
+      std::byte* region = p.regions[dest];
       if (threadIdx.x == 0) {
-        auto* header = reinterpret_cast<int32_t*>(token_slot);
+        auto* header = reinterpret_cast<int32_t*>(region + lay.token_offset(p.rank, slot));
         int n = 0;
         const int32_t* row = p.indices + t * k;
         for (int j = 0; j < k; ++j) {
           const int e = row[j];
           if (!first_in_group(row, j, E, 1) || e / p.num_local_experts != dest) continue;
-          header[2 + 2 * n] = e % p.num_local_experts;
-          header[3 + 2 * n] = j;
+          header[AllToAllLayout::header_expert(n)] = e % p.num_local_experts;
+          header[AllToAllLayout::header_slot(n)] = j;
           ++n;
         }
-        header[0] = t;
-        header[1] = n;
+        header[AllToAllLayout::kHeaderToken] = t;
+        header[AllToAllLayout::kHeaderPairs] = n;
       }
-      block_copy(token_slot + p.payload_offset_in_slot, p.x + size_t(t) * p.payload_bytes,
-                 p.payload_bytes);
-      if (p.scale_bytes)
-        block_copy(token_slot + p.scale_offset_in_slot,
-                   reinterpret_cast<const std::byte*>(p.x_scale) + size_t(t) * p.scale_bytes,
-                   p.scale_bytes);
+      block_copy(region + lay.payload_offset(p.rank, slot), p.x + size_t(t) * payload, payload);
+      if (scales)
+        block_copy(region + lay.scale_offset(p.rank, slot),
+                   reinterpret_cast<const std::byte*>(p.x_scale) + size_t(t) * scales, scales);
     }
   }
   if (last_block(&p.block_counters[0])) {
     const uint64_t epoch = ++*p.epoch;
     for (int dest = 0; dest < p.world_size; ++dest) {
-      auto* count = reinterpret_cast<int32_t*>(p.regions[dest] + size_t(p.rank) * p.source_block);
-      count[0] = p.send_count[dest];
-      count[1] = 0;  // flags: payloads always travel on this backend
+      *reinterpret_cast<int32_t*>(p.regions[dest] + lay.count_offset(p.rank)) = p.send_count[dest];
+      // Payloads always travel on this backend.
+      *reinterpret_cast<int32_t*>(p.regions[dest] + lay.flags_offset(p.rank)) = 0;
     }
     __threadfence_system();
     for (int dest = 0; dest < p.world_size; ++dest)
-      signal_release(p.signals[dest] + size_t(p.rank) * 8, epoch);
+      signal_release(p.signals[dest] + lay.signal_word(lay.dispatch_signal(p.rank)), epoch);
   }
 }
 
-__global__ void route_rows(const AllToAllParams p) {
+__global__ void __launch_bounds__(kBlockThreads) route_rows(const AllToAllParams p) {
   const uint64_t epoch = *p.epoch;
+  const AllToAllLayout& lay = p.layout;
   const int W = p.world_size, L = p.num_local_experts;
   __shared__ bool failed;
   if (threadIdx.x == 0) failed = false;
   __syncthreads();
   for (int source = threadIdx.x; source < W; source += blockDim.x)
-    if (!wait_signal(p.signals[p.rank] + size_t(source) * 8, epoch, p.timeout_ns, p.error,
-                     source, kKernelDispatchRecv))
+    if (!wait_signal(p.signals[p.rank] + lay.signal_word(lay.dispatch_signal(source)), epoch,
+                     p.timeout_ns, p.error, source, Step::dispatch_recv))
       failed = true;
   __syncthreads();
   if (failed) {
@@ -162,7 +162,7 @@ __global__ void route_rows(const AllToAllParams p) {
   const std::byte* region = p.regions[p.rank];
   const int me = threadIdx.x;
   ends[0][me] = 0;
-  if (me < W) ends[0][me] = *reinterpret_cast<const int32_t*>(region + size_t(me) * p.source_block);
+  if (me < W) ends[0][me] = *reinterpret_cast<const int32_t*>(region + lay.count_offset(me));
   inclusive_scan_rows(ends, 1);
   struct Slot {
     int source, slot;
@@ -173,8 +173,7 @@ __global__ void route_rows(const AllToAllParams p) {
     while (ends[0][source] <= i) ++source;
     const int slot = i - (source > 0 ? ends[0][source - 1] : 0);
     return Slot{source, slot,
-                reinterpret_cast<const int32_t*>(region + size_t(source) * p.source_block + 64 +
-                                                 size_t(slot) * p.token_stride)};
+                reinterpret_cast<const int32_t*>(region + lay.token_offset(source, slot))};
   };
   // An expert's rows in (source, token) order, as slots are in token order; routes in (expert,
   // row) order.
@@ -182,42 +181,43 @@ __global__ void route_rows(const AllToAllParams p) {
       ends[0][W - 1], L,
       [&](int i, auto f) {
         const int32_t* h = slot_at(i).header;
-        for (int q = 0; q < h[1]; ++q) f(h[2 + 2 * q], h[3 + 2 * q]);
+        for (int q = 0; q < h[AllToAllLayout::kHeaderPairs]; ++q)
+          f(h[AllToAllLayout::header_expert(q)], h[AllToAllLayout::header_slot(q)]);
       },
       [&](int i, int expert, int j, int position, int route) {
         const Slot s = slot_at(i);
-        p.routes[route] = Route{
-            s.source, s.header[0], j, int32_t(expert * p.rows_per_expert + position), s.slot, {}};
+        p.routes[route] = Route{s.source, s.header[AllToAllLayout::kHeaderToken], j,
+                                int32_t(expert * p.rows_per_expert + position), s.slot};
       },
       [&](int expert, int rows) { p.expert_num_tokens[expert] = rows; });
   if (me == 0) *p.route_count = routes;
 }
 
-__global__ void land_rows(const AllToAllParams p) {
+__global__ void __launch_bounds__(kBlockThreads) land_rows(const AllToAllParams p) {
   const int routes = *p.route_count;
+  const AllToAllLayout& lay = p.layout;
+  const size_t payload = lay.payload_bytes, scales = lay.scale_bytes;
   const std::byte* region = p.regions[p.rank];
   for (int r = blockIdx.x; r < routes; r += gridDim.x) {
     const Route route = p.routes[r];
-    const std::byte* slot =
-        region + size_t(route.source) * p.source_block + 64 + size_t(route.src_slot) * p.token_stride;
-    block_copy(p.expert_x + size_t(route.row) * p.payload_bytes, slot + p.payload_offset_in_slot,
-               p.payload_bytes);
-    if (p.scale_bytes)
-      block_copy(reinterpret_cast<std::byte*>(p.expert_x_scale) + size_t(route.row) * p.scale_bytes,
-                 slot + p.scale_offset_in_slot, p.scale_bytes);
+    block_copy(p.expert_x + size_t(route.row) * payload,
+               region + lay.payload_offset(route.source, route.src_slot), payload);
+    if (scales)
+      block_copy(reinterpret_cast<std::byte*>(p.expert_x_scale) + size_t(route.row) * scales,
+                 region + lay.scale_offset(route.source, route.src_slot), scales);
   }
 }
 
 }  // namespace
 
 void launch_dispatch_send(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  launch(route_tokens, 1, kBlockThreads, stream, p);
-  launch(send_tokens, blocks, kBlockThreads, stream, p);
+  launch(route_tokens, 1, stream, p);
+  launch(send_tokens, blocks, stream, p);
 }
 
 void launch_dispatch_recv(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  launch(route_rows, 1, kBlockThreads, stream, p);
-  launch(land_rows, blocks, kBlockThreads, stream, p);
+  launch(route_rows, 1, stream, p);
+  launch(land_rows, blocks, stream, p);
 }
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

@@ -1,5 +1,6 @@
-// What AllToAll's kernels receive: one struct, by value. The buffer layout is the CPU backend's
-// (src/cpu/all_to_all_layout.hpp, drawn there); these are its offsets plus the device pointers.
+// What AllToAll's kernels receive: one struct, by value. The symmetric region's layout is every
+// backend's (src/all_to_all/layout.hpp, drawn there), carried here whole; the kernels read
+// every offset from it.
 //
 //   rank r's symmetric region (device memory, same GPU or CUDA IPC)
 //   | dispatch area: block per source s: count+flags | token slots (header, payload, scales) |
@@ -15,6 +16,12 @@
 #include <cstddef>
 #include <cstdint>
 
+// Before <cuda_runtime.h>: the emulated device's stand-in defines __noinline__, which the
+// standard library headers these pull in spell as an attribute.
+#include "all_to_all/layout.hpp"
+#include "all_to_all/route.hpp"
+#include "all_to_all/step.hpp"
+
 #include <cuda_runtime.h>
 
 #include "cuda/flavor.hpp"
@@ -23,15 +30,9 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
 constexpr int kMaxRanks = 64;  // ranks one op spans on the CUDA backend (pointer tables below)
 
-// One (token, local expert) row received by this rank: where it came from and where it lies.
-struct Route {
-  int32_t source;    // rank the token came from
-  int32_t token;     // its index at the source
-  int32_t slot;      // top-k slot j at the source
-  int32_t row;       // flat row e * rows_per_expert + position in expert_x / expert_y
-  int32_t src_slot;  // its token slot in this rank's dispatch block of `source`
-  int32_t pad[3];
-};
+using ::pmoe::detail::AllToAllLayout;
+using ::pmoe::detail::Route;
+using ::pmoe::detail::Step;
 
 // Codes a kernel leaves in the error word for the host to turn into pmoe::Error.
 enum ErrorCode : int32_t {
@@ -54,7 +55,7 @@ __host__ __device__ inline bool is_fatal(int32_t code) {
 struct ErrorWord {
   int32_t code;    // ErrorCode
   int32_t detail;  // the peer (timeout), m (too many tokens) or the flat index position
-  int32_t kernel;  // which kernel: 0 dispatch send, 1 dispatch recv, 2 combine send, 3 recv
+  int32_t step;    // the Step whose kernel reported it
   int32_t value;   // the offending index value (bad index)
   ErrorWord* host_mirror;  // device pointer to the host-mapped copy (unused in the copy itself)
 };
@@ -64,10 +65,7 @@ struct AllToAllParams {
   int rank, world_size, num_local_experts, top_k, hidden_dim, max_tokens, scales_per_token;
   int64_t rows_per_expert;
   int in_elem_bytes, y_elem_bytes, out_dtype, y_dtype;  // y_dtype/out_dtype: pmoe::DType values
-  // Layout (bytes).
-  size_t token_stride, header_bytes, payload_offset_in_slot, scale_offset_in_slot, source_block;
-  size_t combine_offset, combine_row, combine_dtype_offset;
-  size_t payload_bytes, scale_bytes;
+  AllToAllLayout layout;
   // Symmetric memory: every rank's region and signal array.
   std::byte* regions[kMaxRanks];
   uint64_t* signals[kMaxRanks];
