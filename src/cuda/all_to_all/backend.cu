@@ -84,6 +84,7 @@ class CudaAllToAll final : public AllToAllBackend {
     const size_t counters = reserve(sizeof(uint32_t) * 2);
     const size_t error = reserve(sizeof(cuda::ErrorWord));
     const size_t owners_ready = reserve(sizeof(int32_t));
+    const size_t round = reserve(sizeof(cuda::Round));  // zeroed: dispatch(send) comes first
     PMOE_CUDA_CHECK(cudaMalloc(&scratch_, scratch_bytes_));
     PMOE_CUDA_CHECK(cudaMemset(scratch_, 0, scratch_bytes_));
     auto* base = static_cast<std::byte*>(scratch_);
@@ -96,6 +97,7 @@ class CudaAllToAll final : public AllToAllBackend {
     p.block_counters = reinterpret_cast<uint32_t*>(base + counters);
     p.error = reinterpret_cast<cuda::ErrorWord*>(base + error);
     p.owners_ready = reinterpret_cast<int32_t*>(base + owners_ready);
+    p.round = reinterpret_cast<cuda::Round*>(base + round);
     PMOE_CUDA_CHECK(cudaHostAlloc(&error_host_, sizeof(cuda::ErrorWord), cudaHostAllocMapped));
     std::memset(error_host_, 0, sizeof(cuda::ErrorWord));
     cuda::ErrorWord* mirror = nullptr;
@@ -194,6 +196,17 @@ class CudaAllToAll final : public AllToAllBackend {
                         r.detail / params_.top_k, ", ", r.detail % params_.top_k, "] = ",
                         r.value, " is outside [-1, ", params_.num_local_experts * params_.world_size,
                         ") or repeats an expert of its row (the slot was skipped)"));
+      case cuda::kStepOrder:
+        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, " (", device_.str(),
+                        "): the device ran ", kernel, " where it expected ", step_name(r.detail),
+                        ": steps out of order, as when a CUDA graph of dispatch or combine is "
+                        "replayed twice in a row (each dispatch must be followed by one combine); "
+                        "the step did nothing, and this AllToAll is unusable: create a new one"));
+      case cuda::kTokensMismatch:
+        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": combine's m = ",
+                        r.detail, " differs from the m = ", r.value, " of the dispatch it follows "
+                        "(bound_m, or the rows given); only the first ", std::min(r.detail, r.value),
+                        " rows of y were combined"));
       case cuda::kDtypeMismatch:
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": rank ", r.detail,
                         " sent expert_y as ", dtype_name(DType(r.value)), " but this rank's is ",

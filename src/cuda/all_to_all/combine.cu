@@ -22,6 +22,11 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
 
 __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParams p) {
+  if (failed_before(p)) return;
+  if (p.round->next_step != int32_t(Step::combine_send)) {  // every block sees the same
+    if (blockIdx.x == 0 && threadIdx.x == 0) step_in_order(p, Step::combine_send);
+    return;
+  }
   const int routes = *p.route_count;
   const AllToAllLayout& lay = p.layout;
   const size_t row_bytes = size_t(p.hidden_dim) * p.y_elem_bytes;
@@ -31,6 +36,7 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
                p.expert_y + size_t(route.row) * row_bytes, row_bytes);
   }
   if (last_block(&p.block_counters[1])) {
+    p.round->next_step = int32_t(Step::combine_recv);  // every block has read it
     const uint64_t epoch = *p.epoch;
     for (int dest = 0; dest < p.world_size; ++dest)
       *reinterpret_cast<int32_t*>(p.regions[dest] + lay.combine_dtype_slot(p.rank)) = p.y_dtype;
@@ -51,9 +57,17 @@ __global__ void __launch_bounds__(kBlockThreads) await_owners(const AllToAllPara
   const uint64_t epoch = *p.epoch;
   const AllToAllLayout& lay = p.layout;
   __shared__ bool failed;
-  if (threadIdx.x == 0) failed = false;
+  if (threadIdx.x == 0) {
+    failed = failed_before(p) || !step_in_order(p, Step::combine_recv);
+    // Graph replays may change bound_m between the two: combine reads only the rows dispatch
+    // sent (reduce_rows takes the smaller m) and says so.
+    const int m = tokens_this_call(p);
+    if (!failed && m != p.round->dispatched_m)
+      report(p.error, kTokensMismatch, m, Step::combine_recv, p.round->dispatched_m);
+    p.round->next_step = int32_t(Step::dispatch_send);
+  }
   __syncthreads();
-  for (int owner = threadIdx.x; owner < p.world_size; owner += blockDim.x) {
+  for (int owner = threadIdx.x; owner < p.world_size && !failed; owner += blockDim.x) {
     if (!wait_signal(p.signals[p.rank] + lay.signal_word(lay.combine_signal(owner)), epoch,
                      p.timeout_ns, p.error, owner, Step::combine_recv)) {
       failed = true;
@@ -83,7 +97,7 @@ __global__ void __launch_bounds__(kBlockThreads) reduce_rows(const AllToAllParam
   constexpr int V = 16 / (sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
   using InPack = Pack<In, V>;
   using OutPack = Pack<Out, V>;
-  const int tokens = tokens_this_call(p), k = p.top_k, H = p.hidden_dim;
+  const int tokens = min(tokens_this_call(p), p.round->dispatched_m), k = p.top_k, H = p.hidden_dim;
   const int E = p.num_local_experts * p.world_size;
   const AllToAllLayout& lay = p.layout;
   const std::byte* region = p.regions[p.rank];

@@ -108,6 +108,22 @@ __device__ __forceinline__ bool last_block(uint32_t* counter) {
   return is_last && threadIdx.x == 0;
 }
 
+// True if an earlier kernel of this rank recorded a fatal error: the kernels of later steps then
+// do nothing. Read at a kernel's start, where stream order makes every block see the same value.
+__device__ __forceinline__ bool failed_before(const AllToAllParams& p) {
+  return is_fatal(::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(p.error->code)
+                      .load(::cuda::memory_order_relaxed));
+}
+
+// True if the device expects `step` next; otherwise reports kStepOrder (fatal). Call from one
+// thread; the caller advances p.round->next_step once the step's work is done.
+__device__ __forceinline__ bool step_in_order(const AllToAllParams& p, Step step) {
+  const int32_t expected = p.round->next_step;
+  if (expected == int32_t(step)) return true;
+  report(p.error, kStepOrder, expected, step);
+  return false;
+}
+
 // m for this call: bound_m when given (read on the device, so graph replays can change it),
 // clamped to [0, rows given]; route_tokens reports a bound_m outside that range.
 __device__ __forceinline__ int requested_tokens(const AllToAllParams& p) {

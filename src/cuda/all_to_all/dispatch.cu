@@ -74,17 +74,30 @@ __device__ int rank_by_key(int items, int num_keys, Visit visit, Emit emit, Tota
 __global__ void __launch_bounds__(kBlockThreads) route_tokens(const AllToAllParams p) {
   const int requested = requested_tokens(p), tokens = tokens_this_call(p);
   const int k = p.top_k, W = p.world_size, L = p.num_local_experts, E = L * W;
+  __shared__ bool in_order;
+  __shared__ int first_bad;  // the first bad slot in row-major order: the one reported
+  if (threadIdx.x == 0) {
+    in_order = !failed_before(p) && step_in_order(p, Step::dispatch_send);
+    first_bad = tokens * k;
+  }
+  __syncthreads();
+  if (!in_order) return;  // send_tokens sees the fatal error and sends nothing
   if (requested != tokens && threadIdx.x == 0)
     report(p.error, kTooManyTokens, requested, Step::dispatch_send, p.m);
   // Indices the host could not check (they live on the device): out of range or repeated in a
   // row. They are reported, and the slot is treated as -1 so that peers still complete.
   for (int i = threadIdx.x; i < tokens * k; i += blockDim.x) {
     const int e = p.indices[i];
-    if (e != -1 && !first_in_group(p.indices + i / k * k, i % k, E, 1))
-      report(p.error, kBadIndex, i, Step::dispatch_send, e);
+    if (e != -1 && !first_in_group(p.indices + i / k * k, i % k, E, 1)) {
+      atomicMin(&first_bad, i);
+      break;  // this thread's later slots come after it
+    }
   }
   for (int i = threadIdx.x; i < tokens * W; i += blockDim.x) p.send_slot[i] = -1;
-  __syncthreads();  // other threads overwrite the slots of the destinations a token goes to
+  // Other threads overwrite the slots of the destinations a token goes to; first_bad is final.
+  __syncthreads();
+  if (threadIdx.x == 0 && first_bad < tokens * k)
+    report(p.error, kBadIndex, first_bad, Step::dispatch_send, p.indices[first_bad]);
   // A token's slot at a destination: the tokens before it that go there, in token order.
   rank_by_key(
       tokens, W,
@@ -95,9 +108,14 @@ __global__ void __launch_bounds__(kBlockThreads) route_tokens(const AllToAllPara
       },
       [&](int t, int dest, int, int slot, int) { p.send_slot[t * W + dest] = slot; },
       [&](int dest, int count) { p.send_count[dest] = count; });
+  if (threadIdx.x == 0) {
+    p.round->dispatched_m = tokens;
+    p.round->next_step = int32_t(Step::dispatch_recv);
+  }
 }
 
 __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParams p) {
+  if (failed_before(p)) return;
   const int tokens = tokens_this_call(p);
   const AllToAllLayout& lay = p.layout;
   const int k = p.top_k, E = p.num_local_experts * p.world_size;
@@ -145,9 +163,12 @@ __global__ void __launch_bounds__(kBlockThreads) route_rows(const AllToAllParams
   const AllToAllLayout& lay = p.layout;
   const int W = p.world_size, L = p.num_local_experts;
   __shared__ bool failed;
-  if (threadIdx.x == 0) failed = false;
+  if (threadIdx.x == 0) {
+    failed = failed_before(p) || !step_in_order(p, Step::dispatch_recv);
+    p.round->next_step = int32_t(Step::combine_send);
+  }
   __syncthreads();
-  for (int source = threadIdx.x; source < W; source += blockDim.x)
+  for (int source = threadIdx.x; source < W && !failed; source += blockDim.x)
     if (!wait_signal(p.signals[p.rank] + lay.signal_word(lay.dispatch_signal(source)), epoch,
                      p.timeout_ns, p.error, source, Step::dispatch_recv))
       failed = true;

@@ -11,6 +11,7 @@
 //   | send_slot [max_tokens, W] i32: token t's slot at destination d, or -1                |
 //   | send_count [W] i32 | recv_count [W, E_local] i32 | routes [route capacity] Route     |
 //   | route_count i32 | epoch u64 | block counters u32 x 2 | owners_ready i32              |
+//   | round: the step the device expects next, the m of the last dispatch(send)           |
 #pragma once
 
 #include <cstddef>
@@ -41,13 +42,26 @@ enum ErrorCode : int32_t {
   kTooManyTokens = 2,  // bound_m outside [0, rows given] (detail: bound_m, value: rows given)
   kBadIndex = 3,       // an index out of range or repeated (detail: position, value: index)
   kDtypeMismatch = 4,  // an owner sent expert_y in another dtype (detail: owner, value: dtype)
+  kStepOrder = 5,      // a step ran out of order, as a graph replayed twice does (detail: the
+                       // step expected, value: unused; the step that ran is ErrorWord::step)
+  kTokensMismatch = 6, // combine's m differs from its dispatch's (detail: combine's, value:
+                       // dispatch's)
 };
 
-// A timeout or a dtype mismatch leaves the protocol broken, so every later wait gives up at once.
-// A bad index or bound_m is only reported: the slot counts as -1 (m as clamped) and every rank
-// still completes, so that peers do not combine stale rows.
+// Where this rank's device is in the round, kept on the device because graph replays skip the
+// host's checks: each step's kernel checks next_step and advances it, dispatch(send) records m
+// for combine(recv) to check.
+struct Round {
+  int32_t next_step;     // a Step
+  int32_t dispatched_m;  // tokens of the last dispatch(send)
+};
+
+// A timeout, a dtype mismatch or a step out of order leaves the protocol broken, so every later
+// kernel of the rank gives up at once (its waits, and the work of the steps out of order). A bad
+// index or m is only reported: the slot counts as -1 (m as clamped, combine's m as dispatch's)
+// and every rank still completes, so that peers do not combine stale rows.
 __host__ __device__ inline bool is_fatal(int32_t code) {
-  return code == kTimeout || code == kDtypeMismatch;
+  return code == kTimeout || code == kDtypeMismatch || code == kStepOrder;
 }
 
 // In device memory, where kernels race for it with atomicCAS; the winner copies it to
@@ -90,6 +104,7 @@ struct AllToAllParams {
   uint64_t* epoch;
   uint32_t* block_counters;
   int32_t* owners_ready;  // combine: 1 when every owner's rows arrived in the right dtype
+  Round* round;
   ErrorWord* error;       // device memory; its host_mirror is what the host reads
   uint64_t timeout_ns;
 };
