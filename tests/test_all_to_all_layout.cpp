@@ -34,6 +34,8 @@ std::vector<Piece> pieces_of(const AllToAllLayout& l, const AllToAllConfig& c) {
     const std::string src = "source " + std::to_string(s);
     add(l.count_offset(s), sizeof(int32_t), src + " count");
     add(l.flags_offset(s), sizeof(int32_t), src + " flags");
+    for (int e = 0; e < l.num_local_experts; ++e)
+      add(l.expert_count_offset(s, e), sizeof(int32_t), src + " expert count " + std::to_string(e));
     for (int slot = 0; slot < l.max_tokens; ++slot) {
       const std::string at = src + " slot " + std::to_string(slot);
       add(l.token_offset(s, slot), sizeof(int32_t) * size_t(l.header_ints(l.max_pairs)),
@@ -76,6 +78,7 @@ void expect_sound(const AllToAllConfig& c, int W) {
     EXPECT_LE(p.begin + p.bytes, l.total_bytes) << cfg << ": " << p.what << " ends past the region";
     // Rows and headers start on a cache line; the small words sit at 4-byte multiples.
     const bool word = p.what.find("flags") != std::string::npos ||
+                      p.what.find("expert count") != std::string::npos ||
                       p.what.find("row ref") != std::string::npos;
     EXPECT_EQ(p.begin % (word ? 4 : 64), 0u) << cfg << ": " << p.what << " at " << p.begin;
   }
@@ -126,7 +129,9 @@ TEST(AllToAllLayout, SmallConfigAtHandComputedOffsets) {
   c.out_dtype = DType::bf16;
   const AllToAllLayout l(c, 2);
   EXPECT_EQ(l.max_pairs, 2);              // 2 experts per rank
-  EXPECT_EQ(l.header_bytes, 64u);         // 2 + 2 * 2 i32 = 24 B, one line
+  EXPECT_EQ(l.block_head_bytes, 64u);     // count, flags, 2 expert counts: 16 B, one line
+  EXPECT_EQ(l.expert_count_offset(1, 1), 448u + 12);
+  EXPECT_EQ(l.header_bytes, 64u);         // 2 + 3 * 2 i32 = 32 B, one line
   EXPECT_EQ(l.token_stride, 128u);        // header line + 20 B payload line, no scales
   EXPECT_EQ(l.source_block, 448u);        // 64 B count/flags + 3 slots
   EXPECT_EQ(l.token_offset(1, 2), 448u + 64 + 256);

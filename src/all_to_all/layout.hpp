@@ -5,9 +5,12 @@
 //   rank r's region
 //   +---------------------------------------------------------------------------------+
 //   | dispatch area: one block per source rank s = 0 .. W-1                           |
-//   |   block s: | count, flags (i32 each, padded to 64 B) | token slot 0 | ... | max-1 |
+//   |   block s: | head | token slot 0 | ... | token slot max-1 |                        |
+//   |   head: i32 count (slots used), i32 flags, i32 expert counts [E_local] (rows     |
+//   |     that s sends to each local expert), padded to 64 B                           |
 //   |   token slot: | header | payload [H] in_dtype | scales [H / scale_block] f32 |    |
-//   |   header: i32 token index at s, i32 n, then n pairs (local expert, top-k slot j)  |
+//   |   header: i32 token index at s, i32 n, then n triples (local expert e, top-k     |
+//   |     slot j, position: how many earlier tokens of s chose e)                      |
 //   |   flags bit 0: payloads stay in s's input buffer (slots hold headers only)       |
 //   +---------------------------------------------------------------------------------+
 //   | combine area: r's own tokens, one row per (token t, top-k slot j), at t * k + j,  |
@@ -24,8 +27,10 @@
 //   rows from s
 //
 // Source s writes block s of every destination rank: a token crosses to a rank once, with the
-// list of that rank's experts it chose. Owner r writes rows (or row refs) into the source's
-// combine area.
+// list of that rank's experts it chose. Its counts and positions come with it, so a receiver
+// finds every row's place from a W x E_local scan of the heads (expert e's rows from s start
+// after the rows of e from sources before s), without reading the headers in order. Owner r
+// writes rows (or row refs) into the source's combine area.
 #pragma once
 
 #include <cstddef>
@@ -40,14 +45,16 @@ PMOE_HOST_DEVICE constexpr size_t align64(size_t bytes) { return (bytes + 63) / 
 
 struct AllToAllLayout {
   // The header of a token slot, in i32 words: the token's index at its source, the number n of
-  // (local expert, top-k slot) pairs that follow, then the pairs.
-  static constexpr int kHeaderToken = 0, kHeaderPairs = 1, kPairInts = 2;
+  // (local expert, top-k slot, position) triples that follow, then the triples.
+  static constexpr int kHeaderToken = 0, kHeaderPairs = 1, kPairInts = 3;
   PMOE_HOST_DEVICE static constexpr int header_expert(int pair) { return 2 + kPairInts * pair; }
   PMOE_HOST_DEVICE static constexpr int header_slot(int pair) { return 3 + kPairInts * pair; }
+  PMOE_HOST_DEVICE static constexpr int header_position(int pair) {
+    return 4 + kPairInts * pair;
+  }
   // The i32 words of a header with n pairs.
   PMOE_HOST_DEVICE static constexpr int header_ints(int pairs) { return 2 + kPairInts * pairs; }
 
-  static constexpr size_t kBlockHead = 64;  // count and flags at the start of a source block
   static constexpr size_t kDtypeSlot = 64;  // one owner's expert_y dtype in the combine area
   static constexpr int32_t kPayloadInPlace = 1;  // flags bit: payloads stay at the source
   // u64 words per signal slot: SymmetricMemory::kSignalBytes (checked where both are seen).
@@ -56,16 +63,18 @@ struct AllToAllLayout {
   AllToAllLayout() = default;
   AllToAllLayout(const AllToAllConfig& config, int world_size)
       : world_size(world_size),
+        num_local_experts(config.num_experts / world_size),
         max_tokens(config.max_num_tokens),
         top_k(config.experts_per_token),
         max_pairs(config.experts_per_token < config.num_experts / world_size
                       ? config.experts_per_token
                       : config.num_experts / world_size),
+        block_head_bytes(align64(sizeof(int32_t) * (2 + size_t(num_local_experts)))),
         header_bytes(align64(sizeof(int32_t) * size_t(header_ints(max_pairs)))),
         payload_bytes(size_t(config.hidden_dim) * dtype_size(config.in_dtype)),
         scale_bytes(sizeof(float) * size_t(config.scales_per_token())),
         token_stride(header_bytes + align64(payload_bytes) + align64(scale_bytes)),
-        source_block(kBlockHead + size_t(max_tokens) * token_stride),
+        source_block(block_head_bytes + size_t(max_tokens) * token_stride),
         combine_row(align64(size_t(config.hidden_dim) * sizeof(float))),
         combine_offset(size_t(world_size) * source_block),
         row_ref_offset(combine_offset + size_t(max_tokens) * top_k * combine_row),
@@ -89,8 +98,12 @@ struct AllToAllLayout {
   PMOE_HOST_DEVICE size_t flags_offset(int source) const {
     return count_offset(source) + sizeof(int32_t);
   }
+  // The rows `source` sends to local expert e this call.
+  PMOE_HOST_DEVICE size_t expert_count_offset(int source, int expert) const {
+    return count_offset(source) + sizeof(int32_t) * (2 + size_t(expert));
+  }
   PMOE_HOST_DEVICE size_t token_offset(int source, int slot) const {
-    return count_offset(source) + kBlockHead + size_t(slot) * token_stride;
+    return count_offset(source) + block_head_bytes + size_t(slot) * token_stride;
   }
   PMOE_HOST_DEVICE size_t payload_offset(int source, int slot) const {
     return token_offset(source, slot) + header_bytes;
@@ -117,10 +130,11 @@ struct AllToAllLayout {
   }
 
   int world_size = 0;
+  int num_local_experts = 0;
   int max_tokens = 0;
   int top_k = 0;
   int max_pairs = 0;  // most experts of one rank that one token can choose
-  size_t header_bytes = 0, payload_bytes = 0, scale_bytes = 0, token_stride = 0,
+  size_t block_head_bytes = 0, header_bytes = 0, payload_bytes = 0, scale_bytes = 0, token_stride = 0,
          source_block = 0;
   size_t combine_row = 0, combine_offset = 0, row_ref_offset = 0, combine_dtype_offset = 0;
   size_t input_offset = 0, input_scale_offset = 0, expert_output_offset = 0,

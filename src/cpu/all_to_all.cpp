@@ -7,6 +7,7 @@
 // after it finished reading block s (and s's in-place input) of call c. Symmetrically, r writes
 // s's combine area for call c+1 only after its dispatch(recv) of c+1 saw s's data, which s sends
 // after reading call c's rows (and r's in-place expert outputs).
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -34,6 +35,8 @@ class CpuAllToAll final : public AllToAllBackend {
         memory_(comm.alloc_symmetric(layout_.total_bytes, layout_.signal_slots())),
         header_(layout_.header_bytes / sizeof(int32_t)),
         sent_(world_size_),
+        head_(2 + size_t(num_local_experts_)),
+        sent_to_expert_(size_t(config.num_experts)),
         received_(num_local_experts_) {
     routes_.reserve(size_t(world_size_) * config.max_num_tokens * layout_.max_pairs);
   }
@@ -41,7 +44,8 @@ class CpuAllToAll final : public AllToAllBackend {
   size_t workspace_bytes() const override {
     return layout_.total_bytes + size_t(layout_.signal_slots()) * SymmetricMemory::kSignalBytes +
            header_.capacity() * sizeof(int32_t) + routes_.capacity() * sizeof(Route) +
-           (sent_.capacity() + received_.capacity()) * sizeof(int32_t);
+           (sent_.capacity() + received_.capacity() + head_.capacity() +
+            sent_to_expert_.capacity()) * sizeof(int32_t);
   }
 
   Tensor input_buffer() const override {
@@ -72,6 +76,7 @@ class CpuAllToAll final : public AllToAllBackend {
         config_.in_place_buffers && x == memory_->local() + layout_.input_offset &&
         (!scales || x_scale == memory_->local() + layout_.input_scale_offset);
     std::fill(sent_.begin(), sent_.end(), 0);
+    std::fill(sent_to_expert_.begin(), sent_to_expert_.end(), 0);
 
     for (int t = 0; t < a.m; ++t) {
       const int32_t* experts = indices + size_t(t) * k;
@@ -84,6 +89,7 @@ class CpuAllToAll final : public AllToAllBackend {
             continue;
           header_[size_t(AllToAllLayout::header_expert(n))] = experts[j] % num_local_experts_;
           header_[size_t(AllToAllLayout::header_slot(n))] = j;
+          header_[size_t(AllToAllLayout::header_position(n))] = sent_to_expert_[size_t(experts[j])]++;
           ++n;
         }
         header_[AllToAllLayout::kHeaderToken] = t;
@@ -98,9 +104,13 @@ class CpuAllToAll final : public AllToAllBackend {
       }
     }
     for (int dest = 0; dest < world_size_; ++dest) {
-      const int32_t count_and_flags[2] = {
-          sent_[dest], x_in_place && memory_->peer(dest) ? AllToAllLayout::kPayloadInPlace : 0};
-      memory_->put(dest, layout_.count_offset(rank_), count_and_flags, sizeof count_and_flags);
+      // The block's head: count, flags, and the rows of each of dest's experts.
+      head_[0] = sent_[dest];
+      head_[1] = x_in_place && memory_->peer(dest) ? AllToAllLayout::kPayloadInPlace : 0;
+      std::copy_n(sent_to_expert_.begin() + ptrdiff_t(dest) * num_local_experts_,
+                  num_local_experts_, head_.begin() + 2);
+      memory_->put(dest, layout_.count_offset(rank_), head_.data(),
+                   head_.size() * sizeof(int32_t));
       memory_->signal(dest, layout_.dispatch_signal(rank_), epoch_);
     }
   }
@@ -240,6 +250,8 @@ class CpuAllToAll final : public AllToAllBackend {
   uint64_t epoch_ = 0;              // calls so far; every signal carries the current one
   std::vector<int32_t> header_;     // staging for one token's header
   std::vector<int32_t> sent_;       // tokens sent to each rank this call
+  std::vector<int32_t> head_;       // staging for one source block's head
+  std::vector<int32_t> sent_to_expert_;  // rows sent to each (global) expert this call
   std::vector<int32_t> received_;   // rows received per local expert this call
   std::vector<Route> routes_;       // this call's received rows, for combine
 };

@@ -76,12 +76,20 @@ class CudaAllToAll final : public AllToAllBackend {
       return at;
     };
     const size_t send_slot = reserve(sizeof(int32_t) * config.max_num_tokens * W);
+    const size_t send_position =
+        reserve(sizeof(int32_t) * config.max_num_tokens * config.experts_per_token);
     const size_t send_count = reserve(sizeof(int32_t) * W);
-    const size_t recv_count = reserve(sizeof(int32_t) * W * L);
+    const size_t send_expert_count = reserve(sizeof(int32_t) * config.num_experts);
+    const size_t recv_base = reserve(sizeof(int32_t) * W * L);
+    const size_t route_base = reserve(sizeof(int32_t) * L);
+    const size_t source_end = reserve(sizeof(int32_t) * W);
+    const size_t slot_count = reserve(sizeof(int32_t));
+    const size_t routed = reserve(sizeof(uint64_t));
+    const size_t routed_ok = reserve(sizeof(int32_t));
     const size_t routes = reserve(sizeof(cuda::Route) * max_routes);
     const size_t route_count = reserve(sizeof(int32_t));
     const size_t epoch = reserve(sizeof(uint64_t));
-    const size_t counters = reserve(sizeof(uint32_t) * 2);
+    const size_t counters = reserve(sizeof(uint32_t) * cuda::kBlockCounters);
     const size_t error = reserve(sizeof(cuda::ErrorWord));
     const size_t owners_ready = reserve(sizeof(int32_t));
     const size_t round = reserve(sizeof(cuda::Round));  // zeroed: dispatch(send) comes first
@@ -89,8 +97,15 @@ class CudaAllToAll final : public AllToAllBackend {
     PMOE_CUDA_CHECK(cudaMemset(scratch_, 0, scratch_bytes_));
     auto* base = static_cast<std::byte*>(scratch_);
     p.send_slot = reinterpret_cast<int32_t*>(base + send_slot);
+    p.send_position = reinterpret_cast<int32_t*>(base + send_position);
     p.send_count = reinterpret_cast<int32_t*>(base + send_count);
-    p.recv_count = reinterpret_cast<int32_t*>(base + recv_count);
+    p.send_expert_count = reinterpret_cast<int32_t*>(base + send_expert_count);
+    p.recv_base = reinterpret_cast<int32_t*>(base + recv_base);
+    p.route_base = reinterpret_cast<int32_t*>(base + route_base);
+    p.source_end = reinterpret_cast<int32_t*>(base + source_end);
+    p.slot_count = reinterpret_cast<int32_t*>(base + slot_count);
+    p.routed = reinterpret_cast<uint64_t*>(base + routed);
+    p.routed_ok = reinterpret_cast<int32_t*>(base + routed_ok);
     p.routes = reinterpret_cast<cuda::Route*>(base + routes);
     p.route_count = reinterpret_cast<int32_t*>(base + route_count);
     p.epoch = reinterpret_cast<uint64_t*>(base + epoch);

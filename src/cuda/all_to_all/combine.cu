@@ -2,12 +2,15 @@
 // comes from it), scratch: params.cuh.
 //
 //   send:  return_rows (grid)  each routed row of expert_y to its source's combine area at
-//                              (token, top-k slot); the last block writes this rank's expert_y
-//                              dtype there and signals every source
+//                              (token, top-k slot), 16-byte words with several loads in flight;
+//                              ranks start at different routes (rank / W of the way in), so
+//                              they do not all write to one source first; the last block
+//                              writes this rank's expert_y dtype there and signals every source
 //   recv:  await_owners (1 block)  waits for every owner (a thread each) and checks its dtype
-//          reduce_rows (grid)      y[t] = sum_j w[t, j] * row(t, j) in f32, in j order, multiply
-//                                  and add rounded separately (no FMA), as the CPU backend does:
-//                                  the two give the same bits
+//          reduce_rows (grid)      launched dependent on await_owners (it may become resident
+//                                  once the waits are over); y[t] = sum_j w[t, j] * row(t, j) in
+//                                  f32, in j order, multiply and add rounded separately (no
+//                                  FMA), as the CPU backend does: the two give the same bits
 // Only one block of each rank ever spins. Ranks sharing a GPU must not fill its SMs with waiting
 // blocks: a peer's kernel that would let them go on could then never be scheduled.
 #include <cuda_bf16.h>
@@ -30,12 +33,15 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
   const int routes = *p.route_count;
   const AllToAllLayout& lay = p.layout;
   const size_t row_bytes = size_t(p.hidden_dim) * p.y_elem_bytes;
+  const int start = int(int64_t(routes) * p.rank / p.world_size);
   for (int r = blockIdx.x; r < routes; r += gridDim.x) {
-    const Route route = p.routes[r];
-    block_copy(p.regions[route.source] + lay.combine_row_offset(route.token, route.slot),
-               p.expert_y + size_t(route.row) * row_bytes, row_bytes);
+    const Route route = p.routes[(start + r) % routes];
+    copy_to_each(
+        1, [](int) { return true; },
+        [&](int) { return p.regions[route.source] + lay.combine_row_offset(route.token, route.slot); },
+        p.expert_y + size_t(route.row) * row_bytes, row_bytes);
   }
-  if (last_block(&p.block_counters[1])) {
+  if (last_block(&p.block_counters[kReturnDone])) {
     p.round->next_step = int32_t(Step::combine_recv);  // every block has read it
     const uint64_t epoch = *p.epoch;
     for (int dest = 0; dest < p.world_size; ++dest)
@@ -81,6 +87,7 @@ __global__ void __launch_bounds__(kBlockThreads) await_owners(const AllToAllPara
     }
   }
   __syncthreads();
+  allow_dependent_grid();  // reduce_rows may start launching: no block of this one waits any more
   if (threadIdx.x == 0) *p.owners_ready = failed ? 0 : 1;
 }
 
@@ -92,6 +99,7 @@ struct alignas(sizeof(T) * N) Pack {
 
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kBlockThreads) reduce_rows(const AllToAllParams p) {
+  wait_for_prior_grid();
   if (*p.owners_ready == 0) return;  // await_owners gave up; the error word says why
   // 16-byte accesses on the wider side, 8-byte ones on the narrower.
   constexpr int V = 16 / (sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
@@ -140,9 +148,9 @@ __global__ void __launch_bounds__(kBlockThreads) reduce_rows(const AllToAllParam
 template <typename In>
 void launch_reduce(const AllToAllParams& p, cudaStream_t stream, int blocks) {
   switch (DType(p.out_dtype)) {
-    case DType::f32: launch(reduce_rows<In, float>, blocks, stream, p); break;
-    case DType::bf16: launch(reduce_rows<In, __nv_bfloat16>, blocks, stream, p); break;
-    case DType::f16: launch(reduce_rows<In, __half>, blocks, stream, p); break;
+    case DType::f32: launch_dependent(reduce_rows<In, float>, blocks, stream, p); break;
+    case DType::bf16: launch_dependent(reduce_rows<In, __nv_bfloat16>, blocks, stream, p); break;
+    case DType::f16: launch_dependent(reduce_rows<In, __half>, blocks, stream, p); break;
     default: throw Error("combine: y must be f32, bf16 or f16");
   }
 }

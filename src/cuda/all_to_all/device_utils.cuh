@@ -87,6 +87,45 @@ __device__ __forceinline__ void block_copy(std::byte* dst, const std::byte* src,
   for (size_t i = tail + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
 }
 
+// Copies `bytes` from src to dest(i) for each i < n with include(i), with the calling block's
+// threads. Where src and every destination are 16-byte aligned, each thread keeps kCopyUnroll
+// 16-byte loads in flight and stores each loaded word to every destination, so src is read
+// once however many destinations there are; src must not change while the kernel runs (it is
+// read with load_streaming). Otherwise, block_copy to each destination.
+constexpr int kCopyUnroll = 4;
+template <typename Include, typename Dest>
+__device__ __forceinline__ void copy_to_each(int n, Include include, Dest dest,
+                                             const std::byte* src, size_t bytes) {
+  bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  for (int i = 0; i < n; ++i)
+    if (include(i)) aligned = aligned && reinterpret_cast<uintptr_t>(dest(i)) % 16 == 0;
+  if (!aligned) {
+    for (int i = 0; i < n; ++i)
+      if (include(i)) block_copy(dest(i), src, bytes);
+    return;
+  }
+  const size_t words = bytes / 16, stride = size_t(blockDim.x) * kCopyUnroll;
+  const auto* from = reinterpret_cast<const int4*>(src);
+  for (size_t base = threadIdx.x; base < words; base += stride) {
+    int4 v[kCopyUnroll];
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const size_t w = base + size_t(u) * blockDim.x;
+      if (w < words) v[u] = load_streaming(from + w);
+    }
+    for (int i = 0; i < n; ++i) {
+      if (!include(i)) continue;
+      auto* to = reinterpret_cast<int4*>(dest(i));
+      for (int u = 0; u < kCopyUnroll; ++u) {
+        const size_t w = base + size_t(u) * blockDim.x;
+        if (w < words) to[w] = v[u];
+      }
+    }
+  }
+  for (size_t b = words * 16 + threadIdx.x; b < bytes; b += blockDim.x)  // a tail under 16 B
+    for (int i = 0; i < n; ++i)
+      if (include(i)) dest(i)[b] = src[b];
+}
+
 using ::pmoe::detail::first_in_group;  // src/all_to_all/route.hpp, the CPU backend's rule too
 
 // True in exactly one thread of the last block of the grid to get here; every earlier write of

@@ -9,8 +9,12 @@
 //
 //   rank r's private scratch (device memory)
 //   | send_slot [max_tokens, W] i32: token t's slot at destination d, or -1                |
-//   | send_count [W] i32 | recv_count [W, E_local] i32 | routes [route capacity] Route     |
-//   | route_count i32 | epoch u64 | block counters u32 x 2 | owners_ready i32              |
+//   | send_position [max_tokens, k] i32: row (t, j)'s position among its expert's rows    |
+//   | send_count [W] i32 | send_expert_count [E] i32: rows this rank sends to each expert  |
+//   | recv_base [W, E_local] i32: the first row of (source, expert) within the expert     |
+//   | route_base [E_local] i32 | source_end [W] i32 | slot_count i32                       |
+//   | routes [route capacity] Route, in (expert, row) order | route_count i32             |
+//   | epoch u64 | block counters u32 x 3 | routed u64, routed_ok i32 | owners_ready i32   |
 //   | round: the step the device expects next, the m of the last dispatch(send)           |
 #pragma once
 
@@ -74,6 +78,9 @@ struct ErrorWord {
   ErrorWord* host_mirror;  // device pointer to the host-mapped copy (unused in the copy itself)
 };
 
+// block_counters: last_block() of send_tokens and of return_rows, send_tokens' tickets.
+constexpr int kSendDone = 0, kReturnDone = 1, kSendTicket = 2, kBlockCounters = 3;
+
 struct AllToAllParams {
   // Shape.
   int rank, world_size, num_local_experts, top_k, hidden_dim, max_tokens, scales_per_token;
@@ -97,12 +104,19 @@ struct AllToAllParams {
   const int32_t* bound_m; // or, when set, the actual m, read on the device (graph replays)
   // Private scratch.
   int32_t* send_slot;
+  int32_t* send_position;
   int32_t* send_count;
-  int32_t* recv_count;
+  int32_t* send_expert_count;
+  int32_t* recv_base;
+  int32_t* route_base;
+  int32_t* source_end;
+  int32_t* slot_count;
   Route* routes;
   int32_t* route_count;
   uint64_t* epoch;
   uint32_t* block_counters;
+  uint64_t* routed;     // send_tokens: the call whose routing ticket 0 finished
+  int32_t* routed_ok;   // and whether it routed (0: a step out of order, nothing is sent)
   int32_t* owners_ready;  // combine: 1 when every owner's rows arrived in the right dtype
   Round* round;
   ErrorWord* error;       // device memory; its host_mirror is what the host reads
