@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <iterator>
 #include <vector>
 
@@ -236,6 +237,50 @@ TEST(AllToAllCuda, GraphReplaysWithChangingRoutingAndM) {
   }, Device::cuda(0));
   for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
 }
+
+#if !defined(PMOE_TEST_ON_GPU)
+// Kernels per step, counted on the emulated device (docs/gpu-all-to-all.md): dispatch(send) 1,
+// dispatch(recv) 2, combine(send) 1, combine(recv) 2 (it was 2, 2, 1, 2), at 1 and 3 ranks.
+TEST(AllToAllCuda, KernelsPerStep) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  for (int W : {1, 3}) {
+    const AllToAllConfig cfg = make_config(5, 2 * W, std::min(2, 2 * W), 48, DType::bf16, DType::f32);
+    std::vector<std::string> errors(static_cast<size_t>(W));
+    run_ranks(W, [&](Communicator& comm) {
+      const int rank = comm.rank(), L = cfg.num_experts / W, rows = W * 5;
+      const Device gpu = comm.device();
+      const auto in = reference::make_inputs(cfg, rank, 5, 9, Routing::random);
+      Buffer x = Buffer::like(in.x, gpu), indices = Buffer::like(in.indices, gpu),
+             weights = Buffer::like(in.weights, gpu);
+      copy(x, in.x);
+      copy(indices, in.indices);
+      copy(weights, in.weights);
+      Buffer counts(DType::i32, {L}, gpu), expert_x(DType::bf16, {L, rows, 48}, gpu),
+          expert_y(DType::bf16, {L, rows, 48}, gpu), y(DType::f32, {5, 48}, gpu);
+      AllToAll a2a(comm, cfg);
+      std::string counted;
+      auto step = [&](const char* name, const std::function<void()>& call) {
+        const uint64_t before = emu::kernels_launched_by_this_thread();
+        call();
+        counted += detail::cat(name, " ", emu::kernels_launched_by_this_thread() - before, "; ");
+      };
+      step("dispatch(send)", [&] {
+        a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor(), Phase::send);
+      });
+      step("dispatch(recv)", [&] {
+        a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor(), Phase::recv);
+      });
+      step("combine(send)", [&] { a2a.combine(expert_y, indices, weights, y, Phase::send); });
+      step("combine(recv)", [&] { a2a.combine(expert_y, indices, weights, y, Phase::recv); });
+      synchronize(comm.stream());
+      a2a.check_errors();
+      if (counted != "dispatch(send) 1; dispatch(recv) 2; combine(send) 1; combine(recv) 2; ")
+        errors[size_t(rank)] = counted;
+    }, Device::cuda(0));
+    for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "W = " << W << ", rank " << r;
+  }
+}
+#endif
 
 // Graph replays skip the host's phase and m checks, so the device keeps its own: dispatch
 // records the step and m it ran, combine checks them. Three scripts of replays of one captured
