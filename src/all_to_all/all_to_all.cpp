@@ -170,7 +170,7 @@ void AllToAll::dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& in
   if (host_data) check_indices(op, indices, m, config_.num_experts);
 
   const detail::DispatchArgs args{x, x_scale, indices, expert_num_tokens, expert_x,
-                                  expert_x_scale, int(m), bound_m};
+                                  expert_x_scale, int(m), bound_m, phase == Phase::both};
   if (phase != Phase::recv) {
     if (host_data) {
       const int32_t* idx = indices.data<int32_t>();
@@ -214,7 +214,8 @@ void AllToAll::combine(const Tensor& expert_y, const Tensor& indices, const Tens
                dtype_name(sent_expert_y_dtype_));
   sent_expert_y_dtype_ = expert_y.dtype();
 
-  const detail::CombineArgs args{expert_y, indices, weights, y, int(m), bound_m};
+  const detail::CombineArgs args{expert_y, indices, weights, y, int(m), bound_m,
+                                 phase == Phase::both};
   if (phase != Phase::recv)
     run_step(Step::combine_send, op, [&] { backend_->combine_send(args); });
   if (phase != Phase::send)

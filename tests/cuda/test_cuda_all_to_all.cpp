@@ -240,7 +240,8 @@ TEST(AllToAllCuda, GraphReplaysWithChangingRoutingAndM) {
 
 #if !defined(PMOE_TEST_ON_GPU)
 // Kernels per step, counted on the emulated device (docs/gpu-all-to-all.md): dispatch(send) 1,
-// dispatch(recv) 2, combine(send) 1, combine(recv) 2 (it was 2, 2, 1, 2), at 1 and 3 ranks.
+// dispatch(recv) 2, combine(send) 1, combine(recv) 2 (it was 2, 2, 1, 2), and 2 for each op in
+// Phase::both (it was 4 and 3), at 1 and 3 ranks.
 TEST(AllToAllCuda, KernelsPerStep) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   for (int W : {1, 3}) {
@@ -272,9 +273,12 @@ TEST(AllToAllCuda, KernelsPerStep) {
       });
       step("combine(send)", [&] { a2a.combine(expert_y, indices, weights, y, Phase::send); });
       step("combine(recv)", [&] { a2a.combine(expert_y, indices, weights, y, Phase::recv); });
+      step("dispatch", [&] { a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor()); });
+      step("combine", [&] { a2a.combine(expert_y, indices, weights, y); });
       synchronize(comm.stream());
       a2a.check_errors();
-      if (counted != "dispatch(send) 1; dispatch(recv) 2; combine(send) 1; combine(recv) 2; ")
+      if (counted != "dispatch(send) 1; dispatch(recv) 2; combine(send) 1; combine(recv) 2; "
+                     "dispatch 2; combine 2; ")
         errors[size_t(rank)] = counted;
     }, Device::cuda(0));
     for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "W = " << W << ", rank " << r;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <utility>
 
 #include "all_to_all/backend.hpp"
 #include "core/device_runtime.hpp"
@@ -160,22 +161,33 @@ class CudaAllToAll final : public AllToAllBackend {
     raise(r);
   }
 
+  // With Phase::both (recv_follows), the send kernel's last block also does the receive's waits
+  // and the receive launches only its grid kernel: one kernel less per op. A split send must
+  // not wait, so that the caller's work between the phases overlaps the transfer.
   void dispatch_send(const DispatchArgs& a) override {
     enter();
-    cuda::launch_dispatch_send(with_dispatch(a), stream_, blocks_);
+    AllToAllParams p = with_dispatch(a);
+    p.fuse_recv = a.recv_follows;
+    cuda::launch_dispatch_send(p, stream_, blocks_);
+    recv_waited_ = a.recv_follows;
   }
   void dispatch_recv(const DispatchArgs& a) override {
     enter();
-    cuda::launch_dispatch_recv(with_dispatch(a), stream_, blocks_);
+    const bool waited = std::exchange(recv_waited_, false);
+    cuda::launch_dispatch_recv(with_dispatch(a), stream_, blocks_, waited);
   }
   void combine_send(const CombineArgs& a) override {
     enter();
     params_.y_dtype = int(a.expert_y.dtype());  // named by a later dtype-mismatch report
-    cuda::launch_combine_send(with_combine(a), stream_, blocks_);
+    AllToAllParams p = with_combine(a);
+    p.fuse_recv = a.recv_follows;
+    cuda::launch_combine_send(p, stream_, blocks_);
+    recv_waited_ = a.recv_follows;
   }
   void combine_recv(const CombineArgs& a) override {
     enter();
-    cuda::launch_combine_recv(with_combine(a), stream_, blocks_);
+    const bool waited = std::exchange(recv_waited_, false);
+    cuda::launch_combine_recv(with_combine(a), stream_, blocks_, waited);
   }
 
  private:
@@ -284,6 +296,7 @@ class CudaAllToAll final : public AllToAllBackend {
   size_t scratch_bytes_ = 0;
   void* error_host_ = nullptr;
   mutable bool reset_pending_ = false;  // check_errors() raised a non-fatal error
+  bool recv_waited_ = false;  // the last send kernel also did the receive's waits
   int blocks_ = 1;
 };
 

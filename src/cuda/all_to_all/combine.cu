@@ -7,6 +7,8 @@
 //                              they do not all write to one source first; the last block
 //                              writes this rank's expert_y dtype there and signals every source
 //   recv:  await_owners (1 block)  waits for every owner (a thread each) and checks its dtype
+//                                  (for Phase::both, the last block of return_rows does this
+//                                  instead, when every other block has ended: one kernel less)
 //          reduce_rows (grid)      launched dependent on await_owners (it may become resident
 //                                  once the waits are over); y[t] = sum_j w[t, j] * row(t, j) in
 //                                  f32, in j order, multiply and add rounded separately (no
@@ -24,42 +26,9 @@
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
 
-__global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParams p) {
-  if (failed_before(p)) return;
-  if (p.round->next_step != int32_t(Step::combine_send)) {  // every block sees the same
-    if (blockIdx.x == 0 && threadIdx.x == 0) step_in_order(p, Step::combine_send);
-    return;
-  }
-  const int routes = *p.route_count;
-  const AllToAllLayout& lay = p.layout;
-  const size_t row_bytes = size_t(p.hidden_dim) * p.y_elem_bytes;
-  const int start = int(int64_t(routes) * p.rank / p.world_size);
-  for (int r = blockIdx.x; r < routes; r += gridDim.x) {
-    const Route route = p.routes[(start + r) % routes];
-    copy_to_each(
-        1, [](int) { return true; },
-        [&](int) { return p.regions[route.source] + lay.combine_row_offset(route.token, route.slot); },
-        p.expert_y + size_t(route.row) * row_bytes, row_bytes);
-  }
-  if (last_block(&p.block_counters[kReturnDone])) {
-    p.round->next_step = int32_t(Step::combine_recv);  // every block has read it
-    const uint64_t epoch = *p.epoch;
-    for (int dest = 0; dest < p.world_size; ++dest)
-      *reinterpret_cast<int32_t*>(p.regions[dest] + lay.combine_dtype_slot(p.rank)) = p.y_dtype;
-    __threadfence_system();
-    for (int dest = 0; dest < p.world_size; ++dest)
-      signal_release(p.signals[dest] + lay.signal_word(lay.combine_signal(p.rank)), epoch);
-  }
-}
-
-__device__ __forceinline__ float load(const float* p, int i) { return p[i]; }
-__device__ __forceinline__ float load(const __nv_bfloat16* p, int i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ float load(const __half* p, int i) { return __half2float(p[i]); }
-__device__ __forceinline__ void store(float* p, int i, float v) { p[i] = v; }
-__device__ __forceinline__ void store(__nv_bfloat16* p, int i, float v) { p[i] = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store(__half* p, int i, float v) { p[i] = __float2half_rn(v); }
-
-__global__ void __launch_bounds__(kBlockThreads) await_owners(const AllToAllParams p) {
+// combine(recv)'s one waiting block (await_owners, or the last block of return_rows): the step
+// and m checks, then waits for every owner and checks its dtype. A collective of the block.
+__device__ void wait_owners(const AllToAllParams& p) {
   const uint64_t epoch = *p.epoch;
   const AllToAllLayout& lay = p.layout;
   __shared__ bool failed;
@@ -91,6 +60,50 @@ __global__ void __launch_bounds__(kBlockThreads) await_owners(const AllToAllPara
   if (threadIdx.x == 0) *p.owners_ready = failed ? 0 : 1;
 }
 
+__global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParams p) {
+  if (failed_before(p)) return;
+  if (p.round->next_step != int32_t(Step::combine_send)) {  // every block sees the same
+    if (blockIdx.x == 0 && threadIdx.x == 0) step_in_order(p, Step::combine_send);
+    return;
+  }
+  const int routes = *p.route_count;
+  const AllToAllLayout& lay = p.layout;
+  const size_t row_bytes = size_t(p.hidden_dim) * p.y_elem_bytes;
+  const int start = int(int64_t(routes) * p.rank / p.world_size);
+  for (int r = blockIdx.x; r < routes; r += gridDim.x) {
+    const Route route = p.routes[(start + r) % routes];
+    copy_to_each(
+        1, [](int) { return true; },
+        [&](int) { return p.regions[route.source] + lay.combine_row_offset(route.token, route.slot); },
+        p.expert_y + size_t(route.row) * row_bytes, row_bytes);
+  }
+  if (!last_block_all(&p.block_counters[kReturnDone])) return;
+  if (threadIdx.x == 0) {
+    p.round->next_step = int32_t(Step::combine_recv);  // every block has read it
+    const uint64_t epoch = *p.epoch;
+    for (int dest = 0; dest < p.world_size; ++dest)
+      *reinterpret_cast<int32_t*>(p.regions[dest] + lay.combine_dtype_slot(p.rank)) = p.y_dtype;
+    __threadfence_system();
+    for (int dest = 0; dest < p.world_size; ++dest)
+      signal_release(p.signals[dest] + lay.signal_word(lay.combine_signal(p.rank)), epoch);
+  }
+  if (p.fuse_recv) {
+    __syncthreads();  // next_step, advanced above
+    wait_owners(p);
+  }
+}
+
+__device__ __forceinline__ float load(const float* p, int i) { return p[i]; }
+__device__ __forceinline__ float load(const __nv_bfloat16* p, int i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float load(const __half* p, int i) { return __half2float(p[i]); }
+__device__ __forceinline__ void store(float* p, int i, float v) { p[i] = v; }
+__device__ __forceinline__ void store(__nv_bfloat16* p, int i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store(__half* p, int i, float v) { p[i] = __float2half_rn(v); }
+
+__global__ void __launch_bounds__(kBlockThreads) await_owners(const AllToAllParams p) {
+  wait_owners(p);
+}
+
 // Elements one thread sums at once, loaded and stored in one access each.
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {
@@ -100,7 +113,8 @@ struct alignas(sizeof(T) * N) Pack {
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kBlockThreads) reduce_rows(const AllToAllParams p) {
   wait_for_prior_grid();
-  if (*p.owners_ready == 0) return;  // await_owners gave up; the error word says why
+  // The waiting block gave up, or (a step out of order) never ran: the error word says why.
+  if (failed_before(p) || *p.owners_ready == 0) return;
   // 16-byte accesses on the wider side, 8-byte ones on the narrower.
   constexpr int V = 16 / (sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
   using InPack = Pack<In, V>;
@@ -161,8 +175,8 @@ void launch_combine_send(const AllToAllParams& p, cudaStream_t stream, int block
   launch(return_rows, blocks, stream, p);
 }
 
-void launch_combine_recv(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  launch(await_owners, 1, stream, p);
+void launch_combine_recv(const AllToAllParams& p, cudaStream_t stream, int blocks, bool waited) {
+  if (!waited) launch(await_owners, 1, stream, p);
   switch (DType(p.y_dtype)) {
     case DType::f32: launch_reduce<float>(p, stream, blocks); break;
     case DType::bf16: launch_reduce<__nv_bfloat16>(p, stream, blocks); break;

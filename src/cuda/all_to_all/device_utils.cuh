@@ -130,7 +130,13 @@ using ::pmoe::detail::first_in_group;  // src/all_to_all/route.hpp, the CPU back
 
 // True in exactly one thread of the last block of the grid to get here; every earlier write of
 // every block is visible to it. Resets the counter for the next launch.
+__device__ __forceinline__ bool last_block_all(uint32_t* counter);
 __device__ __forceinline__ bool last_block(uint32_t* counter) {
+  return last_block_all(counter) && threadIdx.x == 0;
+}
+
+// The same in every thread of that block (a collective of the block: all its threads call it).
+__device__ __forceinline__ bool last_block_all(uint32_t* counter) {
   __shared__ bool is_last;
   // Every thread's writes, at system scope (peers may be other GPUs over CUDA IPC), before the
   // block counts itself in.
@@ -144,7 +150,7 @@ __device__ __forceinline__ bool last_block(uint32_t* counter) {
     }
   }
   __syncthreads();
-  return is_last && threadIdx.x == 0;
+  return is_last;
 }
 
 // True if an earlier kernel of this rank recorded a fatal error: the kernels of later steps then

@@ -11,7 +11,9 @@
 //                                  destination, starting at rank + 1, with its header; the last
 //                                  block bumps the epoch, writes the heads (counts) and signals
 //   recv:  route_rows   (1 block)  waits for every source; scans the W x E_local counts of the
-//                                  heads into each (source, expert)'s first row; counts
+//                                  heads into each (source, expert)'s first row; counts (for
+//                                  Phase::both, the last block of send_tokens does this instead,
+//                                  when every other block has ended: one kernel less)
 //          land_rows    (grid)     each received slot: its rows (first row + position) get the
 //                                  payload (read once) and scales, and its routes are written,
 //                                  ordered by (expert, row) for combine
@@ -79,6 +81,64 @@ __device__ int rank_by_key(KeyCounts& counts, int items, int num_keys, Visit vis
     __syncthreads();  // the next pass clears the table
   }
   return pairs;
+}
+
+// dispatch(recv)'s one waiting block (route_rows, or the last block of send_tokens): waits for
+// every source, then each (source, expert)'s first row, each expert's first route and the end of
+// each source's slots, for land_rows. A collective of the block.
+__device__ void receive_heads(const AllToAllParams& p) {
+  const uint64_t epoch = *p.epoch;
+  const AllToAllLayout& lay = p.layout;
+  const int W = p.world_size, L = p.num_local_experts;
+  __shared__ bool failed;
+  if (threadIdx.x == 0) {
+    failed = failed_before(p) || !step_in_order(p, Step::dispatch_recv);
+    p.round->next_step = int32_t(Step::combine_send);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < W && !failed; i += blockDim.x) {
+    const int source = (p.rank + i) % W;  // this rank's own data first: it is there already
+    if (!wait_signal(p.signals[p.rank] + lay.signal_word(lay.dispatch_signal(source)), epoch,
+                     p.timeout_ns, p.error, source, Step::dispatch_recv))
+      failed = true;
+  }
+  __syncthreads();
+  if (failed) {
+    for (int e = threadIdx.x; e < L; e += blockDim.x) p.expert_num_tokens[e] = 0;
+    if (threadIdx.x == 0) {
+      *p.route_count = 0;
+      *p.slot_count = 0;
+    }
+    return;
+  }
+  allow_dependent_grid();  // land_rows may start launching: no block of this one waits any more
+  const std::byte* region = p.regions[p.rank];
+  auto head = [&](size_t offset) { return *reinterpret_cast<const int32_t*>(region + offset); };
+  // Each (source, expert)'s first row: the rows of that expert from earlier sources (a thread
+  // per expert, W steps); then each expert's first route (one thread, E_local steps).
+  for (int e = threadIdx.x; e < L; e += blockDim.x) {
+    int rows = 0;
+    for (int s = 0; s < W; ++s) {
+      p.recv_base[s * L + e] = rows;
+      rows += head(lay.expert_count_offset(s, e));
+    }
+    p.expert_num_tokens[e] = rows;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int routes = 0;
+    for (int e = 0; e < L; ++e) {
+      p.route_base[e] = routes;
+      routes += p.expert_num_tokens[e];
+    }
+    *p.route_count = routes;
+    int slots = 0;  // every source's slots in one list, in (source, slot) order
+    for (int s = 0; s < W; ++s) {
+      slots += head(lay.count_offset(s));
+      p.source_end[s] = slots;
+    }
+    *p.slot_count = slots;
+  }
 }
 
 // Ticket 0's work in send_tokens: checks, slots, positions and counts into scratch. False if the
@@ -202,7 +262,8 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
           [&](int i) { return p.regions[dest_of(i)] + lay.scale_offset(p.rank, slot_at(i)); },
           reinterpret_cast<const std::byte*>(p.x_scale) + size_t(t) * scales, scales);
   }
-  if (last_block(&p.block_counters[kSendDone])) {
+  if (!last_block_all(&p.block_counters[kSendDone])) return;
+  if (threadIdx.x == 0) {
     const uint64_t epoch = ++*p.epoch;
     for (int i = 0; i < W; ++i) {
       const int dest = (p.rank + 1 + i) % W;
@@ -220,65 +281,19 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
       signal_release(p.signals[dest] + lay.signal_word(lay.dispatch_signal(p.rank)), epoch);
     }
   }
+  if (p.fuse_recv) {
+    __syncthreads();  // the epoch, bumped above
+    receive_heads(p);
+  }
 }
 
 __global__ void __launch_bounds__(kBlockThreads) route_rows(const AllToAllParams p) {
-  const uint64_t epoch = *p.epoch;
-  const AllToAllLayout& lay = p.layout;
-  const int W = p.world_size, L = p.num_local_experts;
-  __shared__ bool failed;
-  if (threadIdx.x == 0) {
-    failed = failed_before(p) || !step_in_order(p, Step::dispatch_recv);
-    p.round->next_step = int32_t(Step::combine_send);
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < W && !failed; i += blockDim.x) {
-    const int source = (p.rank + i) % W;  // this rank's own data first: it is there already
-    if (!wait_signal(p.signals[p.rank] + lay.signal_word(lay.dispatch_signal(source)), epoch,
-                     p.timeout_ns, p.error, source, Step::dispatch_recv))
-      failed = true;
-  }
-  __syncthreads();
-  if (failed) {
-    for (int e = threadIdx.x; e < L; e += blockDim.x) p.expert_num_tokens[e] = 0;
-    if (threadIdx.x == 0) {
-      *p.route_count = 0;
-      *p.slot_count = 0;
-    }
-    return;
-  }
-  allow_dependent_grid();  // land_rows may start launching: no block of this one waits any more
-  const std::byte* region = p.regions[p.rank];
-  auto head = [&](size_t offset) { return *reinterpret_cast<const int32_t*>(region + offset); };
-  // Each (source, expert)'s first row: the rows of that expert from earlier sources (a thread
-  // per expert, W steps); then each expert's first route (one thread, E_local steps).
-  for (int e = threadIdx.x; e < L; e += blockDim.x) {
-    int rows = 0;
-    for (int s = 0; s < W; ++s) {
-      p.recv_base[s * L + e] = rows;
-      rows += head(lay.expert_count_offset(s, e));
-    }
-    p.expert_num_tokens[e] = rows;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int routes = 0;
-    for (int e = 0; e < L; ++e) {
-      p.route_base[e] = routes;
-      routes += p.expert_num_tokens[e];
-    }
-    *p.route_count = routes;
-    int slots = 0;  // every source's slots in one list, in (source, slot) order
-    for (int s = 0; s < W; ++s) {
-      slots += head(lay.count_offset(s));
-      p.source_end[s] = slots;
-    }
-    *p.slot_count = slots;
-  }
+  receive_heads(p);
 }
 
 __global__ void __launch_bounds__(kBlockThreads) land_rows(const AllToAllParams p) {
   wait_for_prior_grid();
+  if (failed_before(p)) return;  // a step out of order left last call's slots in place
   const int slots = *p.slot_count;
   const AllToAllLayout& lay = p.layout;
   const int L = p.num_local_experts;
@@ -323,8 +338,8 @@ void launch_dispatch_send(const AllToAllParams& p, cudaStream_t stream, int bloc
   launch(send_tokens, blocks, stream, p);
 }
 
-void launch_dispatch_recv(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  launch(route_rows, 1, stream, p);
+void launch_dispatch_recv(const AllToAllParams& p, cudaStream_t stream, int blocks, bool waited) {
+  if (!waited) launch(route_rows, 1, stream, p);
   launch_dependent(land_rows, blocks, stream, p);
 }
 

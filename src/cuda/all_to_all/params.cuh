@@ -101,6 +101,7 @@ struct AllToAllParams {
   const std::byte* expert_y;
   std::byte* y;
   int m;                  // rows of x / y given on the host
+  int fuse_recv;          // Phase::both: the send kernel's last block does the receive's waits
   const int32_t* bound_m; // or, when set, the actual m, read on the device (graph replays)
   // Private scratch.
   int32_t* send_slot;
