@@ -47,6 +47,7 @@ enum class Phase : uint8_t { send, recv, both };
 
 namespace detail {
 class AllToAllBackend;
+enum class Step : int32_t;  // the steps of a round (src/all_to_all/step.hpp)
 }
 
 class AllToAll {
@@ -118,7 +119,7 @@ class AllToAll {
   int world_size() const { return world_size_; }
 
  private:
-  enum class Step : uint8_t { dispatch_send, dispatch_recv, combine_send, combine_recv };
+  using Step = detail::Step;  // src/all_to_all/step.hpp
   void enter(Step step, const char* op);  // checks the phase order
   void run_step(Step step, const char* op, const std::function<void()>& body);
   // The tokens this call: `rows`, or *bound_m where the host can read it (validated).
@@ -131,7 +132,7 @@ class AllToAll {
   int world_size_ = 1;
   int num_local_experts_ = 0;
   Device device_;
-  Step next_ = Step::dispatch_send;
+  Step next_{};  // dispatch(send)
   std::vector<int32_t> routed_indices_;  // dispatch(send)'s indices, which combine must repeat
   std::vector<int32_t> dispatch_indices_, combine_indices_;  // narrowed i64 indices
   DType sent_expert_y_dtype_ = DType::f32;  // combine(send)'s, which combine(recv) must repeat

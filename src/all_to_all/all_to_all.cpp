@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "all_to_all/backend.hpp"
+#include "all_to_all/step.hpp"
 #include "core/arg_checks.hpp"
 #include "core/config_agreement.hpp"
 #include "pmoe/error.hpp"
@@ -43,12 +44,6 @@ const char* op_name(bool dispatch, Phase phase) {
       {"AllToAll::combine(send)", "AllToAll::combine(recv)", "AllToAll::combine"},
       {"AllToAll::dispatch(send)", "AllToAll::dispatch(recv)", "AllToAll::dispatch"}};
   return names[dispatch][int(phase)];
-}
-
-const char* step_name(int step) {
-  static const char* names[] = {"dispatch(send)", "dispatch(recv)", "combine(send)",
-                                "combine(recv)"};
-  return names[step];
 }
 
 }  // namespace
@@ -132,7 +127,7 @@ void AllToAll::enter(Step step, const char* op) {
   PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this AllToAll is unusable since an ",
              "earlier call failed while waiting for peers (", broken_, "); create a new one");
   PMOE_CHECK(step == next_, op, " on rank ", rank_, ": phase out of order: expected ",
-             step_name(int(next_)), ", got ", step_name(int(step)));
+             detail::step_name(next_), ", got ", detail::step_name(step));
 }
 
 void AllToAll::run_step(Step step, const char* op, const std::function<void()>& body) {
@@ -142,7 +137,7 @@ void AllToAll::run_step(Step step, const char* op, const std::function<void()>& 
     broken_ = e.what();  // a failed wait leaves peers mid-protocol: no safe way to continue
     throw;
   }
-  next_ = Step((int(step) + 1) % 4);
+  next_ = detail::next_step(step);
 }
 
 int64_t AllToAll::tokens_this_call(const char* op, int64_t rows, const Tensor& bound_m) const {
@@ -206,7 +201,7 @@ void AllToAll::dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& in
   const Tensor idx32 = indices_i32(op, indices, dispatch_indices_);
 
   const detail::DispatchArgs args{x, x_scale, idx32, expert_num_tokens, expert_x,
-                                  expert_x_scale, int(m), bound_m};
+                                  expert_x_scale, int(m), bound_m, phase == Phase::both};
   if (phase != Phase::recv) {
     if (host_data) {
       const int32_t* idx = idx32.data<int32_t>();
@@ -255,7 +250,8 @@ void AllToAll::combine(const Tensor& expert_y, const Tensor& indices, const Tens
   sent_expert_y_dtype_ = expert_y.dtype();
 
   const Tensor idx32 = indices_i32(op, indices, combine_indices_);
-  const detail::CombineArgs args{expert_y, idx32, weights, y, int(m), bound_m};
+  const detail::CombineArgs args{expert_y, idx32, weights, y, int(m), bound_m,
+                                 phase == Phase::both};
   if (phase != Phase::recv)
     run_step(Step::combine_send, op, [&] { backend_->combine_send(args); });
   if (phase != Phase::send)

@@ -13,12 +13,14 @@ struct DispatchArgs {
   Tensor x, x_scale, indices, expert_num_tokens, expert_x, expert_x_scale;
   int m;           // tokens this call (rows of x, or *bound_m on the CPU)
   Tensor bound_m;  // on a device: [1] i32 read by the kernels instead of m; else empty
+  bool recv_follows = false;  // Phase::both: the recv comes right after the send
 };
 
 struct CombineArgs {
   Tensor expert_y, indices, weights, y;
   int m;           // tokens this call
   Tensor bound_m;  // as in DispatchArgs
+  bool recv_follows = false;  // as in DispatchArgs
 };
 
 class AllToAllBackend {

@@ -1,30 +1,27 @@
 // AllToAll on the CPU backend: plain copies into peers' symmetric regions, epoch signals, and a
-// receive side that lays rows out per expert. The buffer layout is drawn in all_to_all_layout.hpp.
+// receive side that lays rows out per expert. The buffer layout is drawn in
+// src/all_to_all/layout.hpp, which the CUDA kernels read too.
 //
 // Why buffers can be reused without a barrier: source s writes block s of rank r for call c+1
 // only after its combine(recv) of call c, which waited for r's combine signal, which r sends only
 // after it finished reading block s (and s's in-place input) of call c. Symmetrically, r writes
 // s's combine area for call c+1 only after its dispatch(recv) of c+1 saw s's data, which s sends
 // after reading call c's rows (and r's in-place expert outputs).
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "all_to_all/backend.hpp"
-#include "cpu/all_to_all_layout.hpp"
+#include "all_to_all/layout.hpp"
+#include "all_to_all/route.hpp"
 #include "cpu/reduce.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe::detail {
 namespace {
 
-// One (token, local expert) row received by this rank; combine sends it back along this route.
-struct Route {
-  int32_t source;  // rank the token came from
-  int32_t token;   // its index at the source
-  int32_t slot;    // top-k slot j at the source
-  int32_t row;     // flat row index e * rows_per_expert + position, in expert_x / expert_y
-};
+static_assert(AllToAllLayout::kSignalWords * sizeof(uint64_t) == SymmetricMemory::kSignalBytes);
 
 class CpuAllToAll final : public AllToAllBackend {
  public:
@@ -38,6 +35,8 @@ class CpuAllToAll final : public AllToAllBackend {
         memory_(comm.alloc_symmetric(layout_.total_bytes, layout_.signal_slots())),
         header_(layout_.header_bytes / sizeof(int32_t)),
         sent_(world_size_),
+        head_(2 + size_t(num_local_experts_)),
+        sent_to_expert_(size_t(config.num_experts)),
         received_(num_local_experts_) {
     routes_.reserve(size_t(world_size_) * config.max_num_tokens * layout_.max_pairs);
   }
@@ -45,7 +44,8 @@ class CpuAllToAll final : public AllToAllBackend {
   size_t workspace_bytes() const override {
     return layout_.total_bytes + size_t(layout_.signal_slots()) * SymmetricMemory::kSignalBytes +
            header_.capacity() * sizeof(int32_t) + routes_.capacity() * sizeof(Route) +
-           (sent_.capacity() + received_.capacity()) * sizeof(int32_t);
+           (sent_.capacity() + received_.capacity() + head_.capacity() +
+            sent_to_expert_.capacity()) * sizeof(int32_t);
   }
 
   Tensor input_buffer() const override {
@@ -76,6 +76,7 @@ class CpuAllToAll final : public AllToAllBackend {
         config_.in_place_buffers && x == memory_->local() + layout_.input_offset &&
         (!scales || x_scale == memory_->local() + layout_.input_scale_offset);
     std::fill(sent_.begin(), sent_.end(), 0);
+    std::fill(sent_to_expert_.begin(), sent_to_expert_.end(), 0);
 
     for (int t = 0; t < a.m; ++t) {
       const int32_t* experts = indices + size_t(t) * k;
@@ -83,16 +84,19 @@ class CpuAllToAll final : public AllToAllBackend {
       for (int dest = next_dest(experts, -1); dest >= 0; dest = next_dest(experts, dest)) {
         int n = 0;
         for (int j = 0; j < k; ++j) {
-          if (experts[j] < 0 || experts[j] / num_local_experts_ != dest) continue;
-          header_[2 + 2 * n] = experts[j] % num_local_experts_;
-          header_[3 + 2 * n] = j;
+          if (!first_in_group(experts, j, config_.num_experts, 1) ||
+              experts[j] / num_local_experts_ != dest)
+            continue;
+          header_[size_t(AllToAllLayout::header_expert(n))] = experts[j] % num_local_experts_;
+          header_[size_t(AllToAllLayout::header_slot(n))] = j;
+          header_[size_t(AllToAllLayout::header_position(n))] = sent_to_expert_[size_t(experts[j])]++;
           ++n;
         }
-        header_[0] = t;
-        header_[1] = n;
+        header_[AllToAllLayout::kHeaderToken] = t;
+        header_[AllToAllLayout::kHeaderPairs] = n;
         const int slot = sent_[dest]++;
         memory_->put(dest, layout_.token_offset(rank_, slot), header_.data(),
-                     sizeof(int32_t) * (2 + 2 * size_t(n)));
+                     sizeof(int32_t) * size_t(AllToAllLayout::header_ints(n)));
         if (x_in_place && memory_->peer(dest)) continue;
         memory_->put(dest, layout_.payload_offset(rank_, slot), x + t * payload, payload);
         if (scales)
@@ -100,9 +104,13 @@ class CpuAllToAll final : public AllToAllBackend {
       }
     }
     for (int dest = 0; dest < world_size_; ++dest) {
-      const int32_t count_and_flags[2] = {
-          sent_[dest], x_in_place && memory_->peer(dest) ? AllToAllLayout::kPayloadInPlace : 0};
-      memory_->put(dest, layout_.count_offset(rank_), count_and_flags, sizeof count_and_flags);
+      // The block's head: count, flags, and the rows of each of dest's experts.
+      head_[0] = sent_[dest];
+      head_[1] = x_in_place && memory_->peer(dest) ? AllToAllLayout::kPayloadInPlace : 0;
+      std::copy_n(sent_to_expert_.begin() + ptrdiff_t(dest) * num_local_experts_,
+                  num_local_experts_, head_.begin() + 2);
+      memory_->put(dest, layout_.count_offset(rank_), head_.data(),
+                   head_.size() * sizeof(int32_t));
       memory_->signal(dest, layout_.dispatch_signal(rank_), epoch_);
     }
   }
@@ -129,16 +137,17 @@ class CpuAllToAll final : public AllToAllBackend {
       for (int slot = 0; slot < count_and_flags[0]; ++slot) {
         const auto* header =
             reinterpret_cast<const int32_t*>(region + layout_.token_offset(source, slot));
-        const std::byte* row_in = in_place ? source_input + size_t(header[0]) * payload
+        const int32_t token = header[AllToAllLayout::kHeaderToken];
+        const std::byte* row_in = in_place ? source_input + size_t(token) * payload
                                            : region + layout_.payload_offset(source, slot);
-        const std::byte* scale_in = in_place ? source_scales + size_t(header[0]) * scales
+        const std::byte* scale_in = in_place ? source_scales + size_t(token) * scales
                                              : region + layout_.scale_offset(source, slot);
-        for (int p = 0; p < header[1]; ++p) {
-          const int expert = header[2 + 2 * p];
+        for (int p = 0; p < header[AllToAllLayout::kHeaderPairs]; ++p) {
+          const int expert = header[AllToAllLayout::header_expert(p)];
           const int32_t row = int32_t(expert * rows_per_expert_ + received_[expert]++);
           std::memcpy(expert_x + row * payload, row_in, payload);
           if (scales) std::memcpy(expert_x_scale + row * scales, scale_in, scales);
-          routes_.push_back({source, header[0], header[3 + 2 * p], row});
+          routes_.push_back({source, token, header[AllToAllLayout::header_slot(p)], row, slot});
         }
       }
     }
@@ -192,7 +201,7 @@ class CpuAllToAll final : public AllToAllBackend {
   int next_dest(const int32_t* experts, int after) const {
     int best = -1;
     for (int j = 0; j < config_.experts_per_token; ++j) {
-      if (experts[j] < 0) continue;
+      if (!first_in_group(experts, j, config_.num_experts, num_local_experts_)) continue;
       const int owner = experts[j] / num_local_experts_;
       if (owner > after && (best < 0 || owner < best)) best = owner;
     }
@@ -217,7 +226,7 @@ class CpuAllToAll final : public AllToAllBackend {
         int n = 0;
         for (int j = 0; j < k; ++j) {
           const int32_t expert = indices[t * k + j];
-          if (expert < 0) continue;
+          if (!first_in_group(indices + t * k, j, config_.num_experts, 1)) continue;
           int32_t row_ref;
           std::memcpy(&row_ref, region + layout_.row_ref_slot(t, j), sizeof row_ref);
           const std::byte* row =
@@ -241,6 +250,8 @@ class CpuAllToAll final : public AllToAllBackend {
   uint64_t epoch_ = 0;              // calls so far; every signal carries the current one
   std::vector<int32_t> header_;     // staging for one token's header
   std::vector<int32_t> sent_;       // tokens sent to each rank this call
+  std::vector<int32_t> head_;       // staging for one source block's head
+  std::vector<int32_t> sent_to_expert_;  // rows sent to each (global) expert this call
   std::vector<int32_t> received_;   // rows received per local expert this call
   std::vector<Route> routes_;       // this call's received rows, for combine
 };

@@ -1,6 +1,8 @@
-// The two places where nvcc and the emulated device differ, so that no kernel has to: the launch
-// of a kernel and the global timer. Every kernel of pmoe is launched through launch(), with the
-// block size below unless it says otherwise.
+// The places where nvcc and the emulated device differ, so that no kernel has to: the launch of
+// a kernel (plain, or dependent: programmatic dependent launch), the global timer and a
+// streaming load. Every kernel of pmoe is launched through launch(), and the
+// launch settings live here only: the block size (which kernels also name in
+// __launch_bounds__(kBlockThreads) and size their __shared__ tables by) and the grid rule.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,18 +14,87 @@
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
-constexpr int kBlockThreads = 256;  // threads per block of every pmoe kernel but await_owners
+constexpr int kBlockThreads = 256;  // threads per block of every pmoe kernel
+constexpr int kBlocksPerSm = 2;     // grid of the kernels that spread work over the device
+
+// The grid of a kernel that spreads its work over a device with `sms` multiprocessors.
+inline int grid_blocks(int sms) { return kBlocksPerSm * (sms > 0 ? sms : 1); }
 
 // kernel<<<grid, block, 0, stream>>>(args...) under nvcc; the emulated device's launch under the
-// host compiler. Throws pmoe::Error if the launch is refused.
+// host compiler. Throws pmoe::Error if the launch is refused. Tests that probe the device with
+// other block shapes call this one; pmoe's kernels call launch() below.
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-            const Args&... args) {
+void launch_shaped(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                   const Args&... args) {
 #if defined(__CUDACC__)
   kernel<<<grid, block, 0, stream>>>(args...);
   PMOE_CUDA_CHECK(cudaGetLastError());
 #else
   PMOE_CUDA_CHECK(::pmoe::emu::launch(grid, block, 0, stream, [=] { kernel(args...); }));
+#endif
+}
+
+// A pmoe kernel: `grid` blocks of kBlockThreads threads.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), int grid, cudaStream_t stream, const Args&... args) {
+  launch_shaped(kernel, dim3(unsigned(grid)), dim3(kBlockThreads), stream, args...);
+}
+
+// A kernel that may start launching before the kernel before it on the stream has finished
+// (programmatic dependent launch, Hopper on): its blocks become resident once every block of
+// the one before called allow_dependent_grid() (or ended), and it must call
+// wait_for_prior_grid() before it reads anything that one wrote. Elsewhere, and on the emulated
+// device, a plain launch: the kernel starts after the one before ends, and both calls do nothing.
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), int grid, cudaStream_t stream,
+                      const Args&... args) {
+#if defined(__CUDACC__)
+  static const bool supported = [] {
+    int device = 0, major = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+               cudaSuccess &&
+           major >= 9;
+  }();
+  if (supported) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(grid));
+    config.blockDim = dim3(kBlockThreads);
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    PMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, Params(args)...));
+    return;
+  }
+#endif
+  launch(kernel, grid, stream, args...);
+}
+
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// 16 bytes of memory that nothing writes while the kernel runs (its inputs), read without
+// allocating in L1: each is read once, and L1 is better left to what is read again.
+__device__ __forceinline__ int4 load_streaming(const int4* p) {
+#if defined(__CUDA_ARCH__)
+  int4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+#else
+  return *p;
 #endif
 }
 

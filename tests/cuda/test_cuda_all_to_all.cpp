@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
+#include <iterator>
 #include <vector>
 
 #include "all_to_all_cases.hpp"
@@ -234,6 +236,128 @@ TEST(AllToAllCuda, GraphReplaysWithChangingRoutingAndM) {
       if (graph) cudaGraphDestroy(graph);
   }, Device::cuda(0));
   for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+}
+
+#if !defined(PMOE_TEST_ON_GPU)
+// Kernels per step, counted on the emulated device (docs/gpu-all-to-all.md): dispatch(send) 1,
+// dispatch(recv) 2, combine(send) 1, combine(recv) 2 (it was 2, 2, 1, 2), and 2 for each op in
+// Phase::both (it was 4 and 3), at 1 and 3 ranks.
+TEST(AllToAllCuda, KernelsPerStep) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  for (int W : {1, 3}) {
+    const AllToAllConfig cfg = make_config(5, 2 * W, std::min(2, 2 * W), 48, DType::bf16, DType::f32);
+    std::vector<std::string> errors(static_cast<size_t>(W));
+    run_ranks(W, [&](Communicator& comm) {
+      const int rank = comm.rank(), L = cfg.num_experts / W, rows = W * 5;
+      const Device gpu = comm.device();
+      const auto in = reference::make_inputs(cfg, rank, 5, 9, Routing::random);
+      Buffer x = Buffer::like(in.x, gpu), indices = Buffer::like(in.indices, gpu),
+             weights = Buffer::like(in.weights, gpu);
+      copy(x, in.x);
+      copy(indices, in.indices);
+      copy(weights, in.weights);
+      Buffer counts(DType::i32, {L}, gpu), expert_x(DType::bf16, {L, rows, 48}, gpu),
+          expert_y(DType::bf16, {L, rows, 48}, gpu), y(DType::f32, {5, 48}, gpu);
+      AllToAll a2a(comm, cfg);
+      std::string counted;
+      auto step = [&](const char* name, const std::function<void()>& call) {
+        const uint64_t before = emu::kernels_launched_by_this_thread();
+        call();
+        counted += detail::cat(name, " ", emu::kernels_launched_by_this_thread() - before, "; ");
+      };
+      step("dispatch(send)", [&] {
+        a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor(), Phase::send);
+      });
+      step("dispatch(recv)", [&] {
+        a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor(), Phase::recv);
+      });
+      step("combine(send)", [&] { a2a.combine(expert_y, indices, weights, y, Phase::send); });
+      step("combine(recv)", [&] { a2a.combine(expert_y, indices, weights, y, Phase::recv); });
+      step("dispatch", [&] { a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor()); });
+      step("combine", [&] { a2a.combine(expert_y, indices, weights, y); });
+      synchronize(comm.stream());
+      a2a.check_errors();
+      if (counted != "dispatch(send) 1; dispatch(recv) 2; combine(send) 1; combine(recv) 2; "
+                     "dispatch 2; combine 2; ")
+        errors[size_t(rank)] = counted;
+    }, Device::cuda(0));
+    for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "W = " << W << ", rank " << r;
+  }
+}
+#endif
+
+// Graph replays skip the host's phase and m checks, so the device keeps its own: dispatch
+// records the step and m it ran, combine checks them. Three scripts of replays of one captured
+// dispatch graph (d) and combine graph (c), each on a fresh op, every rank alike:
+//   d c with bound_m 3 then 5: combine would read rows 3 and 4 that no dispatch sent (stale);
+//   d c c: the second combine reads rows nobody sent again;
+//   d d: a dispatch before the combine of the last one.
+// Each must raise a clear error from check_errors() on every rank, and nothing may hang.
+TEST(AllToAllCuda, GraphReplaysOutOfOrderOrWithAnotherMAreErrors) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  setenv("PMOE_TIMEOUT_S", "5", 1);
+  const int W = 2, max_tokens = 6, H = 32, k = 2;
+  const AllToAllConfig cfg = make_config(max_tokens, 2 * W, k, H, DType::bf16, DType::bf16);
+  struct Script {
+    const char* steps;
+    int32_t dispatch_m, combine_m;
+    const char* expected;  // in the error every rank raises
+  };
+  const Script scripts[] = {
+      {"dc", 3, 5, "combine's m = 5 differs from the m = 3 of the dispatch it follows"},
+      {"dcc", 4, 4, "the device ran combine(send) where it expected dispatch(send)"},
+      {"dd", 4, 4, "the device ran dispatch(send) where it expected combine(send)"},
+  };
+  std::vector<std::vector<std::string>> raised(std::size(scripts), std::vector<std::string>(W));
+  run_ranks(W, [&](Communicator& comm) {
+    const int rank = comm.rank(), L = cfg.num_experts / W, rows = W * max_tokens;
+    const Device gpu = comm.device();
+    auto stream = static_cast<cudaStream_t>(comm.stream().handle);
+    const auto in = reference::make_inputs(cfg, rank, max_tokens, 5, Routing::random);
+    Buffer x = Buffer::like(in.x, gpu), indices = Buffer::like(in.indices, gpu),
+           weights = Buffer::like(in.weights, gpu), bound_m(DType::i32, {1}, gpu);
+    copy(x, in.x);
+    copy(indices, in.indices);
+    copy(weights, in.weights);
+    Buffer counts(DType::i32, {L}, gpu), expert_x(DType::bf16, {L, rows, H}, gpu),
+        expert_y(DType::bf16, {L, rows, H}, gpu), y(DType::bf16, {max_tokens, H}, gpu);
+    for (size_t s = 0; s < std::size(scripts); ++s) {
+      const Script& script = scripts[s];
+      AllToAll a2a(comm, cfg);
+      cudaGraph_t graphs[2] = {};
+      cudaGraphExec_t execs[2] = {};
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+      a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor(), Phase::both, bound_m);
+      cudaStreamEndCapture(stream, &graphs[0]);
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+      a2a.combine(expert_y, indices, weights, y, Phase::both, bound_m);
+      cudaStreamEndCapture(stream, &graphs[1]);
+      for (int g = 0; g < 2; ++g) cudaGraphInstantiate(&execs[g], graphs[g], 0);
+      for (const char* step = script.steps; *step; ++step) {
+        const bool dispatch = *step == 'd';
+        const int32_t m = dispatch ? script.dispatch_m : script.combine_m;
+        copy(bound_m, Tensor(const_cast<int32_t*>(&m), DType::i32, {1}));
+        comm.barrier();
+        cudaGraphLaunch(execs[dispatch ? 0 : 1], stream);
+        cudaStreamSynchronize(stream);
+      }
+      try {
+        a2a.check_errors();
+      } catch (const Error& e) {
+        raised[s][size_t(rank)] = e.what();
+      }
+      for (int g = 0; g < 2; ++g) {
+        if (execs[g]) cudaGraphExecDestroy(execs[g]);
+        if (graphs[g]) cudaGraphDestroy(graphs[g]);
+      }
+      comm.barrier();
+    }
+  }, Device::cuda(0));
+  unsetenv("PMOE_TIMEOUT_S");
+  for (size_t s = 0; s < std::size(scripts); ++s)
+    for (int r = 0; r < W; ++r)
+      EXPECT_NE(raised[s][size_t(r)].find(scripts[s].expected), std::string::npos)
+          << "script " << scripts[s].steps << ", rank " << r << " raised: " << raised[s][size_t(r)];
 }
 
 // Indices the host cannot check (they are in device memory): on rank 0, one out of range and

@@ -1,6 +1,8 @@
 // The device-side building blocks of AllToAll's kernels (src/cuda/all_to_all/device_utils.cuh)
 // on their own: block_copy at every pairing of source and destination misalignment and at sizes
-// around each access width, against memcpy, with the bytes around the destination untouched.
+// around each access width, and copy_to_each to up to 3 destinations (some left out) at sizes
+// around its unrolled stride and at aligned and unaligned offsets, against memcpy, with the
+// bytes around the destinations untouched.
 // Built for the emulated device and for a GPU (tests/cuda/cuda_test_flavor.hpp).
 #include <gtest/gtest.h>
 
@@ -56,8 +58,8 @@ TEST(DeviceUtils, BlockCopyAtEveryMisalignmentMatchesMemcpy) {
   expect_ok(cudaDeviceSynchronize(), "sync");
   // 64 threads: several words per thread for the longer cases, and a head and tail that do not
   // cover the block.
-  cuda::launch(copy_cases, unsigned(cases.size()), 64, nullptr, device_cases, device_dst,
-               static_cast<const std::byte*>(device_src));
+  cuda::launch_shaped(copy_cases, unsigned(cases.size()), 64, nullptr, device_cases, device_dst,
+                      static_cast<const std::byte*>(device_src));
   expect_ok(cudaDeviceSynchronize(), "kernel");
   expect_ok(cudaMemcpy(dst.data(), device_dst, total, cudaMemcpyDeviceToHost), "copy back");
   for (size_t b = 0; b < cases.size(); ++b) {
@@ -65,6 +67,71 @@ TEST(DeviceUtils, BlockCopyAtEveryMisalignmentMatchesMemcpy) {
     ADD_FAILURE() << "block_copy of " << cases[b].bytes << " bytes, destination offset "
                   << cases[b].dst_offset << ", source offset " << cases[b].src_offset
                   << ": the slot differs from memcpy's";
+    break;
+  }
+  cudaFree(device_cases);
+  cudaFree(device_src);
+  cudaFree(device_dst);
+}
+
+struct MulticastCase {
+  int src_offset, bytes, include_mask;
+  int dst_offset[3];
+};
+
+constexpr int kArea = 9216;  // bytes per destination area (and source area) of a case
+
+__global__ void multicast_cases(const MulticastCase* cases, std::byte* dst, const std::byte* src) {
+  const MulticastCase c = cases[blockIdx.x];
+  std::byte* areas = dst + size_t(blockIdx.x) * 3 * kArea;
+  cuda::copy_to_each(
+      3, [&](int i) { return (c.include_mask >> i & 1) != 0; },
+      [&](int i) { return areas + size_t(i) * kArea + c.dst_offset[i]; },
+      src + size_t(blockIdx.x) * kArea + c.src_offset, size_t(c.bytes));
+}
+
+TEST(DeviceUtils, CopyToEachMatchesMemcpyToEveryIncludedDestination) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  std::vector<MulticastCase> cases;
+  const int offsets[][3] = {{0, 16, 48}, {0, 32, 8}, {3, 3, 3}, {64, 0, 16}};
+  for (int src_offset : {0, 16, 5})
+    for (const auto& dst : offsets)
+      for (int bytes : {0, 5, 16, 31, 48, 1027, 4096, 4119, 9000})
+        for (int mask : {7, 5, 2})
+          cases.push_back({src_offset, bytes, mask, {dst[0], dst[1], dst[2]}});
+  const size_t n = cases.size();
+  std::vector<std::byte> src(n * kArea), dst(n * 3 * kArea, std::byte{0x5a});
+  for (size_t i = 0; i < src.size(); ++i) src[i] = std::byte(uint8_t(i * 131 + i / 251));
+  std::vector<std::byte> want = dst;
+  for (size_t b = 0; b < n; ++b)
+    for (int i = 0; i < 3; ++i)
+      if (cases[b].include_mask >> i & 1)
+        std::memcpy(want.data() + (b * 3 + size_t(i)) * kArea + cases[b].dst_offset[i],
+                    src.data() + b * kArea + cases[b].src_offset, size_t(cases[b].bytes));
+
+  MulticastCase* device_cases = nullptr;
+  std::byte *device_src = nullptr, *device_dst = nullptr;
+  expect_ok(cudaMalloc(&device_cases, n * sizeof(MulticastCase)), "cudaMalloc");
+  expect_ok(cudaMalloc(&device_src, src.size()), "cudaMalloc");
+  expect_ok(cudaMalloc(&device_dst, dst.size()), "cudaMalloc");
+  expect_ok(cudaMemcpy(device_cases, cases.data(), n * sizeof(MulticastCase),
+                       cudaMemcpyHostToDevice), "copy");
+  expect_ok(cudaMemcpy(device_src, src.data(), src.size(), cudaMemcpyHostToDevice), "copy");
+  expect_ok(cudaMemcpy(device_dst, dst.data(), dst.size(), cudaMemcpyHostToDevice), "copy");
+  expect_ok(cudaDeviceSynchronize(), "sync");
+  // 64 threads: an unrolled stride of 4 KiB, so the larger cases take more than one.
+  cuda::launch_shaped(multicast_cases, unsigned(n), 64, nullptr, device_cases, device_dst,
+                      static_cast<const std::byte*>(device_src));
+  expect_ok(cudaDeviceSynchronize(), "kernel");
+  expect_ok(cudaMemcpy(dst.data(), device_dst, dst.size(), cudaMemcpyDeviceToHost), "copy back");
+  for (size_t b = 0; b < n; ++b) {
+    if (std::memcmp(dst.data() + b * 3 * kArea, want.data() + b * 3 * kArea, 3 * kArea) == 0)
+      continue;
+    const MulticastCase& c = cases[b];
+    ADD_FAILURE() << "copy_to_each of " << c.bytes << " bytes from offset " << c.src_offset
+                  << " to offsets " << c.dst_offset[0] << ", " << c.dst_offset[1] << ", "
+                  << c.dst_offset[2] << " (mask " << c.include_mask
+                  << "): the destinations differ from memcpy's";
     break;
   }
   cudaFree(device_cases);

@@ -26,7 +26,7 @@ __global__ void wait_for_peer(uint64_t* flag, uint32_t* started, ErrorWord* erro
   if (threadIdx.x == 0) {
     ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_system>(*started).fetch_add(
         1, ::cuda::memory_order_relaxed);
-    cuda::wait_signal(flag, 1, timeout_ns, error, /*peer=*/1, /*kernel=*/0);
+    cuda::wait_signal(flag, 1, timeout_ns, error, /*peer=*/1, cuda::Step::dispatch_recv);
   }
 }
 
@@ -67,15 +67,15 @@ Outcome run_waiters(int blocks, double timeout_s) {
   expect_ok(cudaDeviceSynchronize(), "sync");
 
   const auto t0 = std::chrono::steady_clock::now();
-  cuda::launch(wait_for_peer, blocks, 32, waiter_stream, flag, started, error,
-               uint64_t(timeout_s * 1e9));
+  cuda::launch_shaped(wait_for_peer, blocks, 32, waiter_stream, flag, started, error,
+                      uint64_t(timeout_s * 1e9));
   // Rank 1 starts once rank 0's blocks hold their slots (or after 10 s, if they never all do).
   std::thread peer([&] {
     std::atomic_ref<uint32_t> count(*started);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (count.load() < uint32_t(blocks) && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    cuda::launch(raise_flag, 1, 32, peer_stream, flag);
+    cuda::launch_shaped(raise_flag, 1, 32, peer_stream, flag);
   });
   expect_ok(cudaStreamSynchronize(waiter_stream), "waiter");
   out.waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -27,8 +27,10 @@
 #include "all_to_all_bytes.hpp"
 #include "all_to_all_cuda.hpp"
 #include "bench_common.hpp"
+#include "core/device_runtime.hpp"
 #include "pmoe/all_to_all.hpp"
 #include "pmoe/error.hpp"
+#include "pmoe/mpi_communicator.hpp"
 #include "reference/all_to_all_reference.hpp"
 #include "report.hpp"
 #include "subcommands.hpp"
@@ -269,6 +271,10 @@ void print_tables(const Options& o, const json& rows) {
   if (!roofline) return;  // the emulated CUDA device: its times say nothing about bandwidth
   std::printf("\n### Bandwidth against the memory-copy roofline (copy GB/s: per rank, all ranks "
               "copying at once, measured just before each configuration)\n\n");
+  for (const auto& r : rows)
+    if (r.contains("copy_kind") && r["op"] == "dispatch")
+      std::printf("- %d ranks, %d tokens: the roofline is a %s\n", r["ranks"].get<int>(),
+                  r["tokens"].get<int>(), r["copy_kind"].get<std::string>().c_str());
   auto fraction = [](const json& r) {
     return r["copy_fraction"].is_null() ? std::string("") : format("%.2f", r["copy_fraction"].get<double>());
   };
@@ -318,35 +324,46 @@ void run(const Options& o) {
   PMOE_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got ",
              o.device);
   if (o.device == "cuda") {
-    PMOE_CHECK(!launched_by_mpi(), "--device cuda runs its ranks as threads sharing one GPU; "
-               "run it without mpirun");
     if (cuda_emulated() && is_printing_rank())
       std::printf("CUDA runtime: the emulated device (no GPU visible, or PMOE_CUDA_EMULATE=1). "
                   "The results are checked against the reference as on a GPU, but the times are "
                   "emulation times, not GPU speed, and there is no roofline.\n\n");
-    for (int W : rank_counts) {
-      std::mutex mutex;
-      run_ranks(W, [&](Communicator& comm) {
-        for (int tokens : token_counts) {
-          AllToAllConfig cfg = config_for(o, tokens);
-          cfg.in_place_buffers = false;  // not on the CUDA backend yet
-          const CudaAllToAllResult r =
-              run_all_to_all_cuda(comm, cfg, tokens, o.seed, o.warmup, o.iters);
-          Context ctx{o, comm.size(), tokens, r.copy_gbps};
-          ctx.add("dispatch", r.dispatch_us, r.dispatch_bytes, r.workspace_bytes);
-          ctx.add("combine", r.combine_us, r.combine_bytes, r.workspace_bytes);
-          ctx.add("dispatch_combine", sum_of(r.dispatch_us, r.combine_us),
-                  r.dispatch_bytes + r.combine_bytes, r.workspace_bytes);
-          ctx.add("dispatch_send", r.dispatch_send_us, 0, r.workspace_bytes);
-          ctx.add("dispatch_recv", r.dispatch_recv_us, 0, r.workspace_bytes);
-          ctx.add("combine_send", r.combine_send_us, 0, r.workspace_bytes);
-          ctx.add("combine_recv", r.combine_recv_us, 0, r.workspace_bytes);
-          if (comm.rank() == 0) {
-            std::lock_guard lock(mutex);
-            for (auto& row : ctx.rows) rows.push_back(row);
-          }
+    std::mutex mutex;
+    auto run_cuda = [&](Communicator& comm) {
+      for (int tokens : token_counts) {
+        AllToAllConfig cfg = config_for(o, tokens);
+        cfg.in_place_buffers = false;  // not on the CUDA backend yet
+        const CudaAllToAllResult r =
+            run_all_to_all_cuda(comm, cfg, tokens, o.seed, o.warmup, o.iters);
+        Context ctx{o, comm.size(), tokens, r.copy_gbps};
+        ctx.add("dispatch", r.dispatch_us, r.dispatch_bytes, r.workspace_bytes);
+        ctx.add("combine", r.combine_us, r.combine_bytes, r.workspace_bytes);
+        ctx.add("dispatch_combine", sum_of(r.dispatch_us, r.combine_us),
+                r.dispatch_bytes + r.combine_bytes, r.workspace_bytes);
+        ctx.add("dispatch_send", r.dispatch_send_us, 0, r.workspace_bytes);
+        ctx.add("dispatch_recv", r.dispatch_recv_us, 0, r.workspace_bytes);
+        ctx.add("combine_send", r.combine_send_us, 0, r.workspace_bytes);
+        ctx.add("combine_recv", r.combine_recv_us, 0, r.workspace_bytes);
+        for (auto& row : ctx.rows) row["copy_kind"] = r.copy_kind;
+        if (comm.rank() == 0) {
+          std::lock_guard lock(mutex);
+          for (auto& row : ctx.rows) rows.push_back(row);
         }
-      }, Device::cuda(0));
+      }
+    };
+    if (launched_by_mpi()) {
+      // One process per rank, spread over the node's GPUs as launchers place them.
+      MPI_Comm node;
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+      int local_rank = 0;
+      MPI_Comm_rank(node, &local_rank);
+      MPI_Comm_free(&node);
+      const int gpus = detail::device_runtime().device_count();
+      PMOE_CHECK(gpus >= 1, "--device cuda: no CUDA device visible to this process");
+      MpiCommunicator comm(MPI_COMM_WORLD, Device::cuda(local_rank % gpus));
+      run_cuda(comm);
+    } else {
+      for (int W : rank_counts) run_ranks(W, run_cuda, Device::cuda(0));
     }
   }
   for (int W : o.device == "cuda" ? std::vector<int>{} : rank_counts) {
@@ -420,8 +437,10 @@ void add_all_to_all_command(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "routing and data seed")->capture_default_str();
   cmd->add_flag("!--no-staged", o->staged, "skip the rows with the caller's own buffers");
   cmd->add_option("--device", o->device,
-                  "cpu, or cuda: ranks share GPU 0, timed with CUDA events, D2D copy roofline "
-                  "(on the emulated device where no GPU is visible: checked, times not GPU speed)")
+                  "cpu, or cuda: threads sharing GPU 0 (under mpirun: one process per GPU of "
+                  "the node), timed with CUDA events; roofline: every rank copying into the next "
+                  "rank's memory (peer copy across GPUs, local D2D on one GPU); on the emulated "
+                  "device where no GPU is visible: checked, times not GPU speed, no roofline")
       ->capture_default_str();
   cmd->add_option("--json", o->json_path, "write the results as JSON to this file");
   cmd->add_option("--csv", o->csv_path, "write the rows as CSV to this file");

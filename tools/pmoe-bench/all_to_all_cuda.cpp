@@ -55,7 +55,45 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The copy the op's traffic is bounded by: every rank writes kRooflineBytes into the symmetric
+// memory of rank (r + 1) % W at once, from its own device memory, on its stream, as dispatch and
+// combine write into peers. Ranks on different GPUs measure the peer (NVLink or PCIe) copy rate,
+// ranks sharing a GPU (threads, or W = 1) a local device-to-device copy; the kind says which.
+// (read + written bytes) / median time per rank, like the op's GB/s.
+constexpr size_t kRooflineBytes = size_t(256) << 20;
+
+void measure_roofline(Communicator& comm, int warmup, int iters, CudaAllToAllResult& result) {
+  const int W = comm.size(), next = (comm.rank() + 1) % W;
+  const int device = comm.device().index;
+  const auto all = comm.all_gather(std::as_bytes(std::span(&device, 1)));
+  std::vector<int> device_of(static_cast<size_t>(W));
+  std::memcpy(device_of.data(), all.data(), all.size());
+  result.copy_kind = roofline_kind(device_of);
+  auto memory = comm.alloc_symmetric(kRooflineBytes, 1);
+  char reachable = memory->peer(next) != nullptr;
+  const auto votes = comm.all_gather(std::as_bytes(std::span(&reachable, 1)));
+  if (std::any_of(votes.begin(), votes.end(), [](std::byte v) { return v == std::byte{0}; })) {
+    result.copy_kind = "none: a peer is on another node";
+    return;
+  }
+  Buffer from(DType::f32, {int64_t(kRooflineBytes / 4)}, comm.device());
+  const auto t = time_on_stream(comm, warmup, std::max(iters, 20), {[&] {
+    detail::device_runtime().copy_async(memory->peer(next), from.data<void>(), kRooflineBytes,
+                                        comm.stream());
+  }});
+  result.copy_gbps = 2.0 * double(kRooflineBytes) / (median(t[0]) * 1e3);
+}
+
 }  // namespace
+
+std::string roofline_kind(const std::vector<int>& device_of) {
+  const size_t W = device_of.size();
+  size_t crossing = 0;  // pairs (r, r + 1) on different devices
+  for (size_t r = 0; r < W; ++r) crossing += device_of[r] != device_of[(r + 1) % W];
+  if (crossing == 0) return "local D2D copy (ranks share one GPU)";
+  if (crossing == W) return "peer copy to rank r+1's GPU (NVLink or PCIe)";
+  return "peer and local copies (some ranks share a GPU)";
+}
 
 CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig& cfg, int tokens,
                                        uint64_t seed, int warmup, int iters) {
@@ -127,16 +165,8 @@ CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig&
   result.dispatch_bytes = bytes.dispatch;
   result.combine_bytes = bytes.combine;
 
-  // The roofline: every rank copies 256 MiB device to device on its stream at once. None on the
-  // emulated device, whose copies are host memcpys.
-  if (!cuda_emulated()) {
-    const size_t bytes = size_t(256) << 20;
-    Buffer from(DType::f32, {int64_t(bytes / 4)}, gpu), to(DType::f32, {int64_t(bytes / 4)}, gpu);
-    const auto t = time_on_stream(comm, warmup, std::max(iters, 20), {[&] {
-      detail::device_runtime().copy_async(to.data<void>(), from.data<void>(), bytes, comm.stream());
-    }});
-    result.copy_gbps = 2.0 * double(bytes) / (median(t[0]) * 1e3);
-  }
+  // The roofline, in the same run. None on the emulated device, whose copies are host memcpys.
+  if (!cuda_emulated()) measure_roofline(comm, warmup, iters, result);
 
   const auto both = time_on_stream(comm, warmup, iters, {[&] { dispatch(Phase::both); },
                                                          [&] { combine(Phase::both); }});

@@ -1,12 +1,15 @@
-// The GPU side of `pmoe-bench all-to-all --device cuda`: ranks share one GPU (run_ranks with
-// Device::cuda), pmoe's dispatch and combine are checked against the reference, then timed with
-// CUDA events on each rank's stream; the roofline is a device-to-device copy timed the same way
-// in the same run (left out on the emulated device: copy_gbps stays 0). Throws pmoe::Error where
-// the build has no CUDA runtime.
+// The GPU side of `pmoe-bench all-to-all --device cuda`: ranks are threads sharing one GPU
+// (run_ranks with Device::cuda), or MPI processes spread over the node's GPUs; pmoe's dispatch
+// and combine are checked against the reference, then timed with CUDA events on each rank's
+// stream. The roofline, timed the same way in the same run, is every rank copying into the next
+// rank's memory at once: the peer (NVLink) copy rate where ranks sit on different GPUs, a local
+// device-to-device copy where they share one, named by copy_kind (left out on the emulated
+// device: copy_gbps stays 0). Throws pmoe::Error where the build has no CUDA runtime.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "pmoe/all_to_all.hpp"
@@ -17,10 +20,14 @@ struct CudaAllToAllResult {
   std::vector<double> dispatch_us, combine_us;                   // per iteration, slowest rank
   std::vector<double> dispatch_send_us, dispatch_recv_us, combine_send_us, combine_recv_us;
   double copy_gbps = 0;       // per rank, all ranks copying at once: (read + written) / time
+  std::string copy_kind = "none (emulated device)";  // what copy_gbps measured
   double dispatch_bytes = 0;  // what dispatch must read and write per rank (mean over ranks)
   double combine_bytes = 0;
   size_t workspace_bytes = 0;
 };
+
+// What the roofline copy measures when rank r sits on GPU device_of[r] and copies to rank r + 1.
+std::string roofline_kind(const std::vector<int>& device_of);
 
 // Collective over a CUDA communicator. Throws pmoe::Error if a check fails.
 CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig& config,

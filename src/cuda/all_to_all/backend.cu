@@ -1,4 +1,5 @@
-// AllToAll's CUDA backend: allocates the symmetric region (the CPU backend's layout) and the
+// AllToAll's CUDA backend: allocates the symmetric region (src/all_to_all/layout.hpp, every
+// backend's layout) and the
 // private scratch, fills one AllToAllParams per call and launches the kernels on the rank's
 // stream. Nothing here waits for the device, so dispatch + combine can be captured in a graph.
 #include <algorithm>
@@ -6,24 +7,21 @@
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <utility>
 
 #include "all_to_all/backend.hpp"
 #include "core/device_runtime.hpp"
-#include "cpu/all_to_all_layout.hpp"
+#include "all_to_all/layout.hpp"
+#include "all_to_all/step.hpp"
 #include "cuda/all_to_all/kernels.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
+#include "cuda/launch.cuh"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR {
 namespace {
 
 using cuda::AllToAllParams;
-
-const char* kernel_name(int kernel) {
-  static const char* names[] = {"dispatch(send)", "dispatch(recv)", "combine(send)",
-                                "combine(recv)"};
-  return kernel >= 0 && kernel < 4 ? names[kernel] : "?";
-}
 
 class CudaAllToAll final : public AllToAllBackend {
  public:
@@ -55,7 +53,7 @@ class CudaAllToAll final : public AllToAllBackend {
     const size_t max_routes = size_t(W) * config.max_num_tokens * layout_.max_pairs;
 
     AllToAllParams& p = params_;
-    std::memset(&p, 0, sizeof p);
+    p = AllToAllParams{};
     p.rank = comm.rank();
     p.world_size = W;
     p.num_local_experts = L;
@@ -66,16 +64,7 @@ class CudaAllToAll final : public AllToAllBackend {
     p.rows_per_expert = int64_t(W) * config.max_num_tokens;
     p.in_elem_bytes = dtype_size(config.in_dtype);
     p.out_dtype = int(config.out_dtype);
-    p.token_stride = layout_.token_stride;
-    p.header_bytes = layout_.header_bytes;
-    p.payload_offset_in_slot = layout_.payload_offset(0, 0) - layout_.token_offset(0, 0);
-    p.scale_offset_in_slot = layout_.scale_offset(0, 0) - layout_.token_offset(0, 0);
-    p.source_block = layout_.source_block;
-    p.combine_offset = layout_.combine_offset;
-    p.combine_row = layout_.combine_row;
-    p.combine_dtype_offset = layout_.combine_dtype_offset;
-    p.payload_bytes = layout_.payload_bytes;
-    p.scale_bytes = layout_.scale_bytes;
+    p.layout = layout_;
     for (int r = 0; r < W; ++r) {
       p.regions[r] = memory_->peer(r);
       p.signals[r] = memory_->signal_word(r, 0);
@@ -88,26 +77,43 @@ class CudaAllToAll final : public AllToAllBackend {
       return at;
     };
     const size_t send_slot = reserve(sizeof(int32_t) * config.max_num_tokens * W);
+    const size_t send_position =
+        reserve(sizeof(int32_t) * config.max_num_tokens * config.experts_per_token);
     const size_t send_count = reserve(sizeof(int32_t) * W);
-    const size_t recv_count = reserve(sizeof(int32_t) * W * L);
+    const size_t send_expert_count = reserve(sizeof(int32_t) * config.num_experts);
+    const size_t recv_base = reserve(sizeof(int32_t) * W * L);
+    const size_t route_base = reserve(sizeof(int32_t) * L);
+    const size_t source_end = reserve(sizeof(int32_t) * W);
+    const size_t slot_count = reserve(sizeof(int32_t));
+    const size_t routed = reserve(sizeof(uint64_t));
+    const size_t routed_ok = reserve(sizeof(int32_t));
     const size_t routes = reserve(sizeof(cuda::Route) * max_routes);
     const size_t route_count = reserve(sizeof(int32_t));
     const size_t epoch = reserve(sizeof(uint64_t));
-    const size_t counters = reserve(sizeof(uint32_t) * 2);
+    const size_t counters = reserve(sizeof(uint32_t) * cuda::kBlockCounters);
     const size_t error = reserve(sizeof(cuda::ErrorWord));
     const size_t owners_ready = reserve(sizeof(int32_t));
+    const size_t round = reserve(sizeof(cuda::Round));  // zeroed: dispatch(send) comes first
     PMOE_CUDA_CHECK(cudaMalloc(&scratch_, scratch_bytes_));
     PMOE_CUDA_CHECK(cudaMemset(scratch_, 0, scratch_bytes_));
     auto* base = static_cast<std::byte*>(scratch_);
     p.send_slot = reinterpret_cast<int32_t*>(base + send_slot);
+    p.send_position = reinterpret_cast<int32_t*>(base + send_position);
     p.send_count = reinterpret_cast<int32_t*>(base + send_count);
-    p.recv_count = reinterpret_cast<int32_t*>(base + recv_count);
+    p.send_expert_count = reinterpret_cast<int32_t*>(base + send_expert_count);
+    p.recv_base = reinterpret_cast<int32_t*>(base + recv_base);
+    p.route_base = reinterpret_cast<int32_t*>(base + route_base);
+    p.source_end = reinterpret_cast<int32_t*>(base + source_end);
+    p.slot_count = reinterpret_cast<int32_t*>(base + slot_count);
+    p.routed = reinterpret_cast<uint64_t*>(base + routed);
+    p.routed_ok = reinterpret_cast<int32_t*>(base + routed_ok);
     p.routes = reinterpret_cast<cuda::Route*>(base + routes);
     p.route_count = reinterpret_cast<int32_t*>(base + route_count);
     p.epoch = reinterpret_cast<uint64_t*>(base + epoch);
     p.block_counters = reinterpret_cast<uint32_t*>(base + counters);
     p.error = reinterpret_cast<cuda::ErrorWord*>(base + error);
     p.owners_ready = reinterpret_cast<int32_t*>(base + owners_ready);
+    p.round = reinterpret_cast<cuda::Round*>(base + round);
     PMOE_CUDA_CHECK(cudaHostAlloc(&error_host_, sizeof(cuda::ErrorWord), cudaHostAllocMapped));
     std::memset(error_host_, 0, sizeof(cuda::ErrorWord));
     cuda::ErrorWord* mirror = nullptr;
@@ -121,7 +127,7 @@ class CudaAllToAll final : public AllToAllBackend {
     p.timeout_ns = uint64_t(comm.timeout_s() * 1e9);
     int sms = 0;
     PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_.index));
-    blocks_ = 2 * sms;
+    blocks_ = cuda::grid_blocks(sms);
     // The allocations above (page-locking above all) may synchronise the device. A rank that
     // finished first and already spins in its first dispatch would then wait for this rank,
     // which waits for the device: nobody launches until everybody is built.
@@ -155,27 +161,38 @@ class CudaAllToAll final : public AllToAllBackend {
     raise(r);
   }
 
+  // With Phase::both (recv_follows), the send kernel's last block also does the receive's waits
+  // and the receive launches only its grid kernel: one kernel less per op. A split send must
+  // not wait, so that the caller's work between the phases overlaps the transfer.
   void dispatch_send(const DispatchArgs& a) override {
     enter();
-    cuda::launch_dispatch_send(with_dispatch(a), stream_, blocks_);
+    AllToAllParams p = with_dispatch(a);
+    p.fuse_recv = a.recv_follows;
+    cuda::launch_dispatch_send(p, stream_, blocks_);
+    recv_waited_ = a.recv_follows;
   }
   void dispatch_recv(const DispatchArgs& a) override {
     enter();
-    cuda::launch_dispatch_recv(with_dispatch(a), stream_, blocks_);
+    const bool waited = std::exchange(recv_waited_, false);
+    cuda::launch_dispatch_recv(with_dispatch(a), stream_, blocks_, waited);
   }
   void combine_send(const CombineArgs& a) override {
     enter();
     params_.y_dtype = int(a.expert_y.dtype());  // named by a later dtype-mismatch report
-    cuda::launch_combine_send(with_combine(a), stream_, blocks_);
+    AllToAllParams p = with_combine(a);
+    p.fuse_recv = a.recv_follows;
+    cuda::launch_combine_send(p, stream_, blocks_);
+    recv_waited_ = a.recv_follows;
   }
   void combine_recv(const CombineArgs& a) override {
     enter();
-    cuda::launch_combine_recv(with_combine(a), stream_, blocks_);
+    const bool waited = std::exchange(recv_waited_, false);
+    cuda::launch_combine_recv(with_combine(a), stream_, blocks_, waited);
   }
 
  private:
   struct ErrorRecord {
-    int32_t code, detail, kernel, value;
+    int32_t code, detail, step, value;
   };
 
   // The host-mapped mirror, which a kernel may be writing: atomically, the code first (a kernel
@@ -186,12 +203,12 @@ class CudaAllToAll final : public AllToAllBackend {
       return std::atomic_ref<int32_t>(field).load(order);
     };
     const int32_t code = load(e.code, std::memory_order_acquire);
-    return {code, load(e.detail, std::memory_order_relaxed), load(e.kernel, std::memory_order_relaxed),
+    return {code, load(e.detail, std::memory_order_relaxed), load(e.step, std::memory_order_relaxed),
             load(e.value, std::memory_order_relaxed)};
   }
 
   [[noreturn]] void raise(const ErrorRecord& r) const {
-    const char* kernel = kernel_name(r.kernel);
+    const char* kernel = step_name(r.step);
     switch (r.code) {
       case cuda::kTimeout:
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, " (", device_.str(),
@@ -206,6 +223,17 @@ class CudaAllToAll final : public AllToAllBackend {
                         r.detail / params_.top_k, ", ", r.detail % params_.top_k, "] = ",
                         r.value, " is outside [-1, ", params_.num_local_experts * params_.world_size,
                         ") or repeats an expert of its row (the slot was skipped)"));
+      case cuda::kStepOrder:
+        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, " (", device_.str(),
+                        "): the device ran ", kernel, " where it expected ", step_name(r.detail),
+                        ": steps out of order, as when a CUDA graph of dispatch or combine is "
+                        "replayed twice in a row (each dispatch must be followed by one combine); "
+                        "the step did nothing, and this AllToAll is unusable: create a new one"));
+      case cuda::kTokensMismatch:
+        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": combine's m = ",
+                        r.detail, " differs from the m = ", r.value, " of the dispatch it follows "
+                        "(bound_m, or the rows given); only the first ", std::min(r.detail, r.value),
+                        " rows of y were combined"));
       case cuda::kDtypeMismatch:
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": rank ", r.detail,
                         " sent expert_y as ", dtype_name(DType(r.value)), " but this rank's is ",
@@ -268,6 +296,7 @@ class CudaAllToAll final : public AllToAllBackend {
   size_t scratch_bytes_ = 0;
   void* error_host_ = nullptr;
   mutable bool reset_pending_ = false;  // check_errors() raised a non-fatal error
+  bool recv_waited_ = false;  // the last send kernel also did the receive's waits
   int blocks_ = 1;
 };
 

@@ -1,12 +1,18 @@
-// AllToAll combine on the CUDA backend. Layout: params.cuh (and src/cpu/all_to_all_layout.hpp).
+// AllToAll combine on the CUDA backend. Layout: src/all_to_all/layout.hpp (every offset below
+// comes from it), scratch: params.cuh.
 //
 //   send:  return_rows (grid)  each routed row of expert_y to its source's combine area at
-//                              (token, top-k slot); the last block writes this rank's expert_y
-//                              dtype there and signals every source
-//   recv:  await_owners (1 block)  waits for every owner and checks its expert_y dtype
-//          reduce_rows (grid)      y[t] = sum_j w[t, j] * row(t, j) in f32, in j order, multiply
-//                                  and add rounded separately (no FMA), as the CPU backend does:
-//                                  the two give the same bits
+//                              (token, top-k slot), 16-byte words with several loads in flight;
+//                              ranks start at different routes (rank / W of the way in), so
+//                              they do not all write to one source first; the last block
+//                              writes this rank's expert_y dtype there and signals every source
+//   recv:  await_owners (1 block)  waits for every owner (a thread each) and checks its dtype
+//                                  (for Phase::both, the last block of return_rows does this
+//                                  instead, when every other block has ended: one kernel less)
+//          reduce_rows (grid)      launched dependent on await_owners (it may become resident
+//                                  once the waits are over); y[t] = sum_j w[t, j] * row(t, j) in
+//                                  f32, in j order, multiply and add rounded separately (no
+//                                  FMA), as the CPU backend does: the two give the same bits
 // Only one block of each rank ever spins. Ranks sharing a GPU must not fill its SMs with waiting
 // blocks: a peer's kernel that would let them go on could then never be scheduled.
 #include <cuda_bf16.h>
@@ -20,25 +26,70 @@
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
 
-constexpr int kKernelCombineRecv = 3;  // for error reports (params.cuh ErrorWord::kernel)
-
-__global__ void return_rows(const AllToAllParams p) {
-  const int routes = *p.route_count;
-  const size_t row_bytes = size_t(p.hidden_dim) * p.y_elem_bytes;
-  for (int r = blockIdx.x; r < routes; r += gridDim.x) {
-    const Route route = p.routes[r];
-    std::byte* to = p.regions[route.source] + p.combine_offset +
-                    (size_t(route.token) * p.top_k + route.slot) * p.combine_row;
-    block_copy(to, p.expert_y + size_t(route.row) * row_bytes, row_bytes);
+// combine(recv)'s one waiting block (await_owners, or the last block of return_rows): the step
+// and m checks, then waits for every owner and checks its dtype. A collective of the block.
+__device__ void wait_owners(const AllToAllParams& p) {
+  const uint64_t epoch = *p.epoch;
+  const AllToAllLayout& lay = p.layout;
+  __shared__ bool failed;
+  if (threadIdx.x == 0) {
+    failed = failed_before(p) || !step_in_order(p, Step::combine_recv);
+    // Graph replays may change bound_m between the two: combine reads only the rows dispatch
+    // sent (reduce_rows takes the smaller m) and says so.
+    const int m = tokens_this_call(p);
+    if (!failed && m != p.round->dispatched_m)
+      report(p.error, kTokensMismatch, m, Step::combine_recv, p.round->dispatched_m);
+    p.round->next_step = int32_t(Step::dispatch_send);
   }
-  if (last_block(&p.block_counters[1])) {
+  __syncthreads();
+  for (int owner = threadIdx.x; owner < p.world_size && !failed; owner += blockDim.x) {
+    if (!wait_signal(p.signals[p.rank] + lay.signal_word(lay.combine_signal(owner)), epoch,
+                     p.timeout_ns, p.error, owner, Step::combine_recv)) {
+      failed = true;
+    } else {
+      const int32_t dtype = *reinterpret_cast<const volatile int32_t*>(
+          p.regions[p.rank] + lay.combine_dtype_slot(owner));
+      if (dtype != p.y_dtype) {
+        report(p.error, kDtypeMismatch, owner, Step::combine_recv, dtype);
+        failed = true;
+      }
+    }
+  }
+  __syncthreads();
+  allow_dependent_grid();  // reduce_rows may start launching: no block of this one waits any more
+  if (threadIdx.x == 0) *p.owners_ready = failed ? 0 : 1;
+}
+
+__global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParams p) {
+  if (failed_before(p)) return;
+  if (p.round->next_step != int32_t(Step::combine_send)) {  // every block sees the same
+    if (blockIdx.x == 0 && threadIdx.x == 0) step_in_order(p, Step::combine_send);
+    return;
+  }
+  const int routes = *p.route_count;
+  const AllToAllLayout& lay = p.layout;
+  const size_t row_bytes = size_t(p.hidden_dim) * p.y_elem_bytes;
+  const int start = int(int64_t(routes) * p.rank / p.world_size);
+  for (int r = blockIdx.x; r < routes; r += gridDim.x) {
+    const Route route = p.routes[(start + r) % routes];
+    copy_to_each(
+        1, [](int) { return true; },
+        [&](int) { return p.regions[route.source] + lay.combine_row_offset(route.token, route.slot); },
+        p.expert_y + size_t(route.row) * row_bytes, row_bytes);
+  }
+  if (!last_block_all(&p.block_counters[kReturnDone])) return;
+  if (threadIdx.x == 0) {
+    p.round->next_step = int32_t(Step::combine_recv);  // every block has read it
     const uint64_t epoch = *p.epoch;
     for (int dest = 0; dest < p.world_size; ++dest)
-      *reinterpret_cast<int32_t*>(p.regions[dest] + p.combine_dtype_offset + 64 * size_t(p.rank)) =
-          p.y_dtype;
+      *reinterpret_cast<int32_t*>(p.regions[dest] + lay.combine_dtype_slot(p.rank)) = p.y_dtype;
     __threadfence_system();
     for (int dest = 0; dest < p.world_size; ++dest)
-      signal_release(p.signals[dest] + size_t(p.world_size + p.rank) * 8, epoch);
+      signal_release(p.signals[dest] + lay.signal_word(lay.combine_signal(p.rank)), epoch);
+  }
+  if (p.fuse_recv) {
+    __syncthreads();  // next_step, advanced above
+    wait_owners(p);
   }
 }
 
@@ -49,26 +100,8 @@ __device__ __forceinline__ void store(float* p, int i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(__nv_bfloat16* p, int i, float v) { p[i] = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void store(__half* p, int i, float v) { p[i] = __float2half_rn(v); }
 
-__global__ void await_owners(const AllToAllParams p) {
-  const uint64_t epoch = *p.epoch;
-  __shared__ bool failed;
-  if (threadIdx.x == 0) failed = false;
-  __syncthreads();
-  for (int owner = threadIdx.x; owner < p.world_size; owner += blockDim.x) {
-    if (!wait_signal(p.signals[p.rank] + size_t(p.world_size + owner) * 8, epoch, p.timeout_ns,
-                     p.error, owner, kKernelCombineRecv)) {
-      failed = true;
-    } else {
-      const int32_t dtype = *reinterpret_cast<const volatile int32_t*>(
-          p.regions[p.rank] + p.combine_dtype_offset + 64 * size_t(owner));
-      if (dtype != p.y_dtype) {
-        report(p.error, kDtypeMismatch, owner, kKernelCombineRecv, dtype);
-        failed = true;
-      }
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) *p.owners_ready = failed ? 0 : 1;
+__global__ void __launch_bounds__(kBlockThreads) await_owners(const AllToAllParams p) {
+  wait_owners(p);
 }
 
 // Elements one thread sums at once, loaded and stored in one access each.
@@ -78,22 +111,26 @@ struct alignas(sizeof(T) * N) Pack {
 };
 
 template <typename In, typename Out>
-__global__ void reduce_rows(const AllToAllParams p) {
-  if (*p.owners_ready == 0) return;  // await_owners gave up; the error word says why
+__global__ void __launch_bounds__(kBlockThreads) reduce_rows(const AllToAllParams p) {
+  wait_for_prior_grid();
+  // The waiting block gave up, or (a step out of order) never ran: the error word says why.
+  if (failed_before(p) || *p.owners_ready == 0) return;
   // 16-byte accesses on the wider side, 8-byte ones on the narrower.
   constexpr int V = 16 / (sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
   using InPack = Pack<In, V>;
   using OutPack = Pack<Out, V>;
-  const int tokens = tokens_this_call(p), k = p.top_k, H = p.hidden_dim;
+  const int tokens = min(tokens_this_call(p), p.round->dispatched_m), k = p.top_k, H = p.hidden_dim;
   const int E = p.num_local_experts * p.world_size;
-  const std::byte* area = p.regions[p.rank] + p.combine_offset;
+  const AllToAllLayout& lay = p.layout;
+  const std::byte* region = p.regions[p.rank];
   const bool rows_aligned =
-      (reinterpret_cast<uintptr_t>(area) | p.combine_row) % sizeof(InPack) == 0;
+      (reinterpret_cast<uintptr_t>(region + lay.combine_offset) | lay.combine_row) %
+          sizeof(InPack) == 0;
   for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
     const int32_t* indices = p.indices + size_t(t) * k;
     const float* weights = p.weights + size_t(t) * k;
     auto row = [&](int j) {
-      return reinterpret_cast<const In*>(area + (size_t(t) * k + j) * p.combine_row);
+      return reinterpret_cast<const In*>(region + lay.combine_row_offset(t, j));
     };
     // The slots dispatch sent: -1, an index out of range and a repeated expert were skipped there
     // (and reported), so no row came back for them.
@@ -125,9 +162,9 @@ __global__ void reduce_rows(const AllToAllParams p) {
 template <typename In>
 void launch_reduce(const AllToAllParams& p, cudaStream_t stream, int blocks) {
   switch (DType(p.out_dtype)) {
-    case DType::f32: launch(reduce_rows<In, float>, blocks, kBlockThreads, stream, p); break;
-    case DType::bf16: launch(reduce_rows<In, __nv_bfloat16>, blocks, kBlockThreads, stream, p); break;
-    case DType::f16: launch(reduce_rows<In, __half>, blocks, kBlockThreads, stream, p); break;
+    case DType::f32: launch_dependent(reduce_rows<In, float>, blocks, stream, p); break;
+    case DType::bf16: launch_dependent(reduce_rows<In, __nv_bfloat16>, blocks, stream, p); break;
+    case DType::f16: launch_dependent(reduce_rows<In, __half>, blocks, stream, p); break;
     default: throw Error("combine: y must be f32, bf16 or f16");
   }
 }
@@ -135,11 +172,11 @@ void launch_reduce(const AllToAllParams& p, cudaStream_t stream, int blocks) {
 }  // namespace
 
 void launch_combine_send(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  launch(return_rows, blocks, kBlockThreads, stream, p);
+  launch(return_rows, blocks, stream, p);
 }
 
-void launch_combine_recv(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  launch(await_owners, 1, kMaxRanks, stream, p);
+void launch_combine_recv(const AllToAllParams& p, cudaStream_t stream, int blocks, bool waited) {
+  if (!waited) launch(await_owners, 1, stream, p);
   switch (DType(p.y_dtype)) {
     case DType::f32: launch_reduce<float>(p, stream, blocks); break;
     case DType::bf16: launch_reduce<__nv_bfloat16>(p, stream, blocks); break;

@@ -3,9 +3,10 @@
 // words, last-block election.
 #pragma once
 
+#include "cuda/all_to_all/params.cuh"  // first: see there
+
 #include <cuda/atomic>
 
-#include "cuda/all_to_all/params.cuh"
 #include "cuda/launch.cuh"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
@@ -23,16 +24,16 @@ __device__ __forceinline__ uint64_t signal_acquire(uint64_t* word) {
 // Records the first error of this op; later ones are dropped. The race is decided in device
 // memory (atomics on host-mapped memory are not atomic over PCIe); the winner then copies the
 // word to its host-mapped mirror, which the host reads without synchronizing.
-__device__ __forceinline__ void report(ErrorWord* error, int32_t code, int32_t detail,
-                                      int32_t kernel, int32_t value = 0) {
+__device__ __forceinline__ void report(ErrorWord* error, int32_t code, int32_t detail, Step step,
+                                      int32_t value = 0) {
   if (atomicCAS(&error->code, kOk, code) == kOk) {
     error->detail = detail;
-    error->kernel = kernel;
+    error->step = int32_t(step);
     error->value = value;
     using HostWord = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
     ErrorWord* mirror = error->host_mirror;
     HostWord(mirror->detail).store(detail, ::cuda::memory_order_relaxed);
-    HostWord(mirror->kernel).store(kernel, ::cuda::memory_order_relaxed);
+    HostWord(mirror->step).store(int32_t(step), ::cuda::memory_order_relaxed);
     HostWord(mirror->value).store(value, ::cuda::memory_order_relaxed);
     __threadfence_system();
     // Last: the host reads the code first.
@@ -43,11 +44,11 @@ __device__ __forceinline__ void report(ErrorWord* error, int32_t code, int32_t d
 
 // Spins until `word` >= value; false (and an error report naming `peer`) after the timeout.
 __device__ __forceinline__ bool wait_signal(uint64_t* word, uint64_t value, uint64_t timeout_ns,
-                                           ErrorWord* error, int peer, int kernel) {
+                                           ErrorWord* error, int peer, Step step) {
   const uint64_t start = global_timer_ns();
   while (signal_acquire(word) < value) {
     if (global_timer_ns() - start > timeout_ns) {
-      report(error, kTimeout, peer, kernel);
+      report(error, kTimeout, peer, step);
       return false;
     }
     const int32_t code = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(error->code)
@@ -86,20 +87,56 @@ __device__ __forceinline__ void block_copy(std::byte* dst, const std::byte* src,
   for (size_t i = tail + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
 }
 
-// True when slot j of a token's top-k row names an expert in [0, E) that no earlier slot names,
-// counting experts in groups of `group`: with 1, the slot routes the token to that expert (a
-// repeat is a bad index, skipped); with L, it is the first to send the token to that rank.
-__device__ __forceinline__ bool first_in_group(const int32_t* row, int j, int E, int group) {
-  const int e = row[j];
-  if (e < 0 || e >= E) return false;
-  for (int i = 0; i < j; ++i)
-    if (row[i] >= 0 && row[i] / group == e / group) return false;
-  return true;
+// Copies `bytes` from src to dest(i) for each i < n with include(i), with the calling block's
+// threads. Where src and every destination are 16-byte aligned, each thread keeps kCopyUnroll
+// 16-byte loads in flight and stores each loaded word to every destination, so src is read
+// once however many destinations there are; src must not change while the kernel runs (it is
+// read with load_streaming). Otherwise, block_copy to each destination.
+constexpr int kCopyUnroll = 4;
+template <typename Include, typename Dest>
+__device__ __forceinline__ void copy_to_each(int n, Include include, Dest dest,
+                                             const std::byte* src, size_t bytes) {
+  bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  for (int i = 0; i < n; ++i)
+    if (include(i)) aligned = aligned && reinterpret_cast<uintptr_t>(dest(i)) % 16 == 0;
+  if (!aligned) {
+    for (int i = 0; i < n; ++i)
+      if (include(i)) block_copy(dest(i), src, bytes);
+    return;
+  }
+  const size_t words = bytes / 16, stride = size_t(blockDim.x) * kCopyUnroll;
+  const auto* from = reinterpret_cast<const int4*>(src);
+  for (size_t base = threadIdx.x; base < words; base += stride) {
+    int4 v[kCopyUnroll];
+    for (int u = 0; u < kCopyUnroll; ++u) {
+      const size_t w = base + size_t(u) * blockDim.x;
+      if (w < words) v[u] = load_streaming(from + w);
+    }
+    for (int i = 0; i < n; ++i) {
+      if (!include(i)) continue;
+      auto* to = reinterpret_cast<int4*>(dest(i));
+      for (int u = 0; u < kCopyUnroll; ++u) {
+        const size_t w = base + size_t(u) * blockDim.x;
+        if (w < words) to[w] = v[u];
+      }
+    }
+  }
+  for (size_t b = words * 16 + threadIdx.x; b < bytes; b += blockDim.x)  // a tail under 16 B
+    for (int i = 0; i < n; ++i)
+      if (include(i)) dest(i)[b] = src[b];
 }
+
+using ::pmoe::detail::first_in_group;  // src/all_to_all/route.hpp, the CPU backend's rule too
 
 // True in exactly one thread of the last block of the grid to get here; every earlier write of
 // every block is visible to it. Resets the counter for the next launch.
+__device__ __forceinline__ bool last_block_all(uint32_t* counter);
 __device__ __forceinline__ bool last_block(uint32_t* counter) {
+  return last_block_all(counter) && threadIdx.x == 0;
+}
+
+// The same in every thread of that block (a collective of the block: all its threads call it).
+__device__ __forceinline__ bool last_block_all(uint32_t* counter) {
   __shared__ bool is_last;
   // Every thread's writes, at system scope (peers may be other GPUs over CUDA IPC), before the
   // block counts itself in.
@@ -113,7 +150,23 @@ __device__ __forceinline__ bool last_block(uint32_t* counter) {
     }
   }
   __syncthreads();
-  return is_last && threadIdx.x == 0;
+  return is_last;
+}
+
+// True if an earlier kernel of this rank recorded a fatal error: the kernels of later steps then
+// do nothing. Read at a kernel's start, where stream order makes every block see the same value.
+__device__ __forceinline__ bool failed_before(const AllToAllParams& p) {
+  return is_fatal(::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(p.error->code)
+                      .load(::cuda::memory_order_relaxed));
+}
+
+// True if the device expects `step` next; otherwise reports kStepOrder (fatal). Call from one
+// thread; the caller advances p.round->next_step once the step's work is done.
+__device__ __forceinline__ bool step_in_order(const AllToAllParams& p, Step step) {
+  const int32_t expected = p.round->next_step;
+  if (expected == int32_t(step)) return true;
+  report(p.error, kStepOrder, expected, step);
+  return false;
 }
 
 // m for this call: bound_m when given (read on the device, so graph replays can change it),

@@ -1,14 +1,24 @@
-// AllToAll dispatch on the CUDA backend. Layout: params.cuh (and src/cpu/all_to_all_layout.hpp).
+// AllToAll dispatch on the CUDA backend. Layout: src/all_to_all/layout.hpp (every offset below
+// comes from it), scratch: params.cuh.
 //
-//   send:  route_tokens  (1 block)  index checks; token t's slot at each destination rank (a
-//                                   prefix sum over tokens, so slots follow token order), counts
-//          send_tokens   (grid)     header + payload + scales of (t, destination) into the
-//                                   destination's block for this rank; the last block bumps the
-//                                   epoch, writes the counts and signals every destination
-//   recv:  route_rows    (1 block)  waits for every source, assigns rows ordered by (source,
-//                                   token) per local expert (a prefix sum over all sources'
-//                                   slots), writes counts and routes (ordered by row)
-//          land_rows     (grid)     copies each routed row into expert_x (and its scales)
+//   send:  send_tokens  (grid)     one kernel. The block that takes ticket 0 routes: index
+//                                  checks; token t's slot at each destination rank and its
+//                                  position among the tokens of each expert it chose (prefix
+//                                  sums over tokens, so both follow token order); per (rank,
+//                                  expert) counts. The other blocks wait for it (a block of
+//                                  their own grid that already runs, so the wait is short and
+//                                  safe), then each token is read once and written to every
+//                                  destination, starting at rank + 1, with its header; the last
+//                                  block bumps the epoch, writes the heads (counts) and signals
+//   recv:  route_rows   (1 block)  waits for every source; scans the W x E_local counts of the
+//                                  heads into each (source, expert)'s first row; counts (for
+//                                  Phase::both, the last block of send_tokens does this instead,
+//                                  when every other block has ended: one kernel less)
+//          land_rows    (grid)     each received slot: its rows (first row + position) get the
+//                                  payload (read once) and scales, and its routes are written,
+//                                  ordered by (expert, row) for combine
+// Only one block of a rank ever waits for a peer (route_rows). Ranks sharing a GPU must not fill
+// its SMs with waiting blocks: a peer's kernel that would let them go on could then never run.
 #include "cuda/all_to_all/device_utils.cuh"
 #include "cuda/all_to_all/kernels.hpp"
 #include "cuda/check.hpp"
@@ -16,7 +26,6 @@
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
 
-constexpr int kKernelDispatchSend = 0, kKernelDispatchRecv = 1;
 constexpr int kKeysPerPass = 32;  // keys rank_by_key counts at once: a 32 KiB table in __shared__
 static_assert(kMaxRanks <= kBlockThreads, "route_rows gives each source one thread");
 
@@ -40,9 +49,12 @@ __device__ void inclusive_scan_rows(int (&rows)[N][kBlockThreads], int n) {
 // that key and place the pairs before it in (key, item) order, and total(key, pairs) once per
 // key. Returns the number of pairs. Each pass over the items counts kKeysPerPass keys per thread,
 // and a prefix sum over the threads turns the counts into ranks.
+// `counts` is the caller's __shared__ table (one for all the calls of a kernel: each call's own
+// would add up past the limit on __shared__).
+using KeyCounts = int[kKeysPerPass][kBlockThreads];
 template <typename Visit, typename Emit, typename Total>
-__device__ int rank_by_key(int items, int num_keys, Visit visit, Emit emit, Total total) {
-  __shared__ int counts[kKeysPerPass][kBlockThreads];
+__device__ int rank_by_key(KeyCounts& counts, int items, int num_keys, Visit visit, Emit emit,
+                           Total total) {
   const int me = threadIdx.x, per_thread = (items + kBlockThreads - 1) / kBlockThreads;
   const int begin = min(items, me * per_thread), end = min(items, begin + per_thread);
   int pairs = 0;
@@ -71,23 +83,97 @@ __device__ int rank_by_key(int items, int num_keys, Visit visit, Emit emit, Tota
   return pairs;
 }
 
-__global__ void route_tokens(const AllToAllParams p) {
+// dispatch(recv)'s one waiting block (route_rows, or the last block of send_tokens): waits for
+// every source, then each (source, expert)'s first row, each expert's first route and the end of
+// each source's slots, for land_rows. A collective of the block.
+__device__ void receive_heads(const AllToAllParams& p) {
+  const uint64_t epoch = *p.epoch;
+  const AllToAllLayout& lay = p.layout;
+  const int W = p.world_size, L = p.num_local_experts;
+  __shared__ bool failed;
+  if (threadIdx.x == 0) {
+    failed = failed_before(p) || !step_in_order(p, Step::dispatch_recv);
+    p.round->next_step = int32_t(Step::combine_send);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < W && !failed; i += blockDim.x) {
+    const int source = (p.rank + i) % W;  // this rank's own data first: it is there already
+    if (!wait_signal(p.signals[p.rank] + lay.signal_word(lay.dispatch_signal(source)), epoch,
+                     p.timeout_ns, p.error, source, Step::dispatch_recv))
+      failed = true;
+  }
+  __syncthreads();
+  if (failed) {
+    for (int e = threadIdx.x; e < L; e += blockDim.x) p.expert_num_tokens[e] = 0;
+    if (threadIdx.x == 0) {
+      *p.route_count = 0;
+      *p.slot_count = 0;
+    }
+    return;
+  }
+  allow_dependent_grid();  // land_rows may start launching: no block of this one waits any more
+  const std::byte* region = p.regions[p.rank];
+  auto head = [&](size_t offset) { return *reinterpret_cast<const int32_t*>(region + offset); };
+  // Each (source, expert)'s first row: the rows of that expert from earlier sources (a thread
+  // per expert, W steps); then each expert's first route (one thread, E_local steps).
+  for (int e = threadIdx.x; e < L; e += blockDim.x) {
+    int rows = 0;
+    for (int s = 0; s < W; ++s) {
+      p.recv_base[s * L + e] = rows;
+      rows += head(lay.expert_count_offset(s, e));
+    }
+    p.expert_num_tokens[e] = rows;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int routes = 0;
+    for (int e = 0; e < L; ++e) {
+      p.route_base[e] = routes;
+      routes += p.expert_num_tokens[e];
+    }
+    *p.route_count = routes;
+    int slots = 0;  // every source's slots in one list, in (source, slot) order
+    for (int s = 0; s < W; ++s) {
+      slots += head(lay.count_offset(s));
+      p.source_end[s] = slots;
+    }
+    *p.slot_count = slots;
+  }
+}
+
+// Ticket 0's work in send_tokens: checks, slots, positions and counts into scratch. False if the
+// step is out of order (a fatal error is then recorded and nothing is sent).
+__device__ bool route_tokens(const AllToAllParams& p) {
   const int requested = requested_tokens(p), tokens = tokens_this_call(p);
   const int k = p.top_k, W = p.world_size, L = p.num_local_experts, E = L * W;
+  __shared__ bool in_order;
+  __shared__ int first_bad;  // the first bad slot in row-major order: the one reported
+  if (threadIdx.x == 0) {
+    in_order = !failed_before(p) && step_in_order(p, Step::dispatch_send);
+    first_bad = tokens * k;
+  }
+  __syncthreads();
+  if (!in_order) return false;
   if (requested != tokens && threadIdx.x == 0)
-    report(p.error, kTooManyTokens, requested, kKernelDispatchSend, p.m);
+    report(p.error, kTooManyTokens, requested, Step::dispatch_send, p.m);
   // Indices the host could not check (they live on the device): out of range or repeated in a
   // row. They are reported, and the slot is treated as -1 so that peers still complete.
   for (int i = threadIdx.x; i < tokens * k; i += blockDim.x) {
     const int e = p.indices[i];
-    if (e != -1 && !first_in_group(p.indices + i / k * k, i % k, E, 1))
-      report(p.error, kBadIndex, i, kKernelDispatchSend, e);
+    if (e != -1 && !first_in_group(p.indices + i / k * k, i % k, E, 1)) {
+      atomicMin(&first_bad, i);
+      break;  // this thread's later slots come after it
+    }
   }
   for (int i = threadIdx.x; i < tokens * W; i += blockDim.x) p.send_slot[i] = -1;
-  __syncthreads();  // other threads overwrite the slots of the destinations a token goes to
+  // Other threads overwrite the slots of the destinations a token goes to; first_bad is final.
+  __syncthreads();
+  if (threadIdx.x == 0 && first_bad < tokens * k)
+    report(p.error, kBadIndex, first_bad, Step::dispatch_send, p.indices[first_bad]);
   // A token's slot at a destination: the tokens before it that go there, in token order.
+  __shared__ KeyCounts counts;
   rank_by_key(
-      tokens, W,
+      counts, tokens, W,
       [&](int t, auto f) {
         const int32_t* row = p.indices + t * k;
         for (int j = 0; j < k; ++j)
@@ -95,129 +181,166 @@ __global__ void route_tokens(const AllToAllParams p) {
       },
       [&](int t, int dest, int, int slot, int) { p.send_slot[t * W + dest] = slot; },
       [&](int dest, int count) { p.send_count[dest] = count; });
+  // A row's position within its expert's rows from this rank: the tokens before it that chose
+  // that expert. Sent in the header, with the per-expert counts in the head, so receivers need
+  // no walk over the headers.
+  rank_by_key(
+      counts, tokens, E,
+      [&](int t, auto f) {
+        const int32_t* row = p.indices + t * k;
+        for (int j = 0; j < k; ++j)
+          if (first_in_group(row, j, E, 1)) f(row[j], j);
+      },
+      [&](int t, int, int j, int position, int) { p.send_position[t * k + j] = position; },
+      [&](int expert, int count) { p.send_expert_count[expert] = count; });
+  if (threadIdx.x == 0) {
+    p.round->dispatched_m = tokens;
+    p.round->next_step = int32_t(Step::dispatch_recv);
+  }
+  return true;
 }
 
-__global__ void send_tokens(const AllToAllParams p) {
-  const int tokens = tokens_this_call(p);
-  const int k = p.top_k, E = p.num_local_experts * p.world_size;
-  for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
-    for (int dest = 0; dest < p.world_size; ++dest) {
-      const int slot = p.send_slot[t * p.world_size + dest];
-      if (slot < 0) continue;
-      std::byte* token_slot = p.regions[dest] + size_t(p.rank) * p.source_block + 64 +
-                              size_t(slot) * p.token_stride;
-      if (threadIdx.x == 0) {
-        auto* header = reinterpret_cast<int32_t*>(token_slot);
-        int n = 0;
-        const int32_t* row = p.indices + t * k;
-        for (int j = 0; j < k; ++j) {
-          const int e = row[j];
-          if (!first_in_group(row, j, E, 1) || e / p.num_local_experts != dest) continue;
-          header[2 + 2 * n] = e % p.num_local_experts;
-          header[3 + 2 * n] = j;
-          ++n;
-        }
-        header[0] = t;
-        header[1] = n;
-      }
-      block_copy(token_slot + p.payload_offset_in_slot, p.x + size_t(t) * p.payload_bytes,
-                 p.payload_bytes);
-      if (p.scale_bytes)
-        block_copy(token_slot + p.scale_offset_in_slot,
-                   reinterpret_cast<const std::byte*>(p.x_scale) + size_t(t) * p.scale_bytes,
-                   p.scale_bytes);
-    }
+__global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParams p) {
+  // Tickets in the order blocks start: ticket 0 is running when others wait for it.
+  __shared__ uint32_t ticket;
+  __shared__ bool go;
+  if (threadIdx.x == 0) {
+    ticket = atomicAdd(&p.block_counters[kSendTicket], 1u);
+    if (ticket == gridDim.x - 1) p.block_counters[kSendTicket] = 0;  // the last taker
   }
-  if (last_block(&p.block_counters[0])) {
+  __syncthreads();
+  const uint64_t call = *p.epoch + 1;  // the last block bumps the epoch after all have read it
+  if (ticket == 0) {
+    const bool routed = !failed_before(p) && route_tokens(p);
+    if (threadIdx.x == 0) {
+      *p.routed_ok = routed ? 1 : 0;
+      __threadfence();
+      signal_release(p.routed, call);
+      go = routed;
+    }
+  } else if (threadIdx.x == 0) {
+    // Bounded like every wait; the block it waits for is already running.
+    go = wait_signal(p.routed, call, p.timeout_ns, p.error, p.rank, Step::dispatch_send) &&
+         *reinterpret_cast<volatile int32_t*>(p.routed_ok) == 1;
+  }
+  __syncthreads();
+  if (!go) return;  // nobody counts in at last_block: its counter stays 0 for the next launch
+
+  const int tokens = tokens_this_call(p);
+  const AllToAllLayout& lay = p.layout;
+  const int k = p.top_k, W = p.world_size, L = p.num_local_experts, E = L * W;
+  const size_t payload = lay.payload_bytes, scales = lay.scale_bytes;
+  for (int t = int(ticket); t < tokens; t += gridDim.x) {
+    // Headers: one thread per destination.
+    const int32_t* row = p.indices + t * k;
+    for (int dest = threadIdx.x; dest < W; dest += blockDim.x) {
+      const int slot = p.send_slot[t * W + dest];
+      if (slot < 0) continue;
+      auto* header = reinterpret_cast<int32_t*>(p.regions[dest] + lay.token_offset(p.rank, slot));
+      int n = 0;
+      for (int j = 0; j < k; ++j) {
+        if (!first_in_group(row, j, E, 1) || row[j] / L != dest) continue;
+        header[AllToAllLayout::header_expert(n)] = row[j] % L;
+        header[AllToAllLayout::header_slot(n)] = j;
+        header[AllToAllLayout::header_position(n)] = p.send_position[t * k + j];
+        ++n;
+      }
+      header[AllToAllLayout::kHeaderToken] = t;
+      header[AllToAllLayout::kHeaderPairs] = n;
+    }
+    // The token's destinations, from rank + 1 on, so that ranks do not all write to rank 0
+    // first; the payload is read once for all of them.
+    auto dest_of = [&](int i) { return (p.rank + 1 + i) % W; };
+    auto slot_at = [&](int i) { return p.send_slot[t * W + dest_of(i)]; };
+    copy_to_each(
+        W, [&](int i) { return slot_at(i) >= 0; },
+        [&](int i) { return p.regions[dest_of(i)] + lay.payload_offset(p.rank, slot_at(i)); },
+        p.x + size_t(t) * payload, payload);
+    if (scales)
+      copy_to_each(
+          W, [&](int i) { return slot_at(i) >= 0; },
+          [&](int i) { return p.regions[dest_of(i)] + lay.scale_offset(p.rank, slot_at(i)); },
+          reinterpret_cast<const std::byte*>(p.x_scale) + size_t(t) * scales, scales);
+  }
+  if (!last_block_all(&p.block_counters[kSendDone])) return;
+  if (threadIdx.x == 0) {
     const uint64_t epoch = ++*p.epoch;
-    for (int dest = 0; dest < p.world_size; ++dest) {
-      auto* count = reinterpret_cast<int32_t*>(p.regions[dest] + size_t(p.rank) * p.source_block);
-      count[0] = p.send_count[dest];
-      count[1] = 0;  // flags: payloads always travel on this backend
+    for (int i = 0; i < W; ++i) {
+      const int dest = (p.rank + 1 + i) % W;
+      std::byte* region = p.regions[dest];
+      *reinterpret_cast<int32_t*>(region + lay.count_offset(p.rank)) = p.send_count[dest];
+      // Payloads always travel on this backend.
+      *reinterpret_cast<int32_t*>(region + lay.flags_offset(p.rank)) = 0;
+      for (int e = 0; e < L; ++e)
+        *reinterpret_cast<int32_t*>(region + lay.expert_count_offset(p.rank, e)) =
+            p.send_expert_count[dest * L + e];
     }
     __threadfence_system();
-    for (int dest = 0; dest < p.world_size; ++dest)
-      signal_release(p.signals[dest] + size_t(p.rank) * 8, epoch);
+    for (int i = 0; i < W; ++i) {
+      const int dest = (p.rank + 1 + i) % W;
+      signal_release(p.signals[dest] + lay.signal_word(lay.dispatch_signal(p.rank)), epoch);
+    }
+  }
+  if (p.fuse_recv) {
+    __syncthreads();  // the epoch, bumped above
+    receive_heads(p);
   }
 }
 
-__global__ void route_rows(const AllToAllParams p) {
-  const uint64_t epoch = *p.epoch;
-  const int W = p.world_size, L = p.num_local_experts;
-  __shared__ bool failed;
-  if (threadIdx.x == 0) failed = false;
-  __syncthreads();
-  for (int source = threadIdx.x; source < W; source += blockDim.x)
-    if (!wait_signal(p.signals[p.rank] + size_t(source) * 8, epoch, p.timeout_ns, p.error,
-                     source, kKernelDispatchRecv))
-      failed = true;
-  __syncthreads();
-  if (failed) {
-    for (int e = threadIdx.x; e < L; e += blockDim.x) p.expert_num_tokens[e] = 0;
-    if (threadIdx.x == 0) *p.route_count = 0;
-    return;
-  }
-  // Every source's slots in one list, in (source, slot) order: source s ends at ends[0][s].
-  __shared__ int ends[1][kBlockThreads];
+__global__ void __launch_bounds__(kBlockThreads) route_rows(const AllToAllParams p) {
+  receive_heads(p);
+}
+
+__global__ void __launch_bounds__(kBlockThreads) land_rows(const AllToAllParams p) {
+  wait_for_prior_grid();
+  if (failed_before(p)) return;  // a step out of order left last call's slots in place
+  const int slots = *p.slot_count;
+  const AllToAllLayout& lay = p.layout;
+  const int L = p.num_local_experts;
+  const size_t payload = lay.payload_bytes, scales = lay.scale_bytes;
   const std::byte* region = p.regions[p.rank];
-  const int me = threadIdx.x;
-  ends[0][me] = 0;
-  if (me < W) ends[0][me] = *reinterpret_cast<const int32_t*>(region + size_t(me) * p.source_block);
-  inclusive_scan_rows(ends, 1);
-  struct Slot {
-    int source, slot;
-    const int32_t* header;
-  };
-  auto slot_at = [&](int i) {
+  for (int i = blockIdx.x; i < slots; i += gridDim.x) {
     int source = 0;
-    while (ends[0][source] <= i) ++source;
-    const int slot = i - (source > 0 ? ends[0][source - 1] : 0);
-    return Slot{source, slot,
-                reinterpret_cast<const int32_t*>(region + size_t(source) * p.source_block + 64 +
-                                                 size_t(slot) * p.token_stride)};
-  };
-  // An expert's rows in (source, token) order, as slots are in token order; routes in (expert,
-  // row) order.
-  const int routes = rank_by_key(
-      ends[0][W - 1], L,
-      [&](int i, auto f) {
-        const int32_t* h = slot_at(i).header;
-        for (int q = 0; q < h[1]; ++q) f(h[2 + 2 * q], h[3 + 2 * q]);
-      },
-      [&](int i, int expert, int j, int position, int route) {
-        const Slot s = slot_at(i);
-        p.routes[route] = Route{
-            s.source, s.header[0], j, int32_t(expert * p.rows_per_expert + position), s.slot, {}};
-      },
-      [&](int expert, int rows) { p.expert_num_tokens[expert] = rows; });
-  if (me == 0) *p.route_count = routes;
-}
-
-__global__ void land_rows(const AllToAllParams p) {
-  const int routes = *p.route_count;
-  const std::byte* region = p.regions[p.rank];
-  for (int r = blockIdx.x; r < routes; r += gridDim.x) {
-    const Route route = p.routes[r];
-    const std::byte* slot =
-        region + size_t(route.source) * p.source_block + 64 + size_t(route.src_slot) * p.token_stride;
-    block_copy(p.expert_x + size_t(route.row) * p.payload_bytes, slot + p.payload_offset_in_slot,
-               p.payload_bytes);
-    if (p.scale_bytes)
-      block_copy(reinterpret_cast<std::byte*>(p.expert_x_scale) + size_t(route.row) * p.scale_bytes,
-                 slot + p.scale_offset_in_slot, p.scale_bytes);
+    while (p.source_end[source] <= i) ++source;
+    const int slot = i - (source > 0 ? p.source_end[source - 1] : 0);
+    const auto* header = reinterpret_cast<const int32_t*>(region + lay.token_offset(source, slot));
+    const int pairs = header[AllToAllLayout::kHeaderPairs];
+    auto row_of = [&](int q) {
+      const int e = header[AllToAllLayout::header_expert(q)];
+      return e * p.rows_per_expert + p.recv_base[source * L + e] +
+             header[AllToAllLayout::header_position(q)];
+    };
+    auto all = [](int) { return true; };
+    copy_to_each(
+        pairs, all, [&](int q) { return p.expert_x + size_t(row_of(q)) * payload; },
+        region + lay.payload_offset(source, slot), payload);
+    if (scales)
+      copy_to_each(
+          pairs, all,
+          [&](int q) {
+            return reinterpret_cast<std::byte*>(p.expert_x_scale) + size_t(row_of(q)) * scales;
+          },
+          region + lay.scale_offset(source, slot), scales);
+    // Routes in (expert, row) order, so combine sends each expert's rows together.
+    for (int q = threadIdx.x; q < pairs; q += blockDim.x) {
+      const int e = header[AllToAllLayout::header_expert(q)];
+      const int within = p.recv_base[source * L + e] + header[AllToAllLayout::header_position(q)];
+      p.routes[p.route_base[e] + within] =
+          Route{source, header[AllToAllLayout::kHeaderToken], header[AllToAllLayout::header_slot(q)],
+                int32_t(e * p.rows_per_expert + within), slot};
+    }
   }
 }
 
 }  // namespace
 
 void launch_dispatch_send(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  launch(route_tokens, 1, kBlockThreads, stream, p);
-  launch(send_tokens, blocks, kBlockThreads, stream, p);
+  launch(send_tokens, blocks, stream, p);
 }
 
-void launch_dispatch_recv(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  launch(route_rows, 1, kBlockThreads, stream, p);
-  launch(land_rows, blocks, kBlockThreads, stream, p);
+void launch_dispatch_recv(const AllToAllParams& p, cudaStream_t stream, int blocks, bool waited) {
+  if (!waited) launch(route_rows, 1, stream, p);
+  launch_dependent(land_rows, blocks, stream, p);
 }
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

@@ -8,9 +8,11 @@
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
+// With p.fuse_recv the send kernel also waits for the peers (its last block), and the receive
+// launched next must be told so (`waited`): it then launches only its grid kernel.
 void launch_dispatch_send(const AllToAllParams& p, cudaStream_t stream, int blocks);
-void launch_dispatch_recv(const AllToAllParams& p, cudaStream_t stream, int blocks);
+void launch_dispatch_recv(const AllToAllParams& p, cudaStream_t stream, int blocks, bool waited);
 void launch_combine_send(const AllToAllParams& p, cudaStream_t stream, int blocks);
-void launch_combine_recv(const AllToAllParams& p, cudaStream_t stream, int blocks);
+void launch_combine_recv(const AllToAllParams& p, cudaStream_t stream, int blocks, bool waited);
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

@@ -1,5 +1,6 @@
-// What AllToAll's kernels receive: one struct, by value. The buffer layout is the CPU backend's
-// (src/cpu/all_to_all_layout.hpp, drawn there); these are its offsets plus the device pointers.
+// What AllToAll's kernels receive: one struct, by value. The symmetric region's layout is every
+// backend's (src/all_to_all/layout.hpp, drawn there), carried here whole; the kernels read
+// every offset from it.
 //
 //   rank r's symmetric region (device memory, same GPU or CUDA IPC)
 //   | dispatch area: block per source s: count+flags | token slots (header, payload, scales) |
@@ -8,12 +9,23 @@
 //
 //   rank r's private scratch (device memory)
 //   | send_slot [max_tokens, W] i32: token t's slot at destination d, or -1                |
-//   | send_count [W] i32 | recv_count [W, E_local] i32 | routes [route capacity] Route     |
-//   | route_count i32 | epoch u64 | block counters u32 x 2 | owners_ready i32              |
+//   | send_position [max_tokens, k] i32: row (t, j)'s position among its expert's rows    |
+//   | send_count [W] i32 | send_expert_count [E] i32: rows this rank sends to each expert  |
+//   | recv_base [W, E_local] i32: the first row of (source, expert) within the expert     |
+//   | route_base [E_local] i32 | source_end [W] i32 | slot_count i32                       |
+//   | routes [route capacity] Route, in (expert, row) order | route_count i32             |
+//   | epoch u64 | block counters u32 x 3 | routed u64, routed_ok i32 | owners_ready i32   |
+//   | round: the step the device expects next, the m of the last dispatch(send)           |
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+// Before <cuda_runtime.h>: the emulated device's stand-in defines __noinline__, which the
+// standard library headers these pull in spell as an attribute.
+#include "all_to_all/layout.hpp"
+#include "all_to_all/route.hpp"
+#include "all_to_all/step.hpp"
 
 #include <cuda_runtime.h>
 
@@ -23,15 +35,9 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
 constexpr int kMaxRanks = 64;  // ranks one op spans on the CUDA backend (pointer tables below)
 
-// One (token, local expert) row received by this rank: where it came from and where it lies.
-struct Route {
-  int32_t source;    // rank the token came from
-  int32_t token;     // its index at the source
-  int32_t slot;      // top-k slot j at the source
-  int32_t row;       // flat row e * rows_per_expert + position in expert_x / expert_y
-  int32_t src_slot;  // its token slot in this rank's dispatch block of `source`
-  int32_t pad[3];
-};
+using ::pmoe::detail::AllToAllLayout;
+using ::pmoe::detail::Route;
+using ::pmoe::detail::Step;
 
 // Codes a kernel leaves in the error word for the host to turn into pmoe::Error.
 enum ErrorCode : int32_t {
@@ -40,13 +46,26 @@ enum ErrorCode : int32_t {
   kTooManyTokens = 2,  // bound_m outside [0, rows given] (detail: bound_m, value: rows given)
   kBadIndex = 3,       // an index out of range or repeated (detail: position, value: index)
   kDtypeMismatch = 4,  // an owner sent expert_y in another dtype (detail: owner, value: dtype)
+  kStepOrder = 5,      // a step ran out of order, as a graph replayed twice does (detail: the
+                       // step expected, value: unused; the step that ran is ErrorWord::step)
+  kTokensMismatch = 6, // combine's m differs from its dispatch's (detail: combine's, value:
+                       // dispatch's)
 };
 
-// A timeout or a dtype mismatch leaves the protocol broken, so every later wait gives up at once.
-// A bad index or bound_m is only reported: the slot counts as -1 (m as clamped) and every rank
-// still completes, so that peers do not combine stale rows.
+// Where this rank's device is in the round, kept on the device because graph replays skip the
+// host's checks: each step's kernel checks next_step and advances it, dispatch(send) records m
+// for combine(recv) to check.
+struct Round {
+  int32_t next_step;     // a Step
+  int32_t dispatched_m;  // tokens of the last dispatch(send)
+};
+
+// A timeout, a dtype mismatch or a step out of order leaves the protocol broken, so every later
+// kernel of the rank gives up at once (its waits, and the work of the steps out of order). A bad
+// index or m is only reported: the slot counts as -1 (m as clamped, combine's m as dispatch's)
+// and every rank still completes, so that peers do not combine stale rows.
 __host__ __device__ inline bool is_fatal(int32_t code) {
-  return code == kTimeout || code == kDtypeMismatch;
+  return code == kTimeout || code == kDtypeMismatch || code == kStepOrder;
 }
 
 // In device memory, where kernels race for it with atomicCAS; the winner copies it to
@@ -54,20 +73,20 @@ __host__ __device__ inline bool is_fatal(int32_t code) {
 struct ErrorWord {
   int32_t code;    // ErrorCode
   int32_t detail;  // the peer (timeout), m (too many tokens) or the flat index position
-  int32_t kernel;  // which kernel: 0 dispatch send, 1 dispatch recv, 2 combine send, 3 recv
+  int32_t step;    // the Step whose kernel reported it
   int32_t value;   // the offending index value (bad index)
   ErrorWord* host_mirror;  // device pointer to the host-mapped copy (unused in the copy itself)
 };
+
+// block_counters: last_block() of send_tokens and of return_rows, send_tokens' tickets.
+constexpr int kSendDone = 0, kReturnDone = 1, kSendTicket = 2, kBlockCounters = 3;
 
 struct AllToAllParams {
   // Shape.
   int rank, world_size, num_local_experts, top_k, hidden_dim, max_tokens, scales_per_token;
   int64_t rows_per_expert;
   int in_elem_bytes, y_elem_bytes, out_dtype, y_dtype;  // y_dtype/out_dtype: pmoe::DType values
-  // Layout (bytes).
-  size_t token_stride, header_bytes, payload_offset_in_slot, scale_offset_in_slot, source_block;
-  size_t combine_offset, combine_row, combine_dtype_offset;
-  size_t payload_bytes, scale_bytes;
+  AllToAllLayout layout;
   // Symmetric memory: every rank's region and signal array.
   std::byte* regions[kMaxRanks];
   uint64_t* signals[kMaxRanks];
@@ -82,16 +101,25 @@ struct AllToAllParams {
   const std::byte* expert_y;
   std::byte* y;
   int m;                  // rows of x / y given on the host
+  int fuse_recv;          // Phase::both: the send kernel's last block does the receive's waits
   const int32_t* bound_m; // or, when set, the actual m, read on the device (graph replays)
   // Private scratch.
   int32_t* send_slot;
+  int32_t* send_position;
   int32_t* send_count;
-  int32_t* recv_count;
+  int32_t* send_expert_count;
+  int32_t* recv_base;
+  int32_t* route_base;
+  int32_t* source_end;
+  int32_t* slot_count;
   Route* routes;
   int32_t* route_count;
   uint64_t* epoch;
   uint32_t* block_counters;
+  uint64_t* routed;     // send_tokens: the call whose routing ticket 0 finished
+  int32_t* routed_ok;   // and whether it routed (0: a step out of order, nothing is sent)
   int32_t* owners_ready;  // combine: 1 when every owner's rows arrived in the right dtype
+  Round* round;
   ErrorWord* error;       // device memory; its host_mirror is what the host reads
   uint64_t timeout_ns;
 };

@@ -93,6 +93,13 @@ inline int atomicMax(int* p, int v) {
   }
   return old;
 }
+inline int atomicMin(int* p, int v) {
+  std::atomic_ref<int> a(*p);
+  int old = a.load(std::memory_order_relaxed);
+  while (old > v && !a.compare_exchange_weak(old, v, std::memory_order_acq_rel)) {
+  }
+  return old;
+}
 
 // Arithmetic with the rounding named (no contraction into an FMA: pmoe builds with
 // -ffp-contract=off, and each is a separate function anyway).

@@ -180,6 +180,10 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel ke
 cuda_api::cudaError_t launch(cuda_api::dim3 grid, cuda_api::dim3 block, size_t shared_bytes,
                              cuda_api::cudaStream_t stream, std::function<void()> body);
 
+// Kernels the calling host thread has launched (or captured into a graph) so far, so that tests
+// can count an op's kernels.
+uint64_t kernels_launched_by_this_thread();
+
 // %globaltimer: nanoseconds of a steady clock.
 uint64_t global_timer_ns();
 

@@ -203,12 +203,19 @@ void wait_device(int device) {
   for (const auto& [stream, target] : targets) stream->wait_for(target);
 }
 
+namespace {
+thread_local uint64_t kernels_launched = 0;
+}  // namespace
+
+uint64_t kernels_launched_by_this_thread() { return kernels_launched; }
+
 cudaError_t launch(dim3 grid, dim3 block, size_t, cudaStream_t handle, std::function<void()> body) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   if (uint64_t(grid.x) * grid.y * grid.z == 0 || threads == 0 || threads > 1024)
     return note_error(cudaErrorInvalidConfiguration);
   StreamImpl* stream = resolve(handle);
   if (!stream) return note_error(cudaErrorInvalidResourceHandle);
+  ++kernels_launched;
   const int device = stream->device;
   return note_error(enqueue(handle, [device, grid, block, body = std::move(body)] {
     std::lock_guard held(HardwareQueues::of(device).queue(running_stream->hardware_queue));

@@ -1,0 +1,145 @@
+// Where AllToAll's data sits in each rank's symmetric region, for every backend: the CPU backend
+// and the CUDA kernels both read every offset from here (the kernels get this struct by value in
+// their params). All offsets are 64-byte aligned so that copies run on whole cache lines.
+//
+//   rank r's region
+//   +---------------------------------------------------------------------------------+
+//   | dispatch area: one block per source rank s = 0 .. W-1                           |
+//   |   block s: | head | token slot 0 | ... | token slot max-1 |                        |
+//   |   head: i32 count (slots used), i32 flags, i32 expert counts [E_local] (rows     |
+//   |     that s sends to each local expert), padded to 64 B                           |
+//   |   token slot: | header | payload [H] in_dtype | scales [H / scale_block] f32 |    |
+//   |   header: i32 token index at s, i32 n, then n triples (local expert e, top-k     |
+//   |     slot j, position: how many earlier tokens of s chose e)                      |
+//   |   flags bit 0: payloads stay in s's input buffer (slots hold headers only)       |
+//   +---------------------------------------------------------------------------------+
+//   | combine area: r's own tokens, one row per (token t, top-k slot j), at t * k + j,  |
+//   |   H elements of expert_y's dtype (room for f32)                                  |
+//   | row refs: i32 [max_tokens, k]: the row of (t, j) in its owner's expert output    |
+//   |   buffer, read in place, or -1 when the row was copied into the combine area     |
+//   | combine dtypes: per owner rank, the DType of its expert_y (64 B each)            |
+//   +---------------------------------------------------------------------------------+
+//   | in-place buffers (config.in_place_buffers only):                                 |
+//   |   input [max_tokens] rows of payload, input scales [max_tokens] rows of scales,  |
+//   |   expert output [E_local * W * max_tokens] rows of H out_dtype elements          |
+//   +---------------------------------------------------------------------------------+
+//   signals (64 B each): slot s = dispatch data from s is complete; slot W + s = combine
+//   rows from s
+//
+// Source s writes block s of every destination rank: a token crosses to a rank once, with the
+// list of that rank's experts it chose. Its counts and positions come with it, so a receiver
+// finds every row's place from a W x E_local scan of the heads (expert e's rows from s start
+// after the rows of e from sources before s), without reading the headers in order. Owner r
+// writes rows (or row refs) into the source's combine area.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "all_to_all/host_device.hpp"
+#include "pmoe/all_to_all.hpp"
+
+namespace pmoe::detail {
+
+PMOE_HOST_DEVICE constexpr size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+struct AllToAllLayout {
+  // The header of a token slot, in i32 words: the token's index at its source, the number n of
+  // (local expert, top-k slot, position) triples that follow, then the triples.
+  static constexpr int kHeaderToken = 0, kHeaderPairs = 1, kPairInts = 3;
+  PMOE_HOST_DEVICE static constexpr int header_expert(int pair) { return 2 + kPairInts * pair; }
+  PMOE_HOST_DEVICE static constexpr int header_slot(int pair) { return 3 + kPairInts * pair; }
+  PMOE_HOST_DEVICE static constexpr int header_position(int pair) {
+    return 4 + kPairInts * pair;
+  }
+  // The i32 words of a header with n pairs.
+  PMOE_HOST_DEVICE static constexpr int header_ints(int pairs) { return 2 + kPairInts * pairs; }
+
+  static constexpr size_t kDtypeSlot = 64;  // one owner's expert_y dtype in the combine area
+  static constexpr int32_t kPayloadInPlace = 1;  // flags bit: payloads stay at the source
+  // u64 words per signal slot: SymmetricMemory::kSignalBytes (checked where both are seen).
+  static constexpr size_t kSignalWords = 8;
+
+  AllToAllLayout() = default;
+  AllToAllLayout(const AllToAllConfig& config, int world_size)
+      : world_size(world_size),
+        num_local_experts(config.num_experts / world_size),
+        max_tokens(config.max_num_tokens),
+        top_k(config.experts_per_token),
+        max_pairs(config.experts_per_token < config.num_experts / world_size
+                      ? config.experts_per_token
+                      : config.num_experts / world_size),
+        block_head_bytes(align64(sizeof(int32_t) * (2 + size_t(num_local_experts)))),
+        header_bytes(align64(sizeof(int32_t) * size_t(header_ints(max_pairs)))),
+        payload_bytes(size_t(config.hidden_dim) * dtype_size(config.in_dtype)),
+        scale_bytes(sizeof(float) * size_t(config.scales_per_token())),
+        token_stride(header_bytes + align64(payload_bytes) + align64(scale_bytes)),
+        source_block(block_head_bytes + size_t(max_tokens) * token_stride),
+        combine_row(align64(size_t(config.hidden_dim) * sizeof(float))),
+        combine_offset(size_t(world_size) * source_block),
+        row_ref_offset(combine_offset + size_t(max_tokens) * top_k * combine_row),
+        combine_dtype_offset(row_ref_offset +
+                             align64(sizeof(int32_t) * size_t(max_tokens) * top_k)),
+        input_offset(combine_dtype_offset + kDtypeSlot * size_t(world_size)),
+        input_scale_offset(input_offset + (config.in_place_buffers
+                                               ? align64(size_t(max_tokens) * payload_bytes)
+                                               : 0)),
+        expert_output_offset(input_scale_offset +
+                             (config.in_place_buffers ? align64(size_t(max_tokens) * scale_bytes)
+                                                      : 0)),
+        expert_output_row(size_t(config.hidden_dim) * dtype_size(config.out_dtype)),
+        total_bytes(expert_output_offset +
+                    (config.in_place_buffers ? align64(size_t(config.num_experts) * max_tokens *
+                                                       expert_output_row)
+                                             : 0)) {}
+
+  // Dispatch area, block of `source`.
+  PMOE_HOST_DEVICE size_t count_offset(int source) const { return size_t(source) * source_block; }
+  PMOE_HOST_DEVICE size_t flags_offset(int source) const {
+    return count_offset(source) + sizeof(int32_t);
+  }
+  // The rows `source` sends to local expert e this call.
+  PMOE_HOST_DEVICE size_t expert_count_offset(int source, int expert) const {
+    return count_offset(source) + sizeof(int32_t) * (2 + size_t(expert));
+  }
+  PMOE_HOST_DEVICE size_t token_offset(int source, int slot) const {
+    return count_offset(source) + block_head_bytes + size_t(slot) * token_stride;
+  }
+  PMOE_HOST_DEVICE size_t payload_offset(int source, int slot) const {
+    return token_offset(source, slot) + header_bytes;
+  }
+  PMOE_HOST_DEVICE size_t scale_offset(int source, int slot) const {
+    return payload_offset(source, slot) + align64(payload_bytes);
+  }
+  // Combine area.
+  PMOE_HOST_DEVICE size_t combine_row_offset(int token, int slot) const {
+    return combine_offset + (size_t(token) * top_k + slot) * combine_row;
+  }
+  PMOE_HOST_DEVICE size_t row_ref_slot(int token, int slot) const {
+    return row_ref_offset + (size_t(token) * top_k + slot) * sizeof(int32_t);
+  }
+  PMOE_HOST_DEVICE size_t combine_dtype_slot(int owner) const {
+    return combine_dtype_offset + kDtypeSlot * size_t(owner);
+  }
+  // Signal slots, and the u64 word of a slot in a rank's signal array.
+  PMOE_HOST_DEVICE int dispatch_signal(int source) const { return source; }
+  PMOE_HOST_DEVICE int combine_signal(int source) const { return world_size + source; }
+  PMOE_HOST_DEVICE int signal_slots() const { return 2 * world_size; }
+  PMOE_HOST_DEVICE static constexpr size_t signal_word(int slot) {
+    return size_t(slot) * kSignalWords;
+  }
+
+  int world_size = 0;
+  int num_local_experts = 0;
+  int max_tokens = 0;
+  int top_k = 0;
+  int max_pairs = 0;  // most experts of one rank that one token can choose
+  size_t block_head_bytes = 0, header_bytes = 0, payload_bytes = 0, scale_bytes = 0, token_stride = 0,
+         source_block = 0;
+  size_t combine_row = 0, combine_offset = 0, row_ref_offset = 0, combine_dtype_offset = 0;
+  size_t input_offset = 0, input_scale_offset = 0, expert_output_offset = 0,
+         expert_output_row = 0;
+  size_t total_bytes = 0;
+};
+
+}  // namespace pmoe::detail
