@@ -63,8 +63,8 @@ class AllToAll {
 
   // x                 [m, H] in_dtype, 0 <= m <= max_num_tokens (m may differ between ranks)
   // x_scale           [m, H / scale_block] f32 for f8e4m3 input; an empty Tensor otherwise
-  // indices           [m, k] i32 or i64 (as torch.topk returns; on the CPU only, for now), each
-  //                   in [0, E) or -1 (slot skipped); no expert twice in a row
+  // indices           [m, k] i32 or i64 (as torch.topk returns), each in [0, E) or -1 (slot
+  //                   skipped); no expert twice in a row
   // expert_num_tokens [E_local] i32, out: rows received per local expert
   // expert_x          [E_local, W * max_num_tokens, H] in_dtype, out: the first
   //                   expert_num_tokens[e] rows of expert e; rows past that are left untouched

@@ -152,11 +152,10 @@ int64_t AllToAll::tokens_this_call(const char* op, int64_t rows, const Tensor& b
 
 Tensor AllToAll::indices_i32(const char* op, const Tensor& indices,
                              std::vector<int32_t>& storage) const {
-  if (indices.dtype() == DType::i32) return indices;
-  // i64 (torch.topk's type): narrowed once per call. Every value the op reads was checked to lie
-  // in [-1, E) (dispatch) or to equal dispatch's (combine), so narrowing loses nothing.
-  PMOE_CHECK(device_.kind == Device::Kind::cpu, op, ": i64 (int64) `indices` are taken on the ",
-             "CPU only for now; on ", device_.str(), " pass int32 indices (torch: indices.int())");
+  // i32 as it is; on a device the backend narrows i64 itself, on the rank's stream.
+  if (indices.dtype() == DType::i32 || device_.kind != Device::Kind::cpu) return indices;
+  // i64 (torch.topk's type) on the CPU: narrowed once per call. Every value the op reads was
+  // checked to lie in [-1, E) (dispatch) or to equal dispatch's (combine), so nothing is lost.
   const int64_t* wide = indices.data<int64_t>();
   storage.assign(size_t(indices.numel()), 0);
   for (size_t i = 0; i < storage.size(); ++i) storage[i] = int32_t(wide[i]);

@@ -133,6 +133,16 @@ TEST_P(AllToAllCuda, SplitPhasesAndManyCalls) {
   expect_case_on_gpu(W(), c);
 }
 
+// torch.topk's int64 indices, narrowed on the device: the same results as int32, whole and split.
+TEST_P(AllToAllCuda, Int64Indices) {
+  AllToAllCase c = base();
+  c.routing = Routing::dropped;
+  c.i64_indices = true;
+  expect_case_on_gpu(W(), c);
+  c.split_phases = true;
+  expect_case_on_gpu(W(), c);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllCuda, ::testing::Values(1, 2, 4, 8),
                          [](const auto& info) { return "W" + std::to_string(info.param); });
 
@@ -358,6 +368,40 @@ TEST(AllToAllCuda, GraphReplaysOutOfOrderOrWithAnotherMAreErrors) {
     for (int r = 0; r < W; ++r)
       EXPECT_NE(raised[s][size_t(r)].find(scripts[s].expected), std::string::npos)
           << "script " << scripts[s].steps << ", rank " << r << " raised: " << raised[s][size_t(r)];
+}
+
+// An int64 index whose low 32 bits name a valid expert, but whose value does not fit in int32: the
+// device narrows it to a bad index, so the slot is skipped and reported, never sent to the expert
+// of its low bits.
+TEST(AllToAllCuda, Int64IndexBeyondInt32IsABadIndex) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const AllToAllConfig cfg = make_config(2, 2, 1, 8, DType::f32, DType::f32);
+  std::string raised;
+  Buffer host_counts(DType::i32, {2});
+  run_ranks(1, [&](Communicator& comm) {
+    const Device gpu = comm.device();
+    AllToAll a2a(comm, cfg);
+    Buffer x(DType::f32, {2, 8}, gpu), counts(DType::i32, {2}, gpu),
+        expert_x(DType::f32, {2, 2, 8}, gpu), indices(DType::i64, {2, 1}, gpu);
+    Buffer host_x(DType::f32, {2, 8}), host_indices(DType::i64, {2, 1});
+    host_indices.data<int64_t>()[0] = 0;
+    host_indices.data<int64_t>()[1] = (int64_t(1) << 32) + 1;  // low 32 bits: expert 1
+    copy(x, host_x);
+    copy(indices, host_indices);
+    a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor());
+    synchronize(comm.stream());
+    copy(host_counts, counts);
+    try {
+      a2a.check_errors();
+    } catch (const Error& e) {
+      raised = e.what();
+    }
+  }, Device::cuda(0));
+  EXPECT_EQ(host_counts.data<int32_t>()[0], 1);
+  EXPECT_EQ(host_counts.data<int32_t>()[1], 0) << "the slot went to the expert of its low bits";
+  EXPECT_NE(raised.find("indices[1, 0] = -2147483648 is outside [-1, 2)"), std::string::npos)
+      << raised;
+  EXPECT_NE(raised.find("an int64 index outside int32 reads as this"), std::string::npos);
 }
 
 // Indices the host cannot check (they are in device memory): on rank 0, one out of range and

@@ -4,6 +4,7 @@
 // stream. Nothing here waits for the device, so dispatch + combine can be captured in a graph.
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstddef>
 #include <cstring>
 #include <span>
@@ -94,6 +95,10 @@ class CudaAllToAll final : public AllToAllBackend {
     const size_t error = reserve(sizeof(cuda::ErrorWord));
     const size_t owners_ready = reserve(sizeof(int32_t));
     const size_t round = reserve(sizeof(cuda::Round));  // zeroed: dispatch(send) comes first
+    // i64 indices narrowed for the kernels, one copy per op: combine's must outlive dispatch's.
+    const size_t index_count = size_t(config.max_num_tokens) * config.experts_per_token;
+    const size_t dispatch_indices = reserve(sizeof(int32_t) * index_count);
+    const size_t combine_indices = reserve(sizeof(int32_t) * index_count);
     PMOE_CUDA_CHECK(cudaMalloc(&scratch_, scratch_bytes_));
     PMOE_CUDA_CHECK(cudaMemset(scratch_, 0, scratch_bytes_));
     auto* base = static_cast<std::byte*>(scratch_);
@@ -114,6 +119,8 @@ class CudaAllToAll final : public AllToAllBackend {
     p.error = reinterpret_cast<cuda::ErrorWord*>(base + error);
     p.owners_ready = reinterpret_cast<int32_t*>(base + owners_ready);
     p.round = reinterpret_cast<cuda::Round*>(base + round);
+    dispatch_indices_ = reinterpret_cast<int32_t*>(base + dispatch_indices);
+    combine_indices_ = reinterpret_cast<int32_t*>(base + combine_indices);
     PMOE_CUDA_CHECK(cudaHostAlloc(&error_host_, sizeof(cuda::ErrorWord), cudaHostAllocMapped));
     std::memset(error_host_, 0, sizeof(cuda::ErrorWord));
     cuda::ErrorWord* mirror = nullptr;
@@ -168,6 +175,7 @@ class CudaAllToAll final : public AllToAllBackend {
     enter();
     AllToAllParams p = with_dispatch(a);
     p.fuse_recv = a.recv_follows;
+    narrow_if_wide(a.indices, dispatch_indices_);
     cuda::launch_dispatch_send(p, stream_, blocks_);
     recv_waited_ = a.recv_follows;
   }
@@ -181,6 +189,7 @@ class CudaAllToAll final : public AllToAllBackend {
     params_.y_dtype = int(a.expert_y.dtype());  // named by a later dtype-mismatch report
     AllToAllParams p = with_combine(a);
     p.fuse_recv = a.recv_follows;
+    narrow_if_wide(a.indices, combine_indices_);
     cuda::launch_combine_send(p, stream_, blocks_);
     recv_waited_ = a.recv_follows;
   }
@@ -222,7 +231,8 @@ class CudaAllToAll final : public AllToAllBackend {
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": indices[",
                         r.detail / params_.top_k, ", ", r.detail % params_.top_k, "] = ",
                         r.value, " is outside [-1, ", params_.num_local_experts * params_.world_size,
-                        ") or repeats an expert of its row (the slot was skipped)"));
+                        ") or repeats an expert of its row (the slot was skipped)",
+                        r.value == INT32_MIN ? "; an int64 index outside int32 reads as this" : ""));
       case cuda::kStepOrder:
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, " (", device_.str(),
                         "): the device ran ", kernel, " where it expected ", step_name(r.detail),
@@ -260,11 +270,22 @@ class CudaAllToAll final : public AllToAllBackend {
     }
   }
 
+  // The kernels read i32 indices: the caller's, or i64 ones narrowed into `narrowed` by
+  // narrow_if_wide() at the send (the recv reads the same copy).
+  static const int32_t* indices_for_kernels(const Tensor& indices, const int32_t* narrowed) {
+    return indices.dtype() == DType::i64 ? narrowed : indices.data<int32_t>();
+  }
+  void narrow_if_wide(const Tensor& indices, int32_t* narrowed) const {
+    if (indices.dtype() == DType::i64)
+      cuda::launch_narrow_indices(indices.data<int64_t>(), narrowed, indices.numel(), stream_,
+                                  blocks_);
+  }
+
   AllToAllParams with_dispatch(const DispatchArgs& a) const {
     AllToAllParams p = params_;
     p.x = static_cast<const std::byte*>(a.x.data());
     p.x_scale = a.x_scale.data<float>();
-    p.indices = a.indices.data<int32_t>();
+    p.indices = indices_for_kernels(a.indices, dispatch_indices_);
     p.expert_num_tokens = a.expert_num_tokens.data<int32_t>();
     p.expert_x = static_cast<std::byte*>(a.expert_x.data());
     p.expert_x_scale = a.expert_x_scale.data<float>();
@@ -277,7 +298,7 @@ class CudaAllToAll final : public AllToAllBackend {
     p.expert_y = static_cast<const std::byte*>(a.expert_y.data());
     p.y_elem_bytes = dtype_size(a.expert_y.dtype());
     p.y_dtype = int(a.expert_y.dtype());
-    p.indices = a.indices.data<int32_t>();
+    p.indices = indices_for_kernels(a.indices, combine_indices_);
     p.weights = a.weights.data<float>();
     p.y = static_cast<std::byte*>(a.y.data());
     p.m = a.m;
@@ -294,6 +315,8 @@ class CudaAllToAll final : public AllToAllBackend {
   AllToAllParams params_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  int32_t* dispatch_indices_ = nullptr;  // in scratch_: i64 indices narrowed (narrow_if_wide)
+  int32_t* combine_indices_ = nullptr;
   void* error_host_ = nullptr;
   mutable bool reset_pending_ = false;  // check_errors() raised a non-fatal error
   bool recv_waited_ = false;  // the last send kernel also did the receive's waits

@@ -14,5 +14,8 @@ void launch_dispatch_send(const AllToAllParams& p, cudaStream_t stream, int bloc
 void launch_dispatch_recv(const AllToAllParams& p, cudaStream_t stream, int blocks, bool waited);
 void launch_combine_send(const AllToAllParams& p, cudaStream_t stream, int blocks);
 void launch_combine_recv(const AllToAllParams& p, cudaStream_t stream, int blocks, bool waited);
+// narrow[i] = wide[i] for the n indices, INT32_MIN where a value does not fit (narrow_indices.cu).
+void launch_narrow_indices(const int64_t* wide, int32_t* narrow, int64_t n, cudaStream_t stream,
+                           int blocks);
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR
