@@ -41,6 +41,9 @@ class SocketSymmetricMemory final : public SymmetricMemory {
         transport_(*regions->transport),
         serial_(regions->serial) {
     for (int r = 0; r < size(); ++r) has_remote_peers_ = has_remote_peers_ || peer(r) == nullptr;
+    // A signal from another node arrives in a TCP frame that only progress() applies: waits must
+    // poll, not block on the signal word.
+    if (has_remote_peers_) set_polled_transport();
   }
 
   void put(int r, size_t offset, const void* src, size_t bytes) override {
