@@ -135,7 +135,8 @@ TEST(CommThreads, SignalWaitTimeoutNamesOpPeerAndEvent) {
     }
   });
   EXPECT_NE(error.find("MyOp::step on rank 0: rank 1 did not arrive within 0.2 s (waited for "
-                       "its flag: signal 0 to reach 7, it is at 0)"),
+                       "its flag: signal 0 to reach 7, it is at 0); if rank 1 threw, its own "
+                       "error says why (a call one rank rejects never reaches its peers)"),
             std::string::npos)
       << error;
 }

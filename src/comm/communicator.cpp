@@ -104,7 +104,9 @@ void SymmetricMemory::wait_signal(int slot, uint64_t value, const WaitFor& what)
         throw Error(detail::cat(what.op, " on rank ", rank_, ": rank ", what.peer,
                                 " did not arrive within ", timeout_s_, " s (waited for ",
                                 what.event, ": signal ", slot, " to reach ", value, ", it is at ",
-                                read_signal(slot), ")"));
+                                read_signal(slot), "); if rank ", what.peer,
+                                " threw, its own error says why (a call one rank rejects never "
+                                "reaches its peers)"));
       },
       [&](std::chrono::nanoseconds most) {
         if (polled_transport_) {  // the signal may be in a message only progress() applies
