@@ -15,6 +15,6 @@ if grep -rl -e "$source" -e "$build" "$scratch/prefix/lib/cmake/pmoe"; then
 fi
 mv "$scratch/prefix" "$scratch/moved-prefix"  # relocatable: it works from wherever it lands
 cmake -S "$source/examples/mpi" -B "$scratch/build" -G Ninja \
-      -DCMAKE_PREFIX_PATH="$scratch/moved-prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$scratch/build" >/dev/null
+      -DCMAKE_PREFIX_PATH="$scratch/moved-prefix" -DCMAKE_BUILD_TYPE=Release
+cmake --build "$scratch/build"
 "$mpiexec" -n 2 --oversubscribe "$scratch/build/mpi_all_to_all"
