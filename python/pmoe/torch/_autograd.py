@@ -167,8 +167,8 @@ class AllToAll:
             raise _error(f"indices: dtype {indices.dtype}, expected torch.int32 or torch.int64")
         if indices.dim() != 2 or indices.shape[0] != m or indices.shape[1] != self.top_k:
             raise _error(f"indices: shape {tuple(indices.shape)}, expected [{m}, {self.top_k}]")
-        # pmoe's ops take int32 expert ids; torch.topk gives int64. The conversion costs one small
-        # copy per call until the binding takes int64 itself.
+        # torch.topk gives int64. pmoe's raw ops take it too (and narrow it themselves); this layer
+        # keeps one int32 copy per call, which it also compares between forward and backward.
         return indices.to(torch.int32).contiguous()
 
 
