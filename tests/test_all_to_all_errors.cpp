@@ -222,9 +222,9 @@ TEST(AllToAllErrors, IndexAboveRange) {
 
 // i64 indices are checked as i64: a value whose low 32 bits are a valid expert is still rejected.
 TEST(AllToAllErrors, Int64IndexBeyondInt32) {
-  Buffer wide(DType::i64, {4, 2});
   expect_rejected(small_config(), "indices[1, 0] = 4294967297 is outside [-1, 4)",
                   [&](AllToAll& a, Args& args) {
+                    Buffer wide(DType::i64, {4, 2});  // one per rank: the ranks are threads
                     for (int i = 0; i < 8; ++i)
                       wide.data<int64_t>()[i] = args.in.indices.data<int32_t>()[i];
                     wide.data<int64_t>()[2] = (int64_t(1) << 32) + 1;
