@@ -421,6 +421,71 @@ TEST(AllToAllErrors, DispatchTwice) {
 
 // --- peers that never arrive ----------------------------------------------------------------
 
+// A rank whose call is rejected never reaches its peers; the peers that wait for it time out
+// and say why, from the rank's slot on the rejection board. A later good call clears the slot.
+TEST(AllToAllErrors, PeersThatTimeOutNameTheRejectedCall) {
+  setenv("PMOE_TIMEOUT_S", "0.5", 1);
+  std::vector<std::string> errors(3);
+  run_ranks(3, [&](Communicator& comm) {
+    const AllToAllConfig cfg = make_config(4, 6, 2, 32);
+    AllToAll a2a(comm, cfg);
+    Args args(cfg, 3, comm.rank());
+    if (comm.rank() == 2) {
+      Buffer x_f32(DType::f32, {4, 32});
+      args.x = x_f32;
+      try {
+        args.dispatch(a2a);
+      } catch (const Error&) {
+      }
+      return;  // leaves without a good call: its peers must time out
+    }
+    try {
+      args.dispatch(a2a);
+    } catch (const Error& e) {
+      errors[size_t(comm.rank())] = e.what();
+    }
+  });
+  // A rejection followed by a good call leaves nothing on the board: rank 1's bad dispatch is
+  // followed by a good one, then it skips combine; rank 0's combine times out without naming it.
+  std::string stale;
+  run_ranks(2, [&](Communicator& comm) {
+    const AllToAllConfig cfg = make_config(4, 4, 2, 32);
+    AllToAll a2a(comm, cfg);
+    Args args(cfg, 2, comm.rank());
+    if (comm.rank() == 1) {
+      Buffer x_f32(DType::f32, {4, 32});
+      const Tensor good = args.x;
+      args.x = x_f32;
+      try {
+        args.dispatch(a2a);
+      } catch (const Error&) {
+      }
+      args.x = good;
+    }
+    args.dispatch(a2a);
+    if (comm.rank() == 1) return;
+    try {
+      args.combine(a2a);
+    } catch (const Error& e) {
+      stale = e.what();
+    }
+  });
+  unsetenv("PMOE_TIMEOUT_S");
+  for (int r : {0, 1})
+    EXPECT_NE(errors[size_t(r)].find("rank 2 did not arrive within 0.5 s (waited for its "),
+              std::string::npos)
+        << errors[size_t(r)];
+  for (int r : {0, 1})
+    EXPECT_NE(errors[size_t(r)].find("; rank 2 rejected its call (AllToAll::dispatch: `x` must be "
+                                     "bf16 (bfloat16), got f32 (float32)), and a call one rank "
+                                     "rejects never reaches its peers"),
+              std::string::npos)
+        << errors[size_t(r)];
+  EXPECT_NE(stale.find("rank 1 did not arrive within 0.5 s"), std::string::npos) << stale;
+  EXPECT_EQ(stale.find("rejected its call"), std::string::npos) << stale;
+  EXPECT_NE(stale.find("if rank 1 threw, its own error says why"), std::string::npos) << stale;
+}
+
 TEST(AllToAllErrors, RankThatNeverArrivesIsNamedOnEveryOtherRank) {
   setenv("PMOE_TIMEOUT_S", "1", 1);
   std::vector<std::string> errors(3), after(3);

@@ -124,10 +124,20 @@ class AllToAll {
   void run_step(Step step, const char* op, const std::function<void()>& body);
   // The tokens this call: `rows`, or *bound_m where the host can read it (validated).
   int64_t tokens_this_call(const char* op, int64_t rows, const Tensor& bound_m) const;
+  void dispatch_impl(const Tensor& x, const Tensor& x_scale, const Tensor& indices,
+                     const Tensor& expert_num_tokens, const Tensor& expert_x,
+                     const Tensor& expert_x_scale, Phase phase, const Tensor& bound_m);
+  void combine_impl(const Tensor& expert_y, const Tensor& indices, const Tensor& weights,
+                    const Tensor& y, Phase phase, const Tensor& bound_m);
+  // Runs a call: a pmoe::Error thrown before its first step started is a rejection, which the
+  // communicator posts for peers that will wait for this rank (Communicator::note_rejection).
+  void guarded(const std::function<void()>& call);
   // `indices` as i32: itself, or its i64 values narrowed into `storage` (after their check).
   Tensor indices_i32(const char* op, const Tensor& indices, std::vector<int32_t>& storage) const;
 
   AllToAllConfig config_;
+  Communicator* comm_ = nullptr;
+  bool started_ = false;  // the current call has begun its first step (its checks passed)
   int rank_ = 0;
   int world_size_ = 1;
   int num_local_experts_ = 0;

@@ -57,6 +57,12 @@ class Communicator {
   // Throws if the group has failed (another thread rank threw). Cheap; ops call it at entry.
   void check_group() const;
 
+  // An op on this rank rejected its call (`error`: what it threw), or, with "", a call passed
+  // its checks. A rejected call never reaches the peers, which wait for it; one whose wait times
+  // out names this rank's reason (where it can see it: thread ranks, and MPI ranks of one node).
+  // Costs nothing while there is nothing to clear.
+  void note_rejection(const std::string& error);
+
  protected:
   Communicator(std::shared_ptr<detail::Group> group, Device device);
   const std::shared_ptr<detail::Group>& group() const { return group_; }
@@ -67,6 +73,7 @@ class Communicator {
   Device device_;
   Stream stream_;
   double timeout_s_;
+  bool rejection_noted_ = false;
 };
 
 // Says what a wait was for, so that a timeout names the op, this rank, the peer and the event.
@@ -130,6 +137,8 @@ class SymmetricMemory {
   void set_polled_transport() { polled_transport_ = true; }
 
  private:
+  std::string peer_rejection(int peer) const;  // for a timeout's message
+
   int rank_;
   size_t bytes_;
   int signal_slots_;

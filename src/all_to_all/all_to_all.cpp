@@ -78,7 +78,11 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config)
     : AllToAll(comm, config, comm.device()) {}
 
 AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device device)
-    : config_(config), rank_(comm.rank()), world_size_(comm.size()), device_(device) {
+    : config_(config),
+      comm_(&comm),
+      rank_(comm.rank()),
+      world_size_(comm.size()),
+      device_(device) {
   detail::ConfigAgreement agree("AllToAll");
   agree.field("max_num_tokens", config.max_num_tokens);
   agree.field("num_experts", config.num_experts);
@@ -130,7 +134,19 @@ void AllToAll::enter(Step step, const char* op) {
              detail::step_name(next_), ", got ", detail::step_name(step));
 }
 
+void AllToAll::guarded(const std::function<void()>& call) {
+  started_ = false;
+  try {
+    call();
+  } catch (const Error& e) {
+    if (!started_) comm_->note_rejection(e.what());
+    throw;
+  }
+}
+
 void AllToAll::run_step(Step step, const char* op, const std::function<void()>& body) {
+  if (!started_) comm_->note_rejection("");  // the checks passed: nothing to tell the peers
+  started_ = true;
   try {
     body();
   } catch (const std::exception& e) {
@@ -165,6 +181,15 @@ Tensor AllToAll::indices_i32(const char* op, const Tensor& indices,
 void AllToAll::dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& indices,
                         const Tensor& expert_num_tokens, const Tensor& expert_x,
                         const Tensor& expert_x_scale, Phase phase, const Tensor& bound_m) {
+  guarded([&] {
+    dispatch_impl(x, x_scale, indices, expert_num_tokens, expert_x, expert_x_scale, phase,
+                  bound_m);
+  });
+}
+
+void AllToAll::dispatch_impl(const Tensor& x, const Tensor& x_scale, const Tensor& indices,
+                             const Tensor& expert_num_tokens, const Tensor& expert_x,
+                             const Tensor& expert_x_scale, Phase phase, const Tensor& bound_m) {
   const char* op = op_name(true, phase);
   enter(phase == Phase::recv ? Step::dispatch_recv : Step::dispatch_send, op);
   const int64_t H = config_.hidden_dim, k = config_.experts_per_token;
@@ -214,6 +239,11 @@ void AllToAll::dispatch(const Tensor& x, const Tensor& x_scale, const Tensor& in
 
 void AllToAll::combine(const Tensor& expert_y, const Tensor& indices, const Tensor& weights,
                        const Tensor& y, Phase phase, const Tensor& bound_m) {
+  guarded([&] { combine_impl(expert_y, indices, weights, y, phase, bound_m); });
+}
+
+void AllToAll::combine_impl(const Tensor& expert_y, const Tensor& indices, const Tensor& weights,
+                            const Tensor& y, Phase phase, const Tensor& bound_m) {
   const char* op = op_name(false, phase);
   enter(phase == Phase::recv ? Step::combine_recv : Step::combine_send, op);
   const int64_t H = config_.hidden_dim, k = config_.experts_per_token;

@@ -29,6 +29,12 @@ Communicator::~Communicator() = default;
 
 void Communicator::check_group() const { group_->check(rank()); }
 
+void Communicator::note_rejection(const std::string& error) {
+  if (error.empty() && !rejection_noted_) return;
+  group_->note_rejection(rank(), error);
+  rejection_noted_ = !error.empty();
+}
+
 constexpr size_t kSignalStride = SymmetricMemory::kSignalBytes / sizeof(uint64_t);
 // A signal's 64-byte slot: word 0 is the epoch; word 1 counts the threads blocked on it (any
 // process), so that signal() makes the wake-up system call only when someone sleeps. The futex
@@ -53,6 +59,16 @@ SymmetricMemory::SymmetricMemory(int rank, size_t bytes, int signal_slots,
       device_(device) {}
 
 SymmetricMemory::~SymmetricMemory() = default;
+
+// For a timeout's message: the peer's rejected call where this rank can see it, else a hint.
+std::string SymmetricMemory::peer_rejection(int peer) const {
+  const std::string reason = group_->rejection_of(peer);
+  if (!reason.empty())
+    return detail::cat("; rank ", peer, " rejected its call (", reason,
+                       "), and a call one rank rejects never reaches its peers");
+  return detail::cat("; if rank ", peer, " threw, its own error says why (a call one rank ",
+                     "rejects never reaches its peers)");
+}
 
 uint64_t* SymmetricMemory::signal_word(int r, int slot) const {
   return peer_signals_[r] + size_t(slot) * kSignalStride;
@@ -104,9 +120,7 @@ void SymmetricMemory::wait_signal(int slot, uint64_t value, const WaitFor& what)
         throw Error(detail::cat(what.op, " on rank ", rank_, ": rank ", what.peer,
                                 " did not arrive within ", timeout_s_, " s (waited for ",
                                 what.event, ": signal ", slot, " to reach ", value, ", it is at ",
-                                read_signal(slot), "); if rank ", what.peer,
-                                " threw, its own error says why (a call one rank rejects never "
-                                "reaches its peers)"));
+                                read_signal(slot), ")", peer_rejection(what.peer)));
       },
       [&](std::chrono::nanoseconds most) {
         if (polled_transport_) {  // the signal may be in a message only progress() applies

@@ -20,6 +20,16 @@ void Group::check(int rank) {
                   " failed: ", failure_));
 }
 
+void Group::note_rejection(int rank, const std::string& text) {
+  if (size_t(rank) < slots_.size() && slots_[size_t(rank)])
+    write_rejection(*slots_[size_t(rank)], text);
+}
+
+std::string Group::rejection_of(int rank) const {
+  if (size_t(rank) >= slots_.size() || !slots_[size_t(rank)]) return "";
+  return read_rejection(*slots_[size_t(rank)]);
+}
+
 void Group::fail(int rank, const std::string& message) {
   std::lock_guard lock(mutex_);
   if (failed()) return;

@@ -8,6 +8,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
+
+#include "comm/rejection_board.hpp"
 
 namespace pmoe::detail {
 
@@ -27,6 +30,17 @@ class Group {
   // Set once, at set-up, before any wait.
   void set_peer_watch(std::shared_ptr<PeerWatch> watch) { watch_ = std::move(watch); }
 
+  // The rejection board (rejection_board.hpp): slots[r] is rank r's slot, or null where this
+  // process cannot see it. Set once, at set-up; `keepalive` owns the memory.
+  void set_rejection_slots(std::vector<RejectionSlot*> slots, std::shared_ptr<void> keepalive) {
+    slots_ = std::move(slots);
+    slots_keepalive_ = std::move(keepalive);
+  }
+  // Records (or, with "", clears) what `rank` rejected.
+  void note_rejection(int rank, const std::string& text);
+  // What `rank` last rejected, or "" (none, cleared since, or out of sight).
+  std::string rejection_of(int rank) const;
+
  private:
   static constexpr int kPeerEnded = -2;  // failed_rank_ when the watch saw processes end
 
@@ -35,6 +49,8 @@ class Group {
   int failed_rank_ = -1;
   std::string failure_;
   std::shared_ptr<PeerWatch> watch_;
+  std::vector<RejectionSlot*> slots_;
+  std::shared_ptr<void> slots_keepalive_;
 };
 
 }  // namespace pmoe::detail

@@ -239,6 +239,27 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device device)
     CPU_OR(&node_cpus, &node_cpus, &theirs);
   }
   detail::note_ranks_on_node(node_size, CPU_COUNT(&node_cpus));
+
+  // The rejection board: a slot per rank in node-shared memory, one small segment each.
+  auto board = std::make_shared<MpiRegions>();
+  std::vector<std::byte*> slots(size_t(size_), nullptr);
+  auto name_of = [&](int r) { return detail::cat("/", job_id_, ".board.", r); };
+  auto agree = [&](const std::string& my_error, const char* step) {
+    char text[200] = {};
+    std::strncpy(text, my_error.c_str(), sizeof text - 1);
+    const auto all = all_gather(std::as_bytes(std::span(text)));
+    for (int r = 0; r < size_; ++r) {
+      const char* theirs = reinterpret_cast<const char*>(all.data()) + size_t(r) * sizeof text;
+      PMOE_CHECK(theirs[0] == '\0', "MpiCommunicator: the rejection board (", step,
+                 ") failed on rank ", r, ": ", std::string(theirs, strnlen(theirs, sizeof text)));
+    }
+  };
+  map_host_regions(*board, slots, sizeof(detail::RejectionSlot), rank_, node_ranks_, name_of,
+                   agree);
+  std::vector<detail::RejectionSlot*> board_slots(size_t(size_), nullptr);
+  for (int r = 0; r < size_; ++r)
+    board_slots[size_t(r)] = reinterpret_cast<detail::RejectionSlot*>(slots[size_t(r)]);
+  group()->set_rejection_slots(std::move(board_slots), board);
 }
 
 MpiCommunicator::~MpiCommunicator() {

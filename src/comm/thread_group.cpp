@@ -16,13 +16,18 @@ namespace pmoe {
 namespace {
 
 struct ThreadGroup final : detail::Group {
-  explicit ThreadGroup(int n) : size(n), arrivals(n), exchange(n), regions(n) {}
+  explicit ThreadGroup(int n) : size(n), arrivals(n), exchange(n), regions(n), board(n) {
+    std::vector<detail::RejectionSlot*> slots;
+    for (auto& slot : board) slots.push_back(&slot);
+    set_rejection_slots(std::move(slots), nullptr);  // the board is this object's own
+  }
 
   const int size;
   std::vector<std::atomic<uint64_t>> arrivals;  // barriers entered, per rank
   std::mutex mutex;                              // guards exchange and regions
   std::vector<std::vector<std::byte>> exchange;  // all_gather staging, one entry per rank
   std::vector<std::shared_ptr<std::byte>> regions;  // alloc_symmetric staging
+  std::vector<detail::RejectionSlot> board;          // one zeroed slot per rank
 };
 
 // Heap regions shared by pointer: every peer is load/store reachable, so the base class's

@@ -23,6 +23,7 @@ class OverlapOp {
   OverlapOp(Communicator& comm, const OverlapConfig& config, Device device, bool gather)
       : name_(gather ? "AllGatherGemm" : "GemmReduceScatter"),
         config_(config),
+        comm_(comm),
         rank_(comm.rank()),
         world_size_(comm.size()),
         device_(device) {
@@ -85,12 +86,18 @@ class OverlapOp {
  private:
   void call(const std::string& op, const Tensor& A, const Tensor& B, const Tensor& C,
             const std::function<void(const OverlapArgs&)>& body) {
-    PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this ", name_,
-               " is unusable since an earlier call failed while waiting for peers (", broken_,
-               "); create a new one");
-    check_tensor(op, "A", A, config_.dtype, device_, {a_shape_[0], a_shape_[1]});
-    check_tensor(op, "B", B, config_.dtype, device_, {b_shape_[0], b_shape_[1]});
-    check_tensor(op, "C", C, config_.dtype, device_, {c_shape_[0], c_shape_[1]});
+    try {
+      PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this ", name_,
+                 " is unusable since an earlier call failed while waiting for peers (", broken_,
+                 "); create a new one");
+      check_tensor(op, "A", A, config_.dtype, device_, {a_shape_[0], a_shape_[1]});
+      check_tensor(op, "B", B, config_.dtype, device_, {b_shape_[0], b_shape_[1]});
+      check_tensor(op, "C", C, config_.dtype, device_, {c_shape_[0], c_shape_[1]});
+    } catch (const Error& e) {
+      comm_.note_rejection(e.what());  // the peers will wait for this call: tell them why
+      throw;
+    }
+    comm_.note_rejection("");
     try {
       body({A, B, C});
     } catch (const std::exception& e) {
@@ -101,6 +108,7 @@ class OverlapOp {
 
   const char* name_;
   OverlapConfig config_;
+  Communicator& comm_;  // outlives the op (its waits run on the communicator's group)
   int rank_, world_size_;
   Device device_;
   std::array<int64_t, 2> a_shape_{}, b_shape_{}, c_shape_{};

@@ -6,7 +6,10 @@
 set -uo pipefail
 mpiexec=$1
 binary=$2
-prefix=${PMOE_SHM_PREFIX:-pmoe}
+# A prefix of this run's own, so that the check below sees only its segments, not those of tests
+# that ctest runs beside it.
+prefix=${PMOE_SHM_PREFIX:-pmoe}-dead$$
+export PMOE_SHM_PREFIX=$prefix
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
