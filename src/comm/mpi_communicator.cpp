@@ -16,6 +16,7 @@
 #include <functional>
 
 #include "comm/group.hpp"
+#include "comm/routed_memory.hpp"
 #include "comm/peer_watch.hpp"
 #include "core/device_runtime.hpp"
 #include "comm/mpi_transport.hpp"
@@ -56,41 +57,7 @@ struct MpiRegions {
   }
 };
 
-class MpiSymmetricMemory final : public SymmetricMemory {
- public:
-  MpiSymmetricMemory(int rank, size_t bytes, int signal_slots, std::vector<std::byte*> data,
-                     std::vector<uint64_t*> signals, std::shared_ptr<MpiRegions> regions,
-                     std::shared_ptr<detail::Group> group, double timeout_s)
-      : SymmetricMemory(rank, bytes, signal_slots, std::move(data), std::move(signals), regions,
-                        std::move(group), timeout_s, regions->device),
-        transport_(*regions->transport),
-        serial_(regions->serial) {
-    for (int r = 0; r < size(); ++r) has_remote_peers_ = has_remote_peers_ || peer(r) == nullptr;
-    if (has_remote_peers_) set_polled_transport();
-  }
-
-  void put(int r, size_t offset, const void* src, size_t bytes) override {
-    if (peer(r)) return SymmetricMemory::put(r, offset, src, bytes);
-    transport_.put(r, serial_, offset, src, bytes);
-  }
-
-  void signal(int r, int slot, uint64_t value) override {
-    if (peer(r)) return SymmetricMemory::signal(r, slot, value);
-    transport_.signal(r, serial_, slot, value);
-  }
-
- protected:
-  // Only off-node traffic needs MPI: with every peer on the node, waits make no MPI call, so
-  // a second thread of the rank may wait too (MPI runs MPI_THREAD_SERIALIZED).
-  void progress() const override {
-    if (has_remote_peers_) transport_.progress();
-  }
-
- private:
-  detail::MpiTransport& transport_;  // owned through the regions (the keepalive)
-  uint64_t serial_;
-  bool has_remote_peers_ = false;
-};
+using MpiSymmetricMemory = detail::RoutedSymmetricMemory<detail::MpiTransport, MpiRegions>;
 
 
 using Agree = std::function<void(const std::string& my_error, const char* step)>;
@@ -348,7 +315,8 @@ std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
   if (device().kind == Device::Kind::cpu)  // off-node messages land in host memory only
     transport_->add_region(serial, data[size_t(rank_)], signals[size_t(rank_)]);
   return std::make_unique<MpiSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
-                                              std::move(signals), regions, group(), timeout_s());
+                                              std::move(signals), regions, group(), timeout_s(),
+                                              regions->device);
 }
 
 }  // namespace pmoe

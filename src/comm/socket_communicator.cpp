@@ -13,6 +13,7 @@
 #include <functional>
 
 #include "comm/group.hpp"
+#include "comm/routed_memory.hpp"
 #include "comm/shm_segment.hpp"
 #include "comm/socket_transport.hpp"
 #include "pmoe/error.hpp"
@@ -31,41 +32,7 @@ struct SocketRegions {
   }
 };
 
-class SocketSymmetricMemory final : public SymmetricMemory {
- public:
-  SocketSymmetricMemory(int rank, size_t bytes, int signal_slots, std::vector<std::byte*> data,
-                        std::vector<uint64_t*> signals, std::shared_ptr<SocketRegions> regions,
-                        std::shared_ptr<detail::Group> group, double timeout_s)
-      : SymmetricMemory(rank, bytes, signal_slots, std::move(data), std::move(signals), regions,
-                        std::move(group), timeout_s),
-        transport_(*regions->transport),
-        serial_(regions->serial) {
-    for (int r = 0; r < size(); ++r) has_remote_peers_ = has_remote_peers_ || peer(r) == nullptr;
-    // A signal from another node arrives in a TCP frame that only progress() applies: waits must
-    // poll, not block on the signal word.
-    if (has_remote_peers_) set_polled_transport();
-  }
-
-  void put(int r, size_t offset, const void* src, size_t bytes) override {
-    if (peer(r)) return SymmetricMemory::put(r, offset, src, bytes);
-    transport_.put(r, serial_, offset, src, bytes);
-  }
-
-  void signal(int r, int slot, uint64_t value) override {
-    if (peer(r)) return SymmetricMemory::signal(r, slot, value);
-    transport_.signal(r, serial_, slot, value);
-  }
-
- protected:
-  void progress() const override {
-    if (has_remote_peers_) transport_.progress();
-  }
-
- private:
-  detail::SocketTransport& transport_;  // owned through the regions (the keepalive)
-  uint64_t serial_;
-  bool has_remote_peers_ = false;
-};
+using SocketSymmetricMemory = detail::RoutedSymmetricMemory<detail::SocketTransport, SocketRegions>;
 
 // FNV-1a over the strings and their lengths: a digest that ranks compare to agree on set-up.
 uint64_t digest(const std::vector<std::string>& parts) {
@@ -251,7 +218,8 @@ std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric(size_t byte
   agree(error, "map");
   detail::ShmSegment::unlink(name_of(rank_));  // every peer has mapped it: drop the name
   return std::make_unique<SocketSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
-                                                 std::move(signals), regions, group(), timeout_s());
+                                                 std::move(signals), regions, group(), timeout_s(),
+                                                 Device::cpu());
 }
 
 }  // namespace pmoe
