@@ -15,6 +15,7 @@
 #include <cstring>
 #include <functional>
 
+#include "comm/agree_on_step.hpp"
 #include "comm/group.hpp"
 #include "comm/routed_memory.hpp"
 #include "comm/peer_watch.hpp"
@@ -135,19 +136,6 @@ void map_device_regions(MpiRegions& regions, std::vector<std::byte*>& data, size
   agree(error, "IPC open");
 }
 
-// Ends a set-up step with an exchange of error texts, so that a failure on one rank becomes an
-// error on every rank ("<step> failed on rank r: ...") instead of a wait that times out.
-void agree_on_step(Communicator& comm, const std::string& my_error, const std::string& step) {
-  char text[200] = {};
-  std::strncpy(text, my_error.c_str(), sizeof text - 1);
-  const auto all = comm.all_gather(std::as_bytes(std::span(text)));
-  for (int r = 0; r < comm.size(); ++r) {
-    const char* theirs = reinterpret_cast<const char*>(all.data()) + size_t(r) * sizeof text;
-    PMOE_CHECK(theirs[0] == '\0', step, " failed on rank ", r, ": ",
-               std::string(theirs, strnlen(theirs, sizeof text)));
-  }
-}
-
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device device)
@@ -225,7 +213,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device device)
   std::vector<std::byte*> slots(size_t(size_), nullptr);
   auto name_of = [&](int r) { return detail::cat("/", job_id_, ".board.", r); };
   auto agree = [&](const std::string& my_error, const char* step) {
-    agree_on_step(*this, my_error, detail::cat("MpiCommunicator: the rejection board (", step, ")"));
+    detail::agree_on_step(*this, my_error,
+                          detail::cat("MpiCommunicator: the rejection board (", step, ")"));
   };
   map_host_regions(*board, slots, sizeof(detail::RejectionSlot), rank_, node_ranks_, name_of,
                    agree);
@@ -295,7 +284,7 @@ std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
   auto name_of = [&](int r) { return detail::cat("/", job_id_, ".", serial, ".", r); };
 
   auto agree = [&](const std::string& my_error, const char* step) {
-    agree_on_step(*this, my_error, detail::cat("alloc_symmetric (", step, ")"));
+    detail::agree_on_step(*this, my_error, detail::cat("alloc_symmetric (", step, ")"));
   };
 
   auto regions = std::make_shared<MpiRegions>();

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 
+#include "comm/agree_on_step.hpp"
 #include "comm/group.hpp"
 #include "comm/routed_memory.hpp"
 #include "comm/shm_segment.hpp"
@@ -174,17 +175,8 @@ std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric(size_t byte
     return detail::cat("/", detail::shm_prefix(), ".torch.", job_id_, ".", serial, ".", r);
   };
 
-  // Each step ends with an exchange of error texts, so that a failure on one rank becomes an
-  // error on every rank instead of a wait that times out.
   auto agree = [&](const std::string& my_error, const char* step) {
-    char text[200] = {};
-    std::strncpy(text, my_error.c_str(), sizeof text - 1);
-    const auto all = all_gather(std::as_bytes(std::span(text)));
-    for (int r = 0; r < size_; ++r) {
-      const char* theirs = reinterpret_cast<const char*>(all.data()) + size_t(r) * sizeof text;
-      PMOE_CHECK(theirs[0] == '\0', "alloc_symmetric (", step, ") failed on rank ", r, ": ",
-                 std::string(theirs, strnlen(theirs, sizeof text)));
-    }
+    detail::agree_on_step(*this, my_error, detail::cat("alloc_symmetric (", step, ")"));
   };
 
   auto regions = std::make_shared<SocketRegions>();
