@@ -20,6 +20,7 @@
 
 #include "comm/shm_segment.hpp"
 #include "cuda/emulator/streams.hpp"
+#include "pmoe/error.hpp"
 
 namespace pmoe::emu {
 
@@ -206,11 +207,14 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
     // A name nobody can guess, made only now, linked to the file the memory already lives in.
     std::random_device entropy;
     char name[sizeof IpcHandle{}.name];
-    // Under the shared-memory prefix (PMOE_SHM_PREFIX), so that tests find any left behind; a
-    // prefix too long for the handle falls back to the default one.
+    // Under the shared-memory prefix (PMOE_SHM_PREFIX), so that tests find any left behind. The
+    // name travels in the 64-byte handle: "/" prefix ".emu." 16 hex digits and a NUL must fit.
     const unsigned high = entropy(), low = entropy();
-    std::string prefix = pmoe::detail::shm_prefix();
-    if (prefix.size() > sizeof IpcHandle{}.name - 23) prefix = "pmoe";
+    const std::string prefix = pmoe::detail::shm_prefix();
+    constexpr size_t kMaxPrefix = sizeof IpcHandle{}.name - 23;
+    PMOE_CHECK(prefix.size() <= kMaxPrefix, "PMOE_SHM_PREFIX '", prefix, "' is ", prefix.size(),
+               " characters; the emulated CUDA device's IPC names (in a 64-byte "
+               "cudaIpcMemHandle_t) fit a prefix of at most ", kMaxPrefix);
     std::snprintf(name, sizeof name, "/%s.emu.%08x%08x", prefix.c_str(), high, low);
     const std::string from = "/proc/self/fd/" + std::to_string(a.fd);
     const std::string to = std::string("/dev/shm") + name;
