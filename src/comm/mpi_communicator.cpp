@@ -134,6 +134,7 @@ void map_device_regions(MpiRegions& regions, std::vector<std::byte*>& data, size
     }
   }
   agree(error, "IPC open");
+  detail::ipc_opened_by_all(regions.device_memory);  // every peer has mapped it: drop the name
 }
 
 }  // namespace

@@ -81,5 +81,28 @@ TEST(EmulatedIpc, PrefixTooLongForTheHandleIsRefused) {
   ASSERT_EQ(cudaFree(p), cudaSuccess);
 }
 
+TEST(EmulatedIpc, DroppedNameLeavesTheMappingsAndNoLaterHandle) {
+  const std::string prefix = prefix_of_length(20);
+  ScopedPrefix scoped(prefix);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 4096), cudaSuccess);
+  cudaIpcMemHandle_t handle;
+  ASSERT_EQ(cudaIpcGetMemHandle(&handle, p), cudaSuccess);
+  void* mapped = nullptr;
+  ASSERT_EQ(cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess), cudaSuccess);
+  emu::ipc_drop_name(p);
+  EXPECT_EQ(shm_names(prefix).size(), 0u) << "the name outlived ipc_drop_name";
+  static_cast<int*>(p)[0] = 1234;  // the open mapping still reaches the memory
+  EXPECT_EQ(static_cast<int*>(mapped)[0], 1234);
+  void* stale = nullptr;
+  EXPECT_NE(cudaIpcOpenMemHandle(&stale, handle, 0), cudaSuccess) << "the old name still opens";
+  EXPECT_EQ(cudaIpcGetMemHandle(&handle, p), cudaErrorNotSupported) << "no name can be made again";
+  (void)cudaGetLastError();
+  EXPECT_EQ(shm_names(prefix).size(), 0u);
+  EXPECT_EQ(cudaIpcCloseMemHandle(mapped), cudaSuccess);
+  ASSERT_EQ(cudaFree(p), cudaSuccess);
+  EXPECT_EQ(shm_names(prefix).size(), 0u);
+}
+
 }  // namespace
 }  // namespace pmoe

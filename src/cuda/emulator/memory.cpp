@@ -2,8 +2,9 @@
 //
 // Device memory is a shared-memory file (an unnamed O_TMPFILE in /dev/shm, or a memfd) mapped
 // into the process, so that cudaIpcGetMemHandle can give it a name another process opens. The
-// name exists only from the first handle until cudaFree. New device memory is filled with 0xcd,
-// not zeros: a kernel that reads what nobody wrote sees garbage, as it may on a GPU.
+// name exists only from the first handle until every peer has opened it (ipc_drop_name) or
+// cudaFree. New device memory is filled with 0xcd, not zeros: a kernel that reads what nobody
+// wrote sees garbage, as it may on a GPU.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -248,6 +249,18 @@ cudaError_t cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t handle, unsigned
   *ptr = p;
   return cudaSuccess;
 }
+
+}  // namespace cuda_api
+
+void ipc_drop_name(void* ptr) {
+  std::lock_guard lock(mutex);
+  auto it = device_allocations().find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == device_allocations().end() || it->second.name.empty()) return;
+  shm_unlink(it->second.name.c_str());
+  it->second.name.clear();
+}
+
+namespace cuda_api {
 
 cudaError_t cudaIpcCloseMemHandle(void* ptr) {
   Allocation allocation;
