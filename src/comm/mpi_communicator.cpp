@@ -21,6 +21,7 @@
 #include "comm/peer_watch.hpp"
 #include "core/device_runtime.hpp"
 #include "comm/mpi_transport.hpp"
+#include "comm/node_segments.hpp"
 #include "comm/shm_segment.hpp"
 #include "comm/wait.hpp"
 #include "pmoe/error.hpp"
@@ -60,46 +61,7 @@ struct MpiRegions {
 
 using MpiSymmetricMemory = detail::RoutedSymmetricMemory<detail::MpiTransport, MpiRegions>;
 
-
-using Agree = std::function<void(const std::string& my_error, const char* step)>;
-
-// Node peers' memory through POSIX shared memory: each rank creates its segment, maps its
-// peers', and unlinks its name once every peer has mapped it. If set-up fails anywhere (a peer
-// died, /dev/shm is full), every rank unlinks every node peer's name as it leaves: a name whose
-// creator was killed between create and unlink is removed by the survivors.
-void map_host_regions(MpiRegions& regions, std::vector<std::byte*>& data, size_t total, int rank,
-                      const std::vector<int>& node_ranks,
-                      const std::function<std::string(int)>& name_of, const Agree& agree) {
-  struct UnlinkOnFailure {
-    const std::vector<int>& ranks;
-    const std::function<std::string(int)>& name_of;
-    bool armed = true;
-    ~UnlinkOnFailure() {
-      if (armed)
-        for (int r : ranks) detail::ShmSegment::unlink(name_of(r));
-    }
-  } guard{node_ranks, name_of};
-  std::string error;
-  try {
-    regions.segments.push_back(detail::ShmSegment::create(name_of(rank), total));
-    data[size_t(rank)] = regions.segments.back().data();
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  agree(error, "create");
-  for (int r : node_ranks) {
-    if (r == rank) continue;
-    try {
-      regions.segments.push_back(detail::ShmSegment::open(name_of(r), total));
-      data[size_t(r)] = regions.segments.back().data();
-    } catch (const Error& e) {
-      error = e.what();
-    }
-  }
-  agree(error, "map");
-  guard.armed = false;
-  detail::ShmSegment::unlink(name_of(rank));  // every peer has mapped it: drop the name
-}
+using Agree = detail::AgreeOnStep;
 
 // Node peers' device memory through CUDA IPC: each rank allocates on its GPU, and opens every
 // peer's handle. Every rank must be on this node (no off-node GPU transport yet).
@@ -217,8 +179,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device device)
     detail::agree_on_step(*this, my_error,
                           detail::cat("MpiCommunicator: the rejection board (", step, ")"));
   };
-  map_host_regions(*board, slots, sizeof(detail::RejectionSlot), rank_, node_ranks_, name_of,
-                   agree);
+  detail::map_node_segments(board->segments, slots, sizeof(detail::RejectionSlot), rank_,
+                            node_ranks_, name_of, agree);
   std::vector<detail::RejectionSlot*> board_slots(size_t(size_), nullptr);
   for (int r = 0; r < size_; ++r)
     board_slots[size_t(r)] = reinterpret_cast<detail::RejectionSlot*>(slots[size_t(r)]);
@@ -294,7 +256,7 @@ std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
   if (device().kind == Device::Kind::cuda) {
     map_device_regions(*regions, data, total, *this, node_ranks_, agree);
   } else {
-    map_host_regions(*regions, data, total, rank_, node_ranks_, name_of, agree);
+    detail::map_node_segments(regions->segments, data, total, rank_, node_ranks_, name_of, agree);
   }
 
   std::vector<uint64_t*> signals(size_t(size_), nullptr);

@@ -14,6 +14,7 @@
 
 #include "comm/agree_on_step.hpp"
 #include "comm/group.hpp"
+#include "comm/node_segments.hpp"
 #include "comm/routed_memory.hpp"
 #include "comm/shm_segment.hpp"
 #include "comm/socket_transport.hpp"
@@ -181,34 +182,19 @@ std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric(size_t byte
 
   auto regions = std::make_shared<SocketRegions>();
   std::vector<std::byte*> data(size_t(size_), nullptr);
-  std::string error;
-  try {
-    regions->segments.push_back(detail::ShmSegment::create(name_of(rank_), total));
-    data[size_t(rank_)] = regions->segments.back().data();
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  agree(error, "create");
-  for (int r : node_ranks_) {
-    if (r == rank_) continue;
-    try {
-      regions->segments.push_back(detail::ShmSegment::open(name_of(r), total));
-      data[size_t(r)] = regions->segments.back().data();
-    } catch (const Error& e) {
-      error = e.what();
-    }
-  }
   std::vector<uint64_t*> signals(size_t(size_), nullptr);
-  for (int r = 0; r < size_; ++r)
-    if (data[size_t(r)])
-      signals[size_t(r)] = reinterpret_cast<uint64_t*>(data[size_t(r)] + data_bytes);
   // Registered before the last exchange: a peer puts only after that exchange, so its frames
   // never find this region missing.
-  regions->transport = transport_;
-  regions->serial = serial;
-  transport_->add_region(serial, data[size_t(rank_)], signals[size_t(rank_)]);
-  agree(error, "map");
-  detail::ShmSegment::unlink(name_of(rank_));  // every peer has mapped it: drop the name
+  auto register_region = [&] {
+    for (int r = 0; r < size_; ++r)
+      if (data[size_t(r)])
+        signals[size_t(r)] = reinterpret_cast<uint64_t*>(data[size_t(r)] + data_bytes);
+    regions->transport = transport_;
+    regions->serial = serial;
+    transport_->add_region(serial, data[size_t(rank_)], signals[size_t(rank_)]);
+  };
+  detail::map_node_segments(regions->segments, data, total, rank_, node_ranks_, name_of, agree,
+                            register_region);
   return std::make_unique<SocketSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
                                                  std::move(signals), regions, group(), timeout_s(),
                                                  Device::cpu());
