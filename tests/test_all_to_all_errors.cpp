@@ -261,6 +261,23 @@ TEST(AllToAllErrors, RepeatedExpertInRow) {
                   });
 }
 
+TEST(AllToAllErrors, RepeatedExpertInInt64Row) {
+  // k = 3 so that a masked slot lies between the two: -1 is never a repeat, 2 is.
+  AllToAllConfig cfg = small_config();
+  cfg.experts_per_token = 3;
+  expect_rejected(cfg, "expert 2 appears twice in row 2 of indices (slots 0 and 2)",
+                  [&](AllToAll& a, Args& args) {
+                    Buffer wide(DType::i64, {4, 3});  // one per rank: the ranks are threads
+                    for (int i = 0; i < 12; ++i)
+                      wide.data<int64_t>()[i] = args.in.indices.data<int32_t>()[i];
+                    for (int t = 0; t < 4; ++t)  // rows 0, 1, 3 pass: a -1 in the middle
+                      wide.data<int64_t>()[t * 3 + 1] = -1;
+                    wide.data<int64_t>()[6] = wide.data<int64_t>()[8] = 2;
+                    args.indices = wide;
+                    args.dispatch(a);
+                  });
+}
+
 TEST(AllToAllErrors, F8WithoutScales) {
   expect_rejected(small_config(DType::f8e4m3, 16), "`x_scale` is missing (expected f32 [4, 2])",
                   [&](AllToAll& a, Args& args) { args.x_scale = Tensor(); args.dispatch(a); });

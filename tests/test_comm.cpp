@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/agree_on_step.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
 
@@ -150,6 +151,25 @@ TEST(CommThreads, BadTimeoutSettingIsRejected) {
     EXPECT_NE(std::string(e.what()).find("PMOE_TIMEOUT_S must be a positive number"),
               std::string::npos);
   }
+}
+
+TEST(CommThreads, SetUpErrorOfOneRankIsRaisedOnEveryRank) {
+  // 3 thread ranks; agree_on_step is the MPI and socket communicators' set-up error exchange.
+  constexpr int W = 3;
+  std::vector<std::string> errors(W);
+  run_ranks(W, [&](Communicator& comm) {
+    detail::agree_on_step(comm, "", "step 1");  // nobody failed: no error
+    const std::string mine = comm.rank() == 1 ? std::string(300, 'x') : "";
+    try {
+      detail::agree_on_step(comm, mine, "alloc_symmetric (map)");
+    } catch (const Error& e) {
+      errors[size_t(comm.rank())] = e.what();
+    }
+  });
+  const std::string want = "alloc_symmetric (map) failed on rank 1: " + std::string(199, 'x');
+  for (int r = 0; r < W; ++r) EXPECT_NE(errors[size_t(r)].find(want), std::string::npos) << r;
+  for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)].find(std::string(200, 'x')),
+                                        std::string::npos) << "the text is cut at 199 bytes";
 }
 
 TEST(CommThreads, ZeroRanksIsRejected) {

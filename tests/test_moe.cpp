@@ -267,5 +267,41 @@ TEST(MoeShards, RowsSplitEvenlyFirstRanksTakeTheRest) {
   EXPECT_EQ(shard_rows(2, 4, 3).size(), 0);
 }
 
+// One bf16 layer's output judged element by element: outputs whose terms nearly cancel (|y| far
+// below the terms summed) may be off by a rounding of those terms, and are not failed for it; an
+// error larger than that still fails. Before, errors were relative to max |y|, so a layer whose
+// outputs all cancel failed for its roundings.
+TEST(MoeReference, OutputsThatCancelAreJudgedByTheMagnitudeOfTheirTerms) {
+  MoeConfig c;
+  c.feature_dim = 16, c.ffn_dim = 32, c.num_experts = 4, c.top_k = 2;
+  c.act = Activation::swiglu, c.dtype = DType::bf16, c.seed = 5;
+  const int tokens = 6, O = c.out_dim();
+  const Buffer x = reference::make_moe_input(c, tokens, 3);
+  const auto real = reference::reference_moe(c, x, reference::all_rows(tokens));
+  double smallest_ratio = INFINITY;
+  for (size_t i = 0; i < real.y.size(); ++i) {  // the magnitude bounds the output it made
+    ASSERT_GE(real.magnitude[i], std::abs(real.y[i]) * (1 - 1e-12)) << i;
+    smallest_ratio = std::min(smallest_ratio, real.magnitude[i] / std::abs(real.y[i]));
+  }
+  EXPECT_GE(smallest_ratio, 1.0);
+
+  // The same terms, summing to almost nothing: y = +-1e-3 everywhere; got = y plus a third of
+  // bf16's rounding (2^-9) of the terms (an error a correct layer may make), then plus 3x it.
+  reference::MoeExpected cancel = real;
+  for (size_t i = 0; i < cancel.y.size(); ++i) cancel.y[i] = i % 2 ? 1e-3 : -1e-3;
+  for (double off : {0.35 * std::ldexp(1.0, -9), 3 * reference::moe_tolerance(c.dtype)}) {
+    Buffer got(DType::bf16, {tokens, O});
+    for (size_t i = 0; i < cancel.y.size(); ++i)
+      got.data<bf16>()[i] = to_bf16(float(cancel.y[i] + off * cancel.magnitude[i]));
+    const auto cmp = reference::compare_moe(c, cancel, got, 0, reference::moe_tolerance(c.dtype));
+    EXPECT_EQ(cmp.compared, tokens - cmp.skipped);
+    if (off < reference::moe_tolerance(c.dtype))
+      EXPECT_EQ(cmp.error, "") << "a rounding of the terms failed a correct output";
+    else
+      EXPECT_NE(cmp.error.find("relative to the magnitude of its terms"), std::string::npos)
+          << "an error of 3x the tolerance passed: " << cmp.max_error;
+  }
+}
+
 }  // namespace
 }  // namespace pmoe::testing

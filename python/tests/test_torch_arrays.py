@@ -75,3 +75,41 @@ def test_raw_ops_refuse_what_they_cannot_take_with_pmoe_error():
         op.dispatch(x.detach(), indices, counts, expert_x)  # the op is still usable
         assert counts.tolist() == [2, 0]
     pmoe.run_ranks(1, rank_main)
+
+
+def test_torch_layer_passes_int64_indices_through():
+    """pmoe.torch hands torch.topk's int64 indices to the ops as they are: no int32 copy."""
+    import pmoe.torch
+
+    class Spy:
+        """Records the indices each call of the wrapped op receives."""
+
+        def __init__(self, op, seen):
+            self.op, self.seen = op, seen
+
+        def dispatch(self, x, indices, *rest):
+            self.seen.append(indices)
+            return self.op.dispatch(x, indices, *rest)
+
+        def combine(self, expert_y, indices, *rest):
+            self.seen.append(indices)
+            return self.op.combine(expert_y, indices, *rest)
+
+        def __getattr__(self, name):
+            return getattr(self.op, name)
+
+    E, k, H, m = 4, 2, 8, 3
+
+    def rank_main(comm):
+        a2a = pmoe.torch.AllToAll(comm, max_num_tokens=m, num_experts=E, experts_per_token=k,
+                                  hidden_dim=H)
+        seen = []
+        a2a._forward.op = Spy(a2a._forward.op, seen)
+        x = torch.rand(m, H, generator=torch.Generator().manual_seed(comm.rank))
+        scores = torch.rand(m, E, generator=torch.Generator().manual_seed(7 + comm.rank))
+        weights, indices = torch.topk(scores, k)
+        expert_x, _ = pmoe.torch.dispatch(a2a, x, indices)
+        y = pmoe.torch.combine(a2a, expert_x, indices, weights)
+        assert len(seen) == 2 and all(i is indices for i in seen), [i.dtype for i in seen]
+        torch.testing.assert_close(y, x * weights.sum(1, keepdim=True), rtol=1e-6, atol=1e-5)
+    pmoe.run_ranks(2, rank_main)

@@ -2,9 +2,11 @@
 // backend. Everything here runs before a byte leaves the rank.
 #include "pmoe/all_to_all.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "all_to_all/backend.hpp"
+#include "all_to_all/route.hpp"
 #include "all_to_all/step.hpp"
 #include "core/arg_checks.hpp"
 #include "core/config_agreement.hpp"
@@ -16,6 +18,7 @@ namespace {
 using detail::check_absent;
 using detail::check_index_tensor;
 using detail::check_tensor;
+using detail::first_in_group;
 
 bool is_payload_dtype(DType t) {
   return t == DType::f32 || t == DType::bf16 || t == DType::f16 || t == DType::f8e4m3;
@@ -30,10 +33,11 @@ void check_indices(const char* op, const Index* idx, int64_t m, int64_t k, int n
       const Index e = idx[t * k + j];
       PMOE_CHECK(e >= -1 && e < num_experts, op, ": indices[", t, ", ", j, "] = ", e,
                  " is outside [-1, ", num_experts, ")");
-      if (e < 0) continue;
-      for (int64_t i = 0; i < j; ++i)
-        PMOE_CHECK(idx[t * k + i] != e, op, ": expert ", e, " appears twice in row ", t,
-                   " of indices (slots ", i, " and ", j, "); use -1 for an unused slot");
+      const Index* row = idx + t * k;
+      if (e < 0 || first_in_group(row, int(j), num_experts, 1)) continue;  // the kernels' rule
+      const int64_t i = std::find(row, row + j, e) - row;  // the earlier slot, for the message
+      throw Error(detail::cat(op, ": expert ", e, " appears twice in row ", t, " of indices (slots ",
+                              i, " and ", j, "); use -1 for an unused slot"));
     }
   }
 }

@@ -12,9 +12,10 @@ namespace pmoe::detail {
 // True when slot j of a token's top-k row names an expert in [0, E) that no earlier slot names,
 // counting experts in groups of `group`: with 1, the slot routes the token to that expert (-1,
 // an index out of range and a repeat are not sent); with the experts per rank, it is the first
-// slot that sends the token to that rank.
-PMOE_HOST_DEVICE inline bool first_in_group(const int32_t* row, int j, int E, int group) {
-  const int e = row[j];
+// slot that sends the token to that rank. Index: int32_t (the kernels), int64_t (host checks).
+template <typename Index>
+PMOE_HOST_DEVICE inline bool first_in_group(const Index* row, int j, int E, int group) {
+  const Index e = row[j];
   if (e < 0 || e >= E) return false;
   for (int i = 0; i < j; ++i)
     if (row[i] >= 0 && row[i] / group == e / group) return false;

@@ -15,11 +15,13 @@
 #include <cstring>
 #include <functional>
 
+#include "comm/agree_on_step.hpp"
 #include "comm/group.hpp"
 #include "comm/routed_memory.hpp"
 #include "comm/peer_watch.hpp"
 #include "core/device_runtime.hpp"
 #include "comm/mpi_transport.hpp"
+#include "comm/node_segments.hpp"
 #include "comm/shm_segment.hpp"
 #include "comm/wait.hpp"
 #include "pmoe/error.hpp"
@@ -59,46 +61,7 @@ struct MpiRegions {
 
 using MpiSymmetricMemory = detail::RoutedSymmetricMemory<detail::MpiTransport, MpiRegions>;
 
-
-using Agree = std::function<void(const std::string& my_error, const char* step)>;
-
-// Node peers' memory through POSIX shared memory: each rank creates its segment, maps its
-// peers', and unlinks its name once every peer has mapped it. If set-up fails anywhere (a peer
-// died, /dev/shm is full), every rank unlinks every node peer's name as it leaves: a name whose
-// creator was killed between create and unlink is removed by the survivors.
-void map_host_regions(MpiRegions& regions, std::vector<std::byte*>& data, size_t total, int rank,
-                      const std::vector<int>& node_ranks,
-                      const std::function<std::string(int)>& name_of, const Agree& agree) {
-  struct UnlinkOnFailure {
-    const std::vector<int>& ranks;
-    const std::function<std::string(int)>& name_of;
-    bool armed = true;
-    ~UnlinkOnFailure() {
-      if (armed)
-        for (int r : ranks) detail::ShmSegment::unlink(name_of(r));
-    }
-  } guard{node_ranks, name_of};
-  std::string error;
-  try {
-    regions.segments.push_back(detail::ShmSegment::create(name_of(rank), total));
-    data[size_t(rank)] = regions.segments.back().data();
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  agree(error, "create");
-  for (int r : node_ranks) {
-    if (r == rank) continue;
-    try {
-      regions.segments.push_back(detail::ShmSegment::open(name_of(r), total));
-      data[size_t(r)] = regions.segments.back().data();
-    } catch (const Error& e) {
-      error = e.what();
-    }
-  }
-  agree(error, "map");
-  guard.armed = false;
-  detail::ShmSegment::unlink(name_of(rank));  // every peer has mapped it: drop the name
-}
+using Agree = detail::AgreeOnStep;
 
 // Node peers' device memory through CUDA IPC: each rank allocates on its GPU, and opens every
 // peer's handle. Every rank must be on this node (no off-node GPU transport yet).
@@ -133,19 +96,7 @@ void map_device_regions(MpiRegions& regions, std::vector<std::byte*>& data, size
     }
   }
   agree(error, "IPC open");
-}
-
-// Ends a set-up step with an exchange of error texts, so that a failure on one rank becomes an
-// error on every rank ("<step> failed on rank r: ...") instead of a wait that times out.
-void agree_on_step(Communicator& comm, const std::string& my_error, const std::string& step) {
-  char text[200] = {};
-  std::strncpy(text, my_error.c_str(), sizeof text - 1);
-  const auto all = comm.all_gather(std::as_bytes(std::span(text)));
-  for (int r = 0; r < comm.size(); ++r) {
-    const char* theirs = reinterpret_cast<const char*>(all.data()) + size_t(r) * sizeof text;
-    PMOE_CHECK(theirs[0] == '\0', step, " failed on rank ", r, ": ",
-               std::string(theirs, strnlen(theirs, sizeof text)));
-  }
+  detail::ipc_opened_by_all(regions.device_memory);  // every peer has mapped it: drop the name
 }
 
 }  // namespace
@@ -225,10 +176,11 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device device)
   std::vector<std::byte*> slots(size_t(size_), nullptr);
   auto name_of = [&](int r) { return detail::cat("/", job_id_, ".board.", r); };
   auto agree = [&](const std::string& my_error, const char* step) {
-    agree_on_step(*this, my_error, detail::cat("MpiCommunicator: the rejection board (", step, ")"));
+    detail::agree_on_step(*this, my_error,
+                          detail::cat("MpiCommunicator: the rejection board (", step, ")"));
   };
-  map_host_regions(*board, slots, sizeof(detail::RejectionSlot), rank_, node_ranks_, name_of,
-                   agree);
+  detail::map_node_segments(board->segments, slots, sizeof(detail::RejectionSlot), rank_,
+                            node_ranks_, name_of, agree);
   std::vector<detail::RejectionSlot*> board_slots(size_t(size_), nullptr);
   for (int r = 0; r < size_; ++r)
     board_slots[size_t(r)] = reinterpret_cast<detail::RejectionSlot*>(slots[size_t(r)]);
@@ -295,7 +247,7 @@ std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
   auto name_of = [&](int r) { return detail::cat("/", job_id_, ".", serial, ".", r); };
 
   auto agree = [&](const std::string& my_error, const char* step) {
-    agree_on_step(*this, my_error, detail::cat("alloc_symmetric (", step, ")"));
+    detail::agree_on_step(*this, my_error, detail::cat("alloc_symmetric (", step, ")"));
   };
 
   auto regions = std::make_shared<MpiRegions>();
@@ -304,7 +256,7 @@ std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
   if (device().kind == Device::Kind::cuda) {
     map_device_regions(*regions, data, total, *this, node_ranks_, agree);
   } else {
-    map_host_regions(*regions, data, total, rank_, node_ranks_, name_of, agree);
+    detail::map_node_segments(regions->segments, data, total, rank_, node_ranks_, name_of, agree);
   }
 
   std::vector<uint64_t*> signals(size_t(size_), nullptr);

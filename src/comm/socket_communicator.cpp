@@ -12,7 +12,9 @@
 #include <cstring>
 #include <functional>
 
+#include "comm/agree_on_step.hpp"
 #include "comm/group.hpp"
+#include "comm/node_segments.hpp"
 #include "comm/routed_memory.hpp"
 #include "comm/shm_segment.hpp"
 #include "comm/socket_transport.hpp"
@@ -174,49 +176,25 @@ std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric(size_t byte
     return detail::cat("/", detail::shm_prefix(), ".torch.", job_id_, ".", serial, ".", r);
   };
 
-  // Each step ends with an exchange of error texts, so that a failure on one rank becomes an
-  // error on every rank instead of a wait that times out.
   auto agree = [&](const std::string& my_error, const char* step) {
-    char text[200] = {};
-    std::strncpy(text, my_error.c_str(), sizeof text - 1);
-    const auto all = all_gather(std::as_bytes(std::span(text)));
-    for (int r = 0; r < size_; ++r) {
-      const char* theirs = reinterpret_cast<const char*>(all.data()) + size_t(r) * sizeof text;
-      PMOE_CHECK(theirs[0] == '\0', "alloc_symmetric (", step, ") failed on rank ", r, ": ",
-                 std::string(theirs, strnlen(theirs, sizeof text)));
-    }
+    detail::agree_on_step(*this, my_error, detail::cat("alloc_symmetric (", step, ")"));
   };
 
   auto regions = std::make_shared<SocketRegions>();
   std::vector<std::byte*> data(size_t(size_), nullptr);
-  std::string error;
-  try {
-    regions->segments.push_back(detail::ShmSegment::create(name_of(rank_), total));
-    data[size_t(rank_)] = regions->segments.back().data();
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  agree(error, "create");
-  for (int r : node_ranks_) {
-    if (r == rank_) continue;
-    try {
-      regions->segments.push_back(detail::ShmSegment::open(name_of(r), total));
-      data[size_t(r)] = regions->segments.back().data();
-    } catch (const Error& e) {
-      error = e.what();
-    }
-  }
   std::vector<uint64_t*> signals(size_t(size_), nullptr);
-  for (int r = 0; r < size_; ++r)
-    if (data[size_t(r)])
-      signals[size_t(r)] = reinterpret_cast<uint64_t*>(data[size_t(r)] + data_bytes);
   // Registered before the last exchange: a peer puts only after that exchange, so its frames
   // never find this region missing.
-  regions->transport = transport_;
-  regions->serial = serial;
-  transport_->add_region(serial, data[size_t(rank_)], signals[size_t(rank_)]);
-  agree(error, "map");
-  detail::ShmSegment::unlink(name_of(rank_));  // every peer has mapped it: drop the name
+  auto register_region = [&] {
+    for (int r = 0; r < size_; ++r)
+      if (data[size_t(r)])
+        signals[size_t(r)] = reinterpret_cast<uint64_t*>(data[size_t(r)] + data_bytes);
+    regions->transport = transport_;
+    regions->serial = serial;
+    transport_->add_region(serial, data[size_t(rank_)], signals[size_t(rank_)]);
+  };
+  detail::map_node_segments(regions->segments, data, total, rank_, node_ranks_, name_of, agree,
+                            register_region);
   return std::make_unique<SocketSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
                                                  std::move(signals), regions, group(), timeout_s(),
                                                  Device::cpu());

@@ -104,6 +104,9 @@ void destroy_stream(Stream stream) {
 }
 void ipc_handle(void* p, void* handle_out) { device_runtime().ipc_handle(p, handle_out); }
 void* ipc_open(Device device, const void* handle) { return device_runtime().ipc_open(device, handle); }
+void ipc_opened_by_all(void* p) {
+  if (p) device_runtime().ipc_opened_by_all(p);
+}
 void ipc_close(void* p) {
   if (p) device_runtime().ipc_close(p);
 }

@@ -43,6 +43,7 @@ class DeviceRuntime {
   virtual void ipc_handle(void* p, void* handle_out) const = 0;
   virtual void* ipc_open(Device device, const void* handle) const = 0;
   virtual void ipc_close(void* p) const = 0;  // never throws
+  virtual void ipc_opened_by_all(void* p) const = 0;  // never throws
   virtual std::unique_ptr<AllToAllBackend> make_all_to_all(Communicator& comm,
                                                            const AllToAllConfig& config) const = 0;
   // Timing on a stream, for pmoe-bench: events recorded in stream order.
@@ -74,5 +75,9 @@ void destroy_stream(Stream stream);
 void ipc_handle(void* p, void* handle_out);          // writes kIpcHandleBytes
 void* ipc_open(Device device, const void* handle);   // the peer's memory, mapped here
 void ipc_close(void* p);                             // never throws
+// Every peer has opened p's handle: the emulated device drops the name its handle gave p in
+// /dev/shm, so that a process that dies before device_free leaves nothing behind (as the CPU
+// segments' names are dropped once mapped). CUDA has nothing to drop. Never throws.
+void ipc_opened_by_all(void* p);
 
 }  // namespace pmoe::detail

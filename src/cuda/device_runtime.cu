@@ -93,6 +93,12 @@ class CudaRuntime final : public DeviceRuntime {
 
   void ipc_close(void* p) const override { (void)cudaIpcCloseMemHandle(p); }
 
+#if defined(__CUDACC__)
+  void ipc_opened_by_all(void*) const override {}  // CUDA's handles leave nothing behind
+#else
+  void ipc_opened_by_all(void* p) const override { ::pmoe::emu::ipc_drop_name(p); }
+#endif
+
   std::unique_ptr<AllToAllBackend> make_all_to_all(Communicator& comm,
                                                    const AllToAllConfig& config) const override {
     return make_device_all_to_all(comm, config);

@@ -23,7 +23,10 @@ struct MoeExpected {
   std::vector<int> rows;        // the token rows of the batch computed
   std::vector<double> y;        // [rows.size(), out_dim]
   std::vector<char> ambiguous;  // per row: a top-k tie (kTieGap); such rows are not compared
-  double scale = 0;             // max |y| over the rows: what errors are relative to
+  // [rows.size(), out_dim]: per output, the magnitude of the terms that make it (the same sums
+  // over |x|, |W| and |act|): what its error is relative to, so outputs that cancel are judged
+  // by what was summed, not by how little is left.
+  std::vector<double> magnitude;
 };
 
 // The layer output for tokens `rows` of x [B, feature_dim] (config.dtype), in double:
@@ -33,13 +36,14 @@ MoeExpected reference_moe(const MoeConfig& config, const Tensor& x, const std::v
 // Every row of a batch of `tokens`.
 std::vector<int> all_rows(int tokens);
 
-// The relative error a layer's output may have: 1e-5 for f32, 1e-2 for bf16 (8-bit mantissa:
-// inputs, wire rows and outputs each rounded once).
+// The error a layer's output may have, relative to the magnitude of its terms: 1e-5 for f32,
+// 1e-2 for bf16 (8-bit mantissa: weights, hidden values and outputs each rounded once, each
+// moving an output by at most 2^-9 of that magnitude).
 double moe_tolerance(DType dtype);
 
 struct MoeComparison {
   std::string error;     // "" when every compared row is within the tolerance
-  double max_error = 0;  // max |got - expected| / expected.scale over the compared rows
+  double max_error = 0;  // max |got - expected| / expected.magnitude over the compared rows
   int compared = 0;      // rows compared
   int skipped = 0;       // rows in range not compared because of a top-k tie
 };

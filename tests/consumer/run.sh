@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The consumer test: installs this build into a fresh prefix, then configures, builds and runs
-# examples/mpi (a separate project that says find_package(pmoe)) against that prefix only, under
-# mpirun -n 2. Arguments: <pmoe build dir> <pmoe source dir> <scratch dir> <mpiexec>.
+# The consumer test: installs this build into a fresh prefix, then configures, builds and runs,
+# against that prefix only, two separate projects that say find_package(pmoe): tests/consumer (the
+# plain project a new user writes: no C++ standard of its own) and examples/mpi (under mpirun -n 2). Arguments: <pmoe build dir> <pmoe source dir> <scratch dir> <mpiexec>.
 set -euo pipefail
 build=$1 source=$2 scratch=$3 mpiexec=$4
 rm -rf "$scratch"
@@ -14,6 +14,10 @@ if grep -rl -e "$source" -e "$build" "$scratch/prefix/lib/cmake/pmoe"; then
   exit 1
 fi
 mv "$scratch/prefix" "$scratch/moved-prefix"  # relocatable: it works from wherever it lands
+cmake -S "$source/tests/consumer" -B "$scratch/consumer" -G Ninja \
+      -DCMAKE_PREFIX_PATH="$scratch/moved-prefix" -DCMAKE_BUILD_TYPE=Release
+cmake --build "$scratch/consumer"
+"$scratch/consumer/consumer"
 cmake -S "$source/examples/mpi" -B "$scratch/build" -G Ninja \
       -DCMAKE_PREFIX_PATH="$scratch/moved-prefix" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$scratch/build"

@@ -35,7 +35,7 @@ def _error(message):
 
 
 def _same(a, b):
-    """Whether two routings are equal (each call converts indices anew, so compare values)."""
+    """Whether two routings are equal (the same values, if not the same tensor)."""
     return a is b or (a.shape == b.shape and torch.equal(a, b))
 
 
@@ -155,7 +155,7 @@ class AllToAll:
             raise _error(f"{name}: tensor is not contiguous (call .contiguous())")
 
     def routing(self, indices, m):
-        """indices as pmoe's ops take them: contiguous int32 [m, k] on the CPU."""
+        """indices as pmoe's ops take them: contiguous int32 or int64 [m, k] on the CPU."""
         if not isinstance(indices, torch.Tensor):
             raise _error(f"indices: expected a torch.Tensor, got {type(indices).__name__}")
         if indices.requires_grad:
@@ -167,9 +167,8 @@ class AllToAll:
             raise _error(f"indices: dtype {indices.dtype}, expected torch.int32 or torch.int64")
         if indices.dim() != 2 or indices.shape[0] != m or indices.shape[1] != self.top_k:
             raise _error(f"indices: shape {tuple(indices.shape)}, expected [{m}, {self.top_k}]")
-        # torch.topk gives int64. pmoe's raw ops take it too (and narrow it themselves); this layer
-        # keeps one int32 copy per call, which it also compares between forward and backward.
-        return indices.to(torch.int32).contiguous()
+        # As given (torch.topk's int64 included): pmoe's ops take int32 and int64 alike.
+        return indices.contiguous()
 
 
 class _Dispatch(torch.autograd.Function):

@@ -2,8 +2,9 @@
 //
 // Device memory is a shared-memory file (an unnamed O_TMPFILE in /dev/shm, or a memfd) mapped
 // into the process, so that cudaIpcGetMemHandle can give it a name another process opens. The
-// name exists only from the first handle until cudaFree. New device memory is filled with 0xcd,
-// not zeros: a kernel that reads what nobody wrote sees garbage, as it may on a GPU.
+// name exists only from the first handle until every peer has opened it (ipc_drop_name) or
+// cudaFree. New device memory is filled with 0xcd, not zeros: a kernel that reads what nobody
+// wrote sees garbage, as it may on a GPU.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 
 #include "comm/shm_segment.hpp"
 #include "cuda/emulator/streams.hpp"
+#include "pmoe/error.hpp"
 
 namespace pmoe::emu {
 
@@ -206,11 +208,14 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
     // A name nobody can guess, made only now, linked to the file the memory already lives in.
     std::random_device entropy;
     char name[sizeof IpcHandle{}.name];
-    // Under the shared-memory prefix (PMOE_SHM_PREFIX), so that tests find any left behind; a
-    // prefix too long for the handle falls back to the default one.
+    // Under the shared-memory prefix (PMOE_SHM_PREFIX), so that tests find any left behind. The
+    // name travels in the 64-byte handle: "/" prefix ".emu." 16 hex digits and a NUL must fit.
     const unsigned high = entropy(), low = entropy();
-    std::string prefix = pmoe::detail::shm_prefix();
-    if (prefix.size() > sizeof IpcHandle{}.name - 23) prefix = "pmoe";
+    const std::string prefix = pmoe::detail::shm_prefix();
+    constexpr size_t kMaxPrefix = sizeof IpcHandle{}.name - 23;
+    PMOE_CHECK(prefix.size() <= kMaxPrefix, "PMOE_SHM_PREFIX '", prefix, "' is ", prefix.size(),
+               " characters; the emulated CUDA device's IPC names (in a 64-byte "
+               "cudaIpcMemHandle_t) fit a prefix of at most ", kMaxPrefix);
     std::snprintf(name, sizeof name, "/%s.emu.%08x%08x", prefix.c_str(), high, low);
     const std::string from = "/proc/self/fd/" + std::to_string(a.fd);
     const std::string to = std::string("/dev/shm") + name;
@@ -244,6 +249,18 @@ cudaError_t cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t handle, unsigned
   *ptr = p;
   return cudaSuccess;
 }
+
+}  // namespace cuda_api
+
+void ipc_drop_name(void* ptr) {
+  std::lock_guard lock(mutex);
+  auto it = device_allocations().find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == device_allocations().end() || it->second.name.empty()) return;
+  shm_unlink(it->second.name.c_str());
+  it->second.name.clear();
+}
+
+namespace cuda_api {
 
 cudaError_t cudaIpcCloseMemHandle(void* ptr) {
   Allocation allocation;

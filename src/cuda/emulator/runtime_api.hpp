@@ -175,6 +175,11 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel ke
 
 }  // namespace cuda_api
 
+// Not CUDA: unlinks the /dev/shm name that cudaIpcGetMemHandle gave device memory `ptr`, once
+// every peer has opened it; their mappings stay. The file cannot be linked again (O_TMPFILE), so
+// a later cudaIpcGetMemHandle on `ptr` fails with cudaErrorNotSupported.
+void ipc_drop_name(void* ptr);
+
 // The launch of the emulated device: `body` runs once per thread of every block of `grid`, in
 // stream order. What src/cuda/launch.cuh calls where nvcc would use <<<...>>>.
 cuda_api::cudaError_t launch(cuda_api::dim3 grid, cuda_api::dim3 block, size_t shared_bytes,
