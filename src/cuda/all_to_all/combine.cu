@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/all_to_all/device_utils.cuh"
+#include "cuda/transport/transport.cuh"
 #include "cuda/all_to_all/kernels.hpp"
 #include "cuda/check.hpp"
 #include "pmoe/dtype.hpp"

@@ -20,6 +20,7 @@
 // Only one block of a rank ever waits for a peer (route_rows). Ranks sharing a GPU must not fill
 // its SMs with waiting blocks: a peer's kernel that would let them go on could then never run.
 #include "cuda/all_to_all/device_utils.cuh"
+#include "cuda/transport/transport.cuh"
 #include "cuda/all_to_all/kernels.hpp"
 #include "cuda/check.hpp"
 
