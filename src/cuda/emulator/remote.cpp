@@ -1,7 +1,10 @@
 // The emulated remote path's proxy: see remote.hpp.
 #include "cuda/emulator/remote.hpp"
 
+#include <atomic>
 #include <chrono>
+#include <cstring>
+#include <utility>
 #include <climits>
 #include <exception>
 
@@ -10,11 +13,15 @@
 
 namespace pmoe::emu {
 
-RemoteProxy::RemoteProxy(SymmetricMemory& memory)
-    : memory_(memory),
-      queues_(size_t(memory.size())),
-      added_(size_t(memory.size()), std::vector<uint64_t>(size_t(memory.signal_slots()), 0)) {
-  random_ ^= uint64_t(memory.rank()) * 0xBF58476D1CE4E5B9ull;
+RemoteProxy::RemoteProxy(int rank, std::vector<std::byte*> regions, std::vector<uint64_t*> signals,
+                         size_t signal_stride, int signal_slots)
+    : rank_(rank),
+      regions_(std::move(regions)),
+      signals_(std::move(signals)),
+      signal_stride_(signal_stride),
+      queues_(regions_.size()),
+      added_(regions_.size(), std::vector<uint64_t>(size_t(signal_slots), 0)) {
+  random_ ^= uint64_t(rank + 1) * 0xBF58476D1CE4E5B9ull;
   thread_ = std::thread([this] { run(); });
 }
 
@@ -91,14 +98,16 @@ bool RemoteProxy::deliver_one(std::unique_lock<std::mutex>& lock) {
   std::string failure;
   try {
     if (op.src_offset != SIZE_MAX && op.bytes > 0)
-      memory_.put(peer, op.dst_offset, memory_.local() + op.src_offset, op.bytes);
+      std::memcpy(regions_[size_t(peer)] + op.dst_offset, regions_[size_t(rank_)] + op.src_offset,
+                  op.bytes);
     if (op.slot >= 0) {
       uint64_t value = 0;
       {
         std::lock_guard relock(mutex_);
         value = ++added_[size_t(peer)][size_t(op.slot)];
       }
-      memory_.signal(peer, op.slot, value);
+      std::atomic_ref<uint64_t>(signals_[size_t(peer)][size_t(op.slot) * signal_stride_])
+          .store(value, std::memory_order_release);
     }
   } catch (const std::exception& e) {
     failure = e.what();
