@@ -14,7 +14,7 @@
 namespace pmoe::emu {
 
 RemoteProxy::RemoteProxy(int rank, std::vector<std::byte*> regions, std::vector<uint64_t*> signals,
-                         size_t signal_stride, int signal_slots)
+                         size_t signal_stride, int signal_slots, bool by_hand)
     : rank_(rank),
       regions_(std::move(regions)),
       signals_(std::move(signals)),
@@ -22,7 +22,12 @@ RemoteProxy::RemoteProxy(int rank, std::vector<std::byte*> regions, std::vector<
       queues_(regions_.size()),
       added_(regions_.size(), std::vector<uint64_t>(size_t(signal_slots), 0)) {
   random_ ^= uint64_t(rank + 1) * 0xBF58476D1CE4E5B9ull;
-  thread_ = std::thread([this] { run(); });
+  if (!by_hand) thread_ = std::thread([this] { run(); });
+}
+
+bool RemoteProxy::deliver_one() {
+  std::unique_lock lock(mutex_);
+  return deliver_one(lock);
 }
 
 RemoteProxy::~RemoteProxy() {
@@ -31,7 +36,7 @@ RemoteProxy::~RemoteProxy() {
     stop_ = true;
   }
   changed_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void RemoteProxy::put(int peer, size_t dst_offset, size_t src_offset, size_t bytes, int slot) {

@@ -36,8 +36,9 @@ class RemoteProxy {
  public:
   // regions[r], signals[r]: rank r's region and signal array (slot s at signals[r] +
   // s * signal_stride words); regions[rank] is the source of every put.
+  // by_hand: no proxy thread; deliver_one() delivers (tests that step the network themselves).
   RemoteProxy(int rank, std::vector<std::byte*> regions, std::vector<uint64_t*> signals,
-              size_t signal_stride, int signal_slots);
+              size_t signal_stride, int signal_slots, bool by_hand = false);
   ~RemoteProxy();
   RemoteProxy(const RemoteProxy&) = delete;
   RemoteProxy& operator=(const RemoteProxy&) = delete;
@@ -47,6 +48,8 @@ class RemoteProxy {
   // Until every op issued before has been delivered (bounded by the memory's timeout).
   void flush();
   RemoteCounters counters() const;
+  // One op, as the proxy thread would pick it; false if nothing is queued.
+  bool deliver_one();
   // The first error a delivery raised (a peer's group failed), or "".
   std::string error() const;
 
