@@ -23,6 +23,9 @@ inline constexpr bool kOnEmulatedDevice = false;
 #else
 inline constexpr bool kOnEmulatedDevice = true;
 inline const bool kEmulationPinned = setenv("PMOE_CUDA_EMULATE", "1", 1) == 0;
+// Late stores unless the environment says otherwise. The schedule stays the standard one (thread 0
+// first in a block's first pass) unless set; ctest runs the suite a second time with thread0-last.
+inline const bool kLateStores = setenv("PMOE_EMU_LATE_STORES", "1", 0) == 0;
 
 // A failed test names the emulated device's schedule and late-store setting, so the run can be
 // repeated with them (src/cuda/emulator/schedule.hpp).
