@@ -26,7 +26,9 @@ uint64_t expect_case(int W, const AllToAllCase& c) {
   // A split world reaches its off-node peers through put only (a case that sends nothing at all
   // is the exception: none here).
   const int per_node = c.config.ranks_per_node;
-  if (per_node > 0 && per_node < W) EXPECT_GT(remote, 0u) << "nothing went to another node";
+  if (per_node > 0 && per_node < W) {
+    EXPECT_GT(remote, 0u) << "nothing went to another node";
+  }
   return results[0].digest;
 }
 

@@ -41,7 +41,9 @@ void expect_case_on_gpu(int W, AllToAllCase c) {
   // A split world: off-node peers have no pointer, so the bytes must have gone through the
   // remote path (the emulated proxy) or the case could not have matched.
   const int per_node = c.config.ranks_per_node;
-  if (per_node > 0 && per_node < W) EXPECT_GT(remote, 0u) << "nothing went through the remote path";
+  if (per_node > 0 && per_node < W) {
+    EXPECT_GT(remote, 0u) << "nothing went through the remote path";
+  }
 }
 
 // Ranks, and ranks per node (0: one node; otherwise the world as nodes x ranks, off-node peers
@@ -609,9 +611,10 @@ TEST(AllToAllCuda, EmulatedRemotePathOrdersSignalsOnlyAfterEarlierPuts) {
     int steps = 0;
     while (proxy.deliver_one()) {
       ++steps;
-      if (signals1[1 * kStride] >= 1)
+      if (signals1[1 * kStride] >= 1) {
         ASSERT_EQ(std::memcmp(region1.data(), region0.data(), 4 * kBytes), 0)
             << "signal before its data, seed " << seed;
+      }
     }
     EXPECT_EQ(steps, 4);
     EXPECT_EQ(signals1[1 * kStride], 1u);
