@@ -52,6 +52,8 @@ struct Options {
   uint64_t seed = 1;
   bool staged = true;
   std::string device = "cpu";  // or "cuda": ranks share GPU 0
+  int ranks_per_node = 0;       // 0: one node; else the ranks as nodes of this many
+  std::string mode = "direct";  // how tokens cross nodes (only direct so far)
   std::string json_path, csv_path, plot_path;
   bool ranks_given = false;  // --ranks on the command line (under mpirun it must match)
 };
@@ -70,7 +72,8 @@ AllToAllConfig config_for(const Options& o, int tokens) {
   c.scale_block = c.in_dtype == DType::f8e4m3 ? 128 : 0;
   c.out_dtype = DType::bf16;
   c.in_place_buffers = true;
-  c.validate(1);
+  c.ranks_per_node = o.ranks_per_node;
+  c.validate(o.ranks_per_node > 0 ? o.ranks_per_node : 1);
   return c;
 }
 
@@ -337,14 +340,32 @@ void run(const Options& o) {
             run_all_to_all_cuda(comm, cfg, tokens, o.seed, o.warmup, o.iters);
         Context ctx{o, comm.size(), tokens, r.copy_gbps};
         ctx.add("dispatch", r.dispatch_us, r.dispatch_bytes, r.workspace_bytes);
+        ctx.rows.back()["network_bytes_per_rank"] = r.dispatch_network.bytes;
+        ctx.rows.back()["network_transfers_per_rank"] = r.dispatch_network.transfers;
         ctx.add("combine", r.combine_us, r.combine_bytes, r.workspace_bytes);
+        ctx.rows.back()["network_bytes_per_rank"] = r.combine_network.bytes;
+        ctx.rows.back()["network_transfers_per_rank"] = r.combine_network.transfers;
         ctx.add("dispatch_combine", sum_of(r.dispatch_us, r.combine_us),
                 r.dispatch_bytes + r.combine_bytes, r.workspace_bytes);
         ctx.add("dispatch_send", r.dispatch_send_us, 0, r.workspace_bytes);
         ctx.add("dispatch_recv", r.dispatch_recv_us, 0, r.workspace_bytes);
         ctx.add("combine_send", r.combine_send_us, 0, r.workspace_bytes);
         ctx.add("combine_recv", r.combine_recv_us, 0, r.workspace_bytes);
-        for (auto& row : ctx.rows) row["copy_kind"] = r.copy_kind;
+        for (auto& row : ctx.rows) {
+          row["copy_kind"] = r.copy_kind;
+          row["ranks_per_node"] = o.ranks_per_node > 0 ? o.ranks_per_node : comm.size();
+          row["mode"] = o.mode;
+        }
+        // Every rank's network bytes, so the printing rank can report the mean.
+        if (o.ranks_per_node > 0 && comm.rank() == 0)
+          std::printf("ranks=%d split=%dx%d tokens=%d mode=%s: network bytes per rank (rank 0) "
+                      "dispatch %llu in %llu transfers, combine %llu in %llu transfers%s\n",
+                      comm.size(), comm.size() / o.ranks_per_node, o.ranks_per_node, tokens,
+                      o.mode.c_str(), (unsigned long long)r.dispatch_network.bytes,
+                      (unsigned long long)r.dispatch_network.transfers,
+                      (unsigned long long)r.combine_network.bytes,
+                      (unsigned long long)r.combine_network.transfers,
+                      cuda_emulated() ? " (times: emulation)" : "");
         if (comm.rank() == 0) {
           std::lock_guard lock(mutex);
           for (auto& row : ctx.rows) rows.push_back(row);
@@ -392,7 +413,8 @@ void run(const Options& o) {
   const json config = {{"device", o.device}, {"runtime", runtime}, {"experts", o.experts}, {"topk", o.topk},
                        {"hidden", o.hidden},
                        {"dtype", o.dtype},     {"out_dtype", "bf16"}, {"iters", o.iters},
-                       {"warmup", o.warmup},   {"seed", o.seed},  {"copy_bytes", kCopyBytes}};
+                       {"warmup", o.warmup},   {"seed", o.seed},  {"copy_bytes", kCopyBytes},
+                       {"ranks_per_node", o.ranks_per_node}, {"mode", o.mode}};
   if (!o.json_path.empty()) write_json(o.json_path, config, rows, {{"copy_gbps", copy_json}});
   if (!o.csv_path.empty()) write_csv(o.csv_path, rows);
   if (!o.plot_path.empty()) {
@@ -433,6 +455,13 @@ void add_all_to_all_command(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "dispatch payload: bf16 or f8e4m3 (128-element scales)")
       ->capture_default_str();
   cmd->add_option("--iters", o->iters, "timed iterations")->capture_default_str();
+  cmd->add_option("--ranks-per-node", o->ranks_per_node,
+                  "split the ranks into nodes of this many (0: one node); off-node peers are "
+                  "reached through the remote path only (--device cuda)")
+      ->capture_default_str();
+  cmd->add_option("--mode", o->mode, "how tokens cross nodes: direct (hierarchical: not yet)")
+      ->check(CLI::IsMember({"direct"}))
+      ->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed warm-up iterations")->capture_default_str();
   cmd->add_option("--seed", o->seed, "routing and data seed")->capture_default_str();
   cmd->add_flag("!--no-staged", o->staged, "skip the rows with the caller's own buffers");

@@ -165,6 +165,20 @@ CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig&
   result.dispatch_bytes = bytes.dispatch;
   result.combine_bytes = bytes.combine;
 
+  // One round on its own, to count what each op sends over the network (the remote path).
+  synchronize(comm.stream());
+  const auto before = a2a.remote_traffic();
+  dispatch(Phase::both);
+  synchronize(comm.stream());
+  const auto dispatched = a2a.remote_traffic();
+  combine(Phase::both);
+  synchronize(comm.stream());
+  const auto combined = a2a.remote_traffic();
+  result.dispatch_network = {dispatched.bytes - before.bytes,
+                             dispatched.transfers - before.transfers};
+  result.combine_network = {combined.bytes - dispatched.bytes,
+                            combined.transfers - dispatched.transfers};
+
   // The roofline, in the same run. None on the emulated device, whose copies are host memcpys.
   if (!cuda_emulated()) measure_roofline(comm, warmup, iters, result);
 

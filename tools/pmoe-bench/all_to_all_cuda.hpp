@@ -24,6 +24,9 @@ struct CudaAllToAllResult {
   double dispatch_bytes = 0;  // what dispatch must read and write per rank (mean over ranks)
   double combine_bytes = 0;
   size_t workspace_bytes = 0;
+  // What one dispatch / one combine sent to peers on other nodes (config.ranks_per_node), this
+  // rank: bytes put and transfers (puts and lone signals), from AllToAll::remote_traffic().
+  AllToAll::RemoteTraffic dispatch_network, combine_network;
 };
 
 // What the roofline copy measures when rank r sits on GPU device_of[r] and copies to rank r + 1.

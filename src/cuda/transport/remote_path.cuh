@@ -1,0 +1,27 @@
+// The one place that picks the remote path's flavour, as src/cuda/launch.cuh picks the launch
+// (kernel code has no #ifdef). Each flavour defines, in namespace pmoe::cuda::PMOE_CUDA_FLAVOR:
+//
+//   struct RemotePath;                         // by value in Transport; zero = no remote peer
+//   // Each returns false if this path cannot reach a remote peer (no NCCL device API, a
+//   // single-node run): the transport then reports an error instead of crashing.
+//   __device__ bool remote_put(const RemotePath&, int peer, size_t dst_offset,
+//                              size_t src_offset, size_t bytes, int slot);  // slot < 0: none
+//   __device__ bool remote_signal_add(const RemotePath&, int peer, int slot);
+//   __device__ bool remote_flush(const RemotePath&);
+//   // The value remote writers added to this rank's slot (0 where the path has no signals of its
+//   // own, e.g. where they land in local memory).
+//   __device__ uint64_t remote_signal_value(const RemotePath&, int slot);
+//
+// Ordering (GIN's, no stronger): a slot's add becomes visible at the peer only after the payloads
+// of that put and of every earlier put of the same rank to the same peer.
+#pragma once
+
+#if defined(__CUDACC__)
+#if __has_include("cuda/transport/gin_remote.cuh")
+#include "cuda/transport/gin_remote.cuh"
+#else
+#include "cuda/transport/no_remote.cuh"
+#endif
+#else
+#include "cuda/emulator/remote_path.hpp"
+#endif
