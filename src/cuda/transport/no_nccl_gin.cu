@@ -1,0 +1,22 @@
+// The GPU remote path's hook in a build where CMake found no NCCL with the device API
+// (nccl_device.h and libnccl): every rank refuses alike, before any collective step, so that no
+// rank waits for a peer that went on.
+#include "cuda/transport/remote_setup.hpp"
+
+#include "pmoe/error.hpp"
+
+namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
+
+bool gpu_remote_path_built() { return false; }
+
+NcclGinHandle open_gpu_remote_path(Communicator& comm, const GinRequest& request) {
+  check_gin_request(comm, request);
+  throw Error(detail::cat("GIN remote path: rank ", comm.rank(), "'s ranks span ",
+                          comm.size() / request.ranks_per_node, " nodes, but this pmoe was built "
+                          "without NCCL's device API (NCCL >= 2.28 with nccl_device.h); rebuild "
+                          "where CMake finds it (its configure output says)"));
+}
+
+void NcclGinDeleter::operator()(NcclGin*) const {}
+
+}  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR
