@@ -79,22 +79,26 @@ TEST(GinBootstrap, RootsFailureReachesEveryRankWithItsMessage) {
 TEST(GinBootstrap, RootsLongMessageIsTruncatedNotOverrun) {
   const std::string long_message(5000, 'x');
   const auto errors = errors_per_rank(2, [&](Communicator& comm) {
-    share_root_id(comm, 0, kIdBytes, [&](std::span<std::byte>) { throw Error(long_message); },
-                  "ncclGetUniqueId");
+    share_root_id(
+        comm, 0, kIdBytes, [&](std::span<std::byte>) { throw Error(long_message); },
+        "ncclGetUniqueId");
   });
   for (const auto& e : errors) {
-    EXPECT_NE(e.find("failed on rank 0, which makes it for every rank: xxx"), std::string::npos) << e;
+    EXPECT_NE(e.find("failed on rank 0, which makes it for every rank: xxx"), std::string::npos)
+        << e;
     EXPECT_LT(e.size(), 1000u);
   }
 }
 
 TEST(GinBootstrap, ShareRootIdRejectsBadArguments) {
   const auto errors = errors_per_rank(2, [](Communicator& comm) {
-    share_root_id(comm, 2, kIdBytes, [](std::span<std::byte>) {}, "id");
+    share_root_id(
+        comm, 2, kIdBytes, [](std::span<std::byte>) {}, "id");
   });
   for (const auto& e : errors) EXPECT_NE(e.find("root 2 outside [0, 2)"), std::string::npos) << e;
   const auto empty = errors_per_rank(2, [](Communicator& comm) {
-    share_root_id(comm, 0, 0, [](std::span<std::byte>) {}, "id");
+    share_root_id(
+        comm, 0, 0, [](std::span<std::byte>) {}, "id");
   });
   for (const auto& e : empty) EXPECT_NE(e.find("id_bytes must be positive"), std::string::npos);
 }
@@ -102,15 +106,19 @@ TEST(GinBootstrap, ShareRootIdRejectsBadArguments) {
 TEST(GinBootstrap, AgreeOnStepNamesTheLowestFailedRankOnEveryRank) {
   // No failure: every rank returns.
   for (const auto& e : errors_per_rank(4, [](Communicator& comm) {
-         agree_on_step(comm, [] {}, "loading NCCL");
+         agree_on_step(
+             comm, [] {}, "loading NCCL");
        }))
     EXPECT_EQ(e, "");
   // Ranks 1 and 3 fail (say, no libnccl on their node): all four name rank 1 and its reason.
   const auto errors = errors_per_rank(4, [](Communicator& comm) {
-    agree_on_step(comm, [&] {
-      if (comm.rank() % 2 == 1)
-        throw Error("cannot load NCCL on rank " + std::to_string(comm.rank()));
-    }, "GIN remote path: loading NCCL");
+    agree_on_step(
+        comm,
+        [&] {
+          if (comm.rank() % 2 == 1)
+            throw Error("cannot load NCCL on rank " + std::to_string(comm.rank()));
+        },
+        "GIN remote path: loading NCCL");
   });
   for (int r = 0; r < 4; ++r)
     EXPECT_NE(errors[size_t(r)].find(
@@ -137,15 +145,14 @@ TEST(GinBootstrap, RequestChecksNameTheField) {
       {{4096, 8, 4}, "form one node of 4"},
   };
   for (const Case& c : cases) {
-    const auto errors = errors_per_rank(4, [&](Communicator& comm) {
-      check_gin_request(comm, c.request);
-    });
+    const auto errors =
+        errors_per_rank(4, [&](Communicator& comm) { check_gin_request(comm, c.request); });
     for (const auto& e : errors) {
       if (!c.says) {
         EXPECT_EQ(e, "");
       } else {
-        EXPECT_NE(e.find(c.says), std::string::npos) << "expected '" << c.says << "', got '" << e
-                                                     << "'";
+        EXPECT_NE(e.find(c.says), std::string::npos)
+            << "expected '" << c.says << "', got '" << e << "'";
       }
     }
   }

@@ -34,8 +34,9 @@ int run() {
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MpiCommunicator probe(MPI_COMM_WORLD);
-  const int local = int(std::find(probe.node_ranks().begin(), probe.node_ranks().end(),
-                                  world_rank) - probe.node_ranks().begin());
+  const int local =
+      int(std::find(probe.node_ranks().begin(), probe.node_ranks().end(), world_rank) -
+          probe.node_ranks().begin());
   MpiCommunicator comm(MPI_COMM_WORLD, Device::cuda(local % devices));
   const char* env = std::getenv("PMOE_GIN_RANKS_PER_NODE");
   pmoe::cuda::GinRequest request;
@@ -60,7 +61,7 @@ int run() {
   int failed = 0;
   for (uint64_t round = 1; round <= 2; ++round) {
     const auto result = pmoe::cuda::run_gin_ring_check(*gin, nullptr, kChunk + 4099, round,
-                                                 uint64_t(comm.timeout_s() * 1e9));
+                                                       uint64_t(comm.timeout_s() * 1e9));
     std::printf("rank %d round %llu: %s, %lld wrong bytes of %zu\n", comm.rank(),
                 static_cast<unsigned long long>(round),
                 result.arrived ? "both signals arrived" : "TIMED OUT waiting for the signals",

@@ -24,8 +24,7 @@ std::string load_error() {
 TEST(NcclApi, RefusesWhatIsNotNcclThenLoadsTheReleaseOfItsHeaders) {
   setenv("PMOE_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
   std::string error = load_error();
-  EXPECT_NE(error.find("cannot load NCCL (/nonexistent/libnccl.so.2)"), std::string::npos)
-      << error;
+  EXPECT_NE(error.find("cannot load NCCL (/nonexistent/libnccl.so.2)"), std::string::npos) << error;
   EXPECT_NE(error.find("set PMOE_NCCL_LIBRARY"), std::string::npos) << error;
 
   setenv("PMOE_NCCL_LIBRARY", "libz.so.1", 1);  // loads, but is not NCCL
@@ -35,7 +34,8 @@ TEST(NcclApi, RefusesWhatIsNotNcclThenLoadsTheReleaseOfItsHeaders) {
   unsetenv("PMOE_NCCL_LIBRARY");
   const NcclApi& api = nccl_api();
   EXPECT_EQ(api.version / 100, NCCL_MAJOR * 100 + NCCL_MINOR) << api.path;
-  EXPECT_STREQ(api.GetErrorString(ncclInvalidArgument), "invalid argument (run with NCCL_DEBUG=WARN for details)")
+  EXPECT_STREQ(api.GetErrorString(ncclInvalidArgument),
+               "invalid argument (run with NCCL_DEBUG=WARN for details)")
       << "NCCL's own text for a code";
   EXPECT_EQ(&nccl_api(), &api) << "loaded once";
 }

@@ -33,15 +33,16 @@ void check_gin_request(const Communicator& comm, const GinRequest& request) {
   PMOE_CHECK(request.region_bytes <= (size_t(1) << 44), "GIN remote path: region_bytes ",
              request.region_bytes, " exceeds the 16 TiB an NCCL window can span");
   PMOE_CHECK(request.signal_slots > 0 && request.signal_slots <= (1 << 24),
-             "GIN remote path: signal_slots must be in [1, 2^24], got ",
-             request.signal_slots);
+             "GIN remote path: signal_slots must be in [1, 2^24], got ", request.signal_slots);
   PMOE_CHECK(request.ranks_per_node >= 1 && request.ranks_per_node <= W,
              "GIN remote path: ranks_per_node must be in [1, ", W, "], got ",
              request.ranks_per_node);
   PMOE_CHECK(W % request.ranks_per_node == 0, "GIN remote path: ranks_per_node ",
              request.ranks_per_node, " does not divide the ", W, " ranks into whole nodes");
-  PMOE_CHECK(W / request.ranks_per_node >= 2, "GIN remote path: the ", W, " ranks form one node "
-             "of ", request.ranks_per_node, "; the remote path is for ranks on two nodes or more");
+  PMOE_CHECK(W / request.ranks_per_node >= 2, "GIN remote path: the ", W,
+             " ranks form one node "
+             "of ",
+             request.ranks_per_node, "; the remote path is for ranks on two nodes or more");
 }
 
 size_t gin_signals_offset(const GinRequest& request) {
@@ -50,8 +51,8 @@ size_t gin_signals_offset(const GinRequest& request) {
 }
 
 size_t gin_window_bytes(const GinRequest& request) {
-  const size_t bytes = gin_signals_offset(request) +
-                       size_t(request.signal_slots) * SymmetricMemory::kSignalBytes;
+  const size_t bytes =
+      gin_signals_offset(request) + size_t(request.signal_slots) * SymmetricMemory::kSignalBytes;
   return (bytes + kGinWindowAlign - 1) / kGinWindowAlign * kGinWindowAlign;
 }
 

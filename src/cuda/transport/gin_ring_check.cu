@@ -28,7 +28,8 @@ struct RingCheck {
 };
 
 __global__ void __launch_bounds__(kBlockThreads) ring_check(RingCheck c) {
-  for (size_t i = threadIdx.x; i < c.chunk; i += blockDim.x) c.region[i] = pattern(c.rank, c.round, i);
+  for (size_t i = threadIdx.x; i < c.chunk; i += blockDim.x)
+    c.region[i] = pattern(c.rank, c.round, i);
   __syncthreads();
   __shared__ int32_t came;
   if (threadIdx.x == 0) {
@@ -55,8 +56,9 @@ __global__ void __launch_bounds__(kBlockThreads) ring_check(RingCheck c) {
     const std::byte want = pattern(c.from, c.round, i);
     wrong += (c.region[c.chunk + i] != want) + (c.region[2 * c.chunk + i] != want);
   }
-  if (wrong) atomicAdd(reinterpret_cast<unsigned long long*>(c.wrong),
-                       static_cast<unsigned long long>(wrong));
+  if (wrong)
+    atomicAdd(reinterpret_cast<unsigned long long*>(c.wrong),
+              static_cast<unsigned long long>(wrong));
 }
 
 }  // namespace
@@ -64,8 +66,8 @@ __global__ void __launch_bounds__(kBlockThreads) ring_check(RingCheck c) {
 GinRingResult run_gin_ring_check(const NcclGin& gin, cudaStream_t stream, size_t chunk,
                                  uint64_t round, uint64_t timeout_ns) {
   const GinRequest& request = gin.request();
-  PMOE_CHECK(chunk > 0 && 3 * chunk <= request.region_bytes, "GIN ring check: 3 x chunk (",
-             chunk, ") must fit the region's ", request.region_bytes, " bytes");
+  PMOE_CHECK(chunk > 0 && 3 * chunk <= request.region_bytes, "GIN ring check: 3 x chunk (", chunk,
+             ") must fit the region's ", request.region_bytes, " bytes");
   PMOE_CHECK(request.signal_slots >= 2, "GIN ring check: needs 2 signal slots, the GIN state has ",
              request.signal_slots);
   const ncclDevComm& comm = gin.dev_comm();

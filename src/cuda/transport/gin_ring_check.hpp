@@ -15,7 +15,7 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 class NcclGin;
 
 struct GinRingResult {
-  bool arrived = false;  // both signals reached `round` before the timeout
+  bool arrived = false;     // both signals reached `round` before the timeout
   int64_t wrong_bytes = 0;  // of the 2 * chunk bytes received, how many differ from the pattern
 };
 

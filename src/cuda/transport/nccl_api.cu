@@ -19,8 +19,8 @@ constexpr int kFirstGinVersion = 22807;
 template <typename Fn>
 void bind(void* library, const std::string& path, const char* name, Fn& fn) {
   fn = reinterpret_cast<Fn>(dlsym(library, name));
-  PMOE_CHECK(fn != nullptr, "GIN remote path: ", path, " has no ", name, " (NCCL ",
-             NCCL_MAJOR, ".", NCCL_MINOR, " or later needed)");
+  PMOE_CHECK(fn != nullptr, "GIN remote path: ", path, " has no ", name, " (NCCL ", NCCL_MAJOR, ".",
+             NCCL_MINOR, " or later needed)");
 }
 
 NcclApi load() {
@@ -32,9 +32,8 @@ NcclApi load() {
     api.path = "libnccl.so.2";
     library = dlopen(api.path.c_str(), RTLD_NOW | RTLD_LOCAL);
   }
-  PMOE_CHECK(library != nullptr, "GIN remote path: cannot load NCCL (", api.path, "): ",
-             dlerror(), "; set PMOE_NCCL_LIBRARY to libnccl.so.2 of NCCL ", NCCL_MAJOR, ".",
-             NCCL_MINOR);
+  PMOE_CHECK(library != nullptr, "GIN remote path: cannot load NCCL (", api.path, "): ", dlerror(),
+             "; set PMOE_NCCL_LIBRARY to libnccl.so.2 of NCCL ", NCCL_MAJOR, ".", NCCL_MINOR);
   bind(library, api.path, "ncclGetVersion", api.GetVersion);
   bind(library, api.path, "ncclGetErrorString", api.GetErrorString);
   bind(library, api.path, "ncclGetLastError", api.GetLastError);
@@ -52,9 +51,11 @@ NcclApi load() {
              api.path, " failed");
   const int major = api.version / 10000, minor = api.version / 100 % 100;
   PMOE_CHECK(major == NCCL_MAJOR && minor == NCCL_MINOR && api.version >= kFirstGinVersion,
-             "GIN remote path: ", api.path, " is NCCL ", major, ".", minor, ".",
-             api.version % 100, ", but pmoe's kernels were compiled with the device API headers "
-             "of NCCL ", NCCL_MAJOR, ".", NCCL_MINOR, ".", NCCL_PATCH, " (their ncclDevComm must "
+             "GIN remote path: ", api.path, " is NCCL ", major, ".", minor, ".", api.version % 100,
+             ", but pmoe's kernels were compiled with the device API headers "
+             "of NCCL ",
+             NCCL_MAJOR, ".", NCCL_MINOR, ".", NCCL_PATCH,
+             " (their ncclDevComm must "
              "match the library's; 2.28.7 at least); set PMOE_NCCL_LIBRARY to that release");
   return api;  // the library stays loaded for the life of the process
 }

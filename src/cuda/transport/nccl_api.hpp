@@ -45,14 +45,13 @@ const NcclApi& nccl_api();
 // PMOE_NCCL_CHECK: the one way pmoe calls NCCL, as nccl_api().Name(args). A failure throws
 // pmoe::Error naming the call, the file and line, NCCL's text for the code and NCCL's last error
 // message (ncclGetLastError ignores its comm argument).
-#define PMOE_NCCL_CHECK(call)                                                                  \
-  do {                                                                                         \
-    const ncclResult_t pmoe_nccl_status_ = (call);                                             \
-    if (pmoe_nccl_status_ != ncclSuccess) {                                                    \
-      const auto& pmoe_nccl_ = ::pmoe::cuda::nccl_api();                                       \
-      throw ::pmoe::Error(::pmoe::detail::cat(                                                 \
-          #call, " failed at ", __FILE__, ":", __LINE__, ": ",                                 \
-          pmoe_nccl_.GetErrorString(pmoe_nccl_status_), " (", pmoe_nccl_.GetLastError(nullptr), \
-          ")"));                                                                               \
-    }                                                                                          \
+#define PMOE_NCCL_CHECK(call)                                                                      \
+  do {                                                                                             \
+    const ncclResult_t pmoe_nccl_status_ = (call);                                                 \
+    if (pmoe_nccl_status_ != ncclSuccess) {                                                        \
+      const auto& pmoe_nccl_ = ::pmoe::cuda::nccl_api();                                           \
+      throw ::pmoe::Error(::pmoe::detail::cat(#call, " failed at ", __FILE__, ":", __LINE__, ": ", \
+                                              pmoe_nccl_.GetErrorString(pmoe_nccl_status_), " (",  \
+                                              pmoe_nccl_.GetLastError(nullptr), ")"));             \
+    }                                                                                              \
   } while (0)

@@ -9,6 +9,7 @@
 
 #include "cuda/check.hpp"
 #include "cuda/launch.cuh"
+#include "cuda/transport/gin_remote.cuh"
 #include "cuda/transport/remote_setup.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
@@ -21,26 +22,31 @@ __global__ void read_lsa_bases(ncclDevComm comm, ncclWindow_t window, int world_
   const int r = int(blockIdx.x * blockDim.x + threadIdx.x);
   if (r >= world_size) return;
   const ncclTeam world = ncclTeamWorld(comm), lsa = ncclTeamLsa(comm);
-  out[r] = ncclTeamRankIsMember(lsa, world, r)
-               ? static_cast<std::byte*>(
-                     ncclGetLsaPointer(window, 0, ncclTeamRankToTeam(lsa, world, r)))
-               : nullptr;
+  out[r] =
+      ncclTeamRankIsMember(lsa, world, r)
+          ? static_cast<std::byte*>(ncclGetLsaPointer(window, 0, ncclTeamRankToTeam(lsa, world, r)))
+          : nullptr;
 }
 
 }  // namespace
 
 NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
     : request_(request), rank_(comm.rank()), world_size_(comm.size()) {
-  PMOE_CHECK(comm.device().kind == Device::Kind::cuda, "GIN remote path: the communicator's "
-             "ranks are on ", comm.device().str(), "; it needs CUDA device ranks");
+  PMOE_CHECK(comm.device().kind == Device::Kind::cuda,
+             "GIN remote path: the communicator's "
+             "ranks are on ",
+             comm.device().str(), "; it needs CUDA device ranks");
   check_gin_request(comm, request);  // the same on every rank: all refuse alike
   window_bytes_ = gin_window_bytes(request);
   device_ = comm.device().index;
   // Ranks on other nodes may lack NCCL (or have another release): all learn it before any waits.
-  agree_on_step(comm, [&] {
-    PMOE_CUDA_CHECK(cudaSetDevice(device_));
-    nccl_ = &nccl_api();
-  }, "GIN remote path: loading NCCL");
+  agree_on_step(
+      comm,
+      [&] {
+        PMOE_CUDA_CHECK(cudaSetDevice(device_));
+        nccl_ = &nccl_api();
+      },
+      "GIN remote path: loading NCCL");
   const NcclApi& nccl = *nccl_;
 
   // Rank 0 makes the id; pmoe's communicator carries it, and a failure there reaches every rank.
@@ -64,8 +70,8 @@ NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
     // sharing this GPU may have kernels spinning on it (docs/gpu.md).
     PMOE_CUDA_CHECK(cudaMemsetAsync(base_, 0, window_bytes_, nullptr));
     PMOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
-    PMOE_NCCL_CHECK(nccl.CommWindowRegister(comm_, base_, window_bytes_, &window_,
-                                             NCCL_WIN_COLL_SYMMETRIC));
+    PMOE_NCCL_CHECK(
+        nccl.CommWindowRegister(comm_, base_, window_bytes_, &window_, NCCL_WIN_COLL_SYMMETRIC));
 
     ncclDevCommRequirements requirements;
     std::memset(&requirements, 0, sizeof requirements);  // no barriers, multimem, LL A2A
@@ -77,7 +83,8 @@ NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
     requirements.ginCounterCount = 0;
     PMOE_NCCL_CHECK(nccl.DevCommCreate(comm_, &requirements, &dev_comm_));
     have_dev_comm_ = true;
-    PMOE_CHECK(dev_comm_.ginContextCount >= 1, "GIN remote path: ncclDevCommCreate made no GIN "
+    PMOE_CHECK(dev_comm_.ginContextCount >= 1,
+               "GIN remote path: ncclDevCommCreate made no GIN "
                "context (is there an RDMA NIC NCCL can use? NCCL_DEBUG=INFO says)");
   } catch (...) {
     destroy(/*report_only=*/true);
@@ -141,9 +148,11 @@ std::vector<std::byte*> NcclGin::direct_windows(cudaStream_t stream) const {
   for (int r = 0; r < world_size_; ++r) {
     if (r / per_node != rank_ / per_node) continue;  // another node: GIN only, by definition
     PMOE_CHECK(lsa[size_t(r)] != nullptr, "GIN remote path: rank ", r, " is on rank ", rank_,
-               "'s node (ranks_per_node ", per_node, ") but outside NCCL's LSA team, so no load/"
+               "'s node (ranks_per_node ", per_node,
+               ") but outside NCCL's LSA team, so no load/"
                "store pointer reaches its window; set ranks_per_node to the GPUs NCCL connects");
-    direct[size_t(r)] = lsa[size_t(r)];
+    // This rank's own: the address NCCL allocated, the one region() gives and kernels write.
+    direct[size_t(r)] = r == rank_ ? base_ : lsa[size_t(r)];
   }
   return direct;
 }
@@ -157,5 +166,19 @@ std::unique_ptr<NcclGin, NcclGinDeleter> open_gpu_remote_path(Communicator& comm
 }
 
 void NcclGinDeleter::operator()(NcclGin* gin) const { delete gin; }
+
+RemoteWiring wire_gpu_remote_path(const NcclGin& gin, cudaStream_t stream) {
+  RemoteWiring wiring;
+  wiring.region = gin.region();
+  wiring.signals = gin.direct_signals();
+  wiring.direct_regions = gin.direct_windows(stream);
+  for (std::byte* window : wiring.direct_regions)
+    wiring.direct_signals.push_back(gin.signals_of(window));
+  return wiring;
+}
+
+void fill_remote_path(const NcclGin& gin, RemotePath& remote) {
+  remote = RemotePath{gin.dev_comm(), gin.window(), 0};
+}
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

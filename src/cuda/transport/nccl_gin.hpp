@@ -22,14 +22,14 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include <cuda_runtime.h>
 #include <cstddef>
 #include <cstdint>
-#include <cuda_runtime.h>
 #include <vector>
 
 #include "cuda/flavor.hpp"
-#include "cuda/transport/nccl_api.hpp"
 #include "cuda/transport/gin_bootstrap.hpp"
+#include "cuda/transport/nccl_api.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
 

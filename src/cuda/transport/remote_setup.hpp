@@ -5,7 +5,12 @@
 // src/cuda/transport/no_nccl_gin.cu, which refuses, where it did not.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "cuda/flavor.hpp"
 #include "cuda/transport/gin_bootstrap.hpp"
@@ -13,7 +18,8 @@
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
-class NcclGin;  // src/cuda/transport/nccl_gin.hpp
+class NcclGin;      // src/cuda/transport/nccl_gin.hpp
+struct RemotePath;  // src/cuda/transport/remote_path.cuh picks the flavour
 struct NcclGinDeleter {
   void operator()(NcclGin* gin) const;
 };
@@ -27,5 +33,19 @@ bool gpu_remote_path_built();
 // request (before any NCCL call), an NCCL call that failed (named), or, in a build without NCCL's
 // device API, on every rank alike, that the remote path is not built in.
 NcclGinHandle open_gpu_remote_path(Communicator& comm, const GinRequest& request);
+
+// What the backend puts into its kernels' params from the GIN state, in place of what
+// alloc_symmetric gives on one node: this rank's region and signal words, and for every peer on
+// this node its region and signal words for load/store (nullptr for peers on other nodes, which
+// only `remote` reaches). Reads NCCL's LSA table on `stream` and waits for it.
+struct RemoteWiring {
+  std::byte* region = nullptr;
+  uint64_t* signals = nullptr;
+  std::vector<std::byte*> direct_regions;
+  std::vector<uint64_t*> direct_signals;
+};
+RemoteWiring wire_gpu_remote_path(const NcclGin& gin, cudaStream_t stream);
+// The RemotePath of `gin` (its device communicator, window, GIN context 0).
+void fill_remote_path(const NcclGin& gin, RemotePath& remote);
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR
