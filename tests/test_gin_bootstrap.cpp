@@ -127,6 +127,20 @@ TEST(GinBootstrap, AgreeOnStepNamesTheLowestFailedRankOnEveryRank) {
         << "rank " << r << ": " << errors[size_t(r)];
 }
 
+TEST(GinBootstrap, RanksSharingAGpuAreNamedOnEveryRank) {
+  for (const auto& e : errors_per_rank(4, [](Communicator& comm) {
+         check_distinct_devices(comm, "nodeA:0000:" + std::to_string(comm.rank()) + "0:00.0");
+       }))
+    EXPECT_EQ(e, "");
+  // Four ranks, two nodes, ranks 1 and 3 on the same GPU of nodeB.
+  const char* gpus[] = {"nodeA:0000:18:00.0", "nodeB:0000:18:00.0", "nodeA:0000:2a:00.0",
+                        "nodeB:0000:18:00.0"};
+  const auto errors = errors_per_rank(
+      4, [&](Communicator& comm) { check_distinct_devices(comm, gpus[comm.rank()]); });
+  for (const auto& e : errors)
+    EXPECT_NE(e.find("ranks 1 and 3 are both on nodeB:0000:18:00.0"), std::string::npos) << e;
+}
+
 TEST(GinBootstrap, RequestChecksNameTheField) {
   struct Case {
     GinRequest request;

@@ -93,4 +93,21 @@ void agree_on_step(Communicator& comm, const std::function<void()>& step, std::s
   }
 }
 
+void check_distinct_devices(Communicator& comm, std::string_view device) {
+  constexpr size_t kNameBytes = 256;
+  std::vector<std::byte> mine(kNameBytes);
+  std::memcpy(mine.data(), device.data(), std::min(device.size(), kNameBytes - 1));
+  const auto all = comm.all_gather(mine);
+  auto name_of = [&](int r) {
+    const char* text = reinterpret_cast<const char*>(all.data() + size_t(r) * kNameBytes);
+    return std::string(text, strnlen(text, kNameBytes));
+  };
+  for (int r = 0; r < comm.size(); ++r)
+    for (int s = 0; s < r; ++s)
+      PMOE_CHECK(name_of(r) != name_of(s), "GIN remote path: ranks ", s, " and ", r,
+                 " are both on ", name_of(r),
+                 "; NCCL allows one rank of a communicator per GPU, so ranks sharing a "
+                 "GPU cannot take the GPU remote path (give each rank its own GPU)");
+}
+
 }  // namespace pmoe::cuda

@@ -1,6 +1,7 @@
 #include "cuda/transport/nccl_gin.hpp"
 
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -40,13 +41,20 @@ NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
   window_bytes_ = gin_window_bytes(request);
   device_ = comm.device().index;
   // Ranks on other nodes may lack NCCL (or have another release): all learn it before any waits.
+  std::string gpu;
   agree_on_step(
       comm,
       [&] {
         PMOE_CUDA_CHECK(cudaSetDevice(device_));
+        char bus_id[64] = {};
+        PMOE_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device_));
+        char host[256] = {};
+        gethostname(host, sizeof host - 1);
+        gpu = detail::cat(host, ":", bus_id);
         nccl_ = &nccl_api();
       },
       "GIN remote path: loading NCCL");
+  check_distinct_devices(comm, gpu);
   const NcclApi& nccl = *nccl_;
 
   // Rank 0 makes the id; pmoe's communicator carries it, and a failure there reaches every rank.
