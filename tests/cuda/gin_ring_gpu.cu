@@ -45,10 +45,11 @@ int run() {
   request.region_bytes = 3 * (kChunk + 4099);
   request.signal_slots = 2;
 
+  const auto stream = static_cast<cudaStream_t>(comm.stream().handle);
   std::unique_ptr<pmoe::cuda::NcclGin> gin;
   try {
     gin = std::make_unique<pmoe::cuda::NcclGin>(comm, request);
-    const auto direct = gin->direct_windows(nullptr);
+    const auto direct = gin->direct_windows(stream);
     for (int r = 0; r < comm.size(); ++r) {
       const bool same_node = r / request.ranks_per_node == comm.rank() / request.ranks_per_node;
       PMOE_CHECK((direct[size_t(r)] != nullptr) == same_node, "direct window of rank ", r,
@@ -60,7 +61,7 @@ int run() {
   }
   int failed = 0;
   for (uint64_t round = 1; round <= 2; ++round) {
-    const auto result = pmoe::cuda::run_gin_ring_check(*gin, nullptr, kChunk + 4099, round,
+    const auto result = pmoe::cuda::run_gin_ring_check(*gin, stream, kChunk + 4099, round,
                                                        uint64_t(comm.timeout_s() * 1e9));
     std::printf("rank %d round %llu: %s, %lld wrong bytes of %zu\n", comm.rank(),
                 static_cast<unsigned long long>(round),

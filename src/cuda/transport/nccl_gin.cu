@@ -34,8 +34,8 @@ __global__ void read_lsa_bases(ncclDevComm comm, ncclWindow_t window, int world_
 NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
     : request_(request), rank_(comm.rank()), world_size_(comm.size()) {
   PMOE_CHECK(comm.device().kind == Device::Kind::cuda,
-             "GIN remote path: the communicator's "
-             "ranks are on ",
+             "GIN remote path: the communicator's ranks "
+             "are on ",
              comm.device().str(), "; it needs CUDA device ranks");
   check_gin_request(comm, request);  // the same on every rank: all refuse alike
   window_bytes_ = gin_window_bytes(request);
@@ -74,10 +74,16 @@ NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
     void* base = nullptr;
     PMOE_NCCL_CHECK(nccl.MemAlloc(&base, window_bytes_));
     base_ = static_cast<std::byte*>(base);
-    // Zeroed before any peer can write into it. The null stream, not a device-wide sync: ranks
-    // sharing this GPU may have kernels spinning on it (docs/gpu.md).
-    PMOE_CUDA_CHECK(cudaMemsetAsync(base_, 0, window_bytes_, nullptr));
-    PMOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    // Zeroed before any peer can write into it, on a stream of its own: neither the legacy null
+    // stream nor a device-wide sync, which would wait for kernels of other ops that may be
+    // spinning on this GPU (docs/gpu.md).
+    cudaStream_t zeroing = nullptr;
+    PMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking));
+    const cudaError_t zeroed = cudaMemsetAsync(base_, 0, window_bytes_, zeroing);
+    const cudaError_t waited = cudaStreamSynchronize(zeroing);
+    PMOE_CUDA_CHECK(cudaStreamDestroy(zeroing));
+    PMOE_CUDA_CHECK(zeroed);
+    PMOE_CUDA_CHECK(waited);
     PMOE_NCCL_CHECK(
         nccl.CommWindowRegister(comm_, base_, window_bytes_, &window_, NCCL_WIN_COLL_SYMMETRIC));
 
