@@ -52,11 +52,10 @@ NcclApi load() {
   const int major = api.version / 10000, minor = api.version / 100 % 100;
   PMOE_CHECK(major == NCCL_MAJOR && minor == NCCL_MINOR && api.version >= kFirstGinVersion,
              "GIN remote path: ", api.path, " is NCCL ", major, ".", minor, ".", api.version % 100,
-             ", but pmoe's kernels were compiled with the device API headers "
-             "of NCCL ",
-             NCCL_MAJOR, ".", NCCL_MINOR, ".", NCCL_PATCH,
-             " (their ncclDevComm must "
-             "match the library's; 2.28.7 at least); set PMOE_NCCL_LIBRARY to that release");
+             ", but pmoe's kernels were compiled with the device API headers of NCCL ", NCCL_MAJOR,
+             ".", NCCL_MINOR, ".", NCCL_PATCH,
+             " (their ncclDevComm must match the library's; 2.28.7 at least);",
+             " set PMOE_NCCL_LIBRARY to that release");
   return api;  // the library stays loaded for the life of the process
 }
 

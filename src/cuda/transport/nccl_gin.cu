@@ -34,9 +34,7 @@ __global__ void read_lsa_bases(ncclDevComm comm, ncclWindow_t window, int world_
 NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
     : request_(request), rank_(comm.rank()), world_size_(comm.size()) {
   PMOE_CHECK(comm.device().kind == Device::Kind::cuda,
-             "GIN remote path: the communicator's ranks "
-             "are on ",
-             comm.device().str(), "; it needs CUDA device ranks");
+             "GIN remote path: needs CUDA device ranks, not ", comm.device().str());
   check_gin_request(comm, request);  // the same on every rank: all refuse alike
   window_bytes_ = gin_window_bytes(request);
   device_ = comm.device().index;
@@ -98,8 +96,8 @@ NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
     PMOE_NCCL_CHECK(nccl.DevCommCreate(comm_, &requirements, &dev_comm_));
     have_dev_comm_ = true;
     PMOE_CHECK(dev_comm_.ginContextCount >= 1,
-               "GIN remote path: ncclDevCommCreate made no GIN "
-               "context (is there an RDMA NIC NCCL can use? NCCL_DEBUG=INFO says)");
+               "GIN remote path: ncclDevCommCreate made no GIN context",
+               " (is there an RDMA NIC NCCL can use? NCCL_DEBUG=INFO says)");
   } catch (...) {
     destroy(/*report_only=*/true);
     throw;
