@@ -1,6 +1,6 @@
 # The README's entry points. Each installs what is missing (scripts/setup.sh), configures,
 # builds and runs; nothing else is needed on a fresh machine.
-.PHONY: all setup build test test-asan test-tsan bench soak fuzz clean
+.PHONY: all setup build test test-asan test-tsan bench soak fuzz mutation clean
 
 JOBS ?= $(shell nproc)
 
@@ -45,6 +45,12 @@ soak: build
 FUZZ_SECONDS ?= 120
 fuzz: setup
 	@scripts/fuzz.sh $(FUZZ_SECONDS)
+
+# The emulated device's mutation suite: each barrier, fence, ordering, scope, loop bound, offset
+# and grid stride of the CUDA kernels changed in turn, the emulated CUDA tests run after each
+# (lean build in build/mutation); the table lands in docs/emulated-device.md. About 30 minutes.
+mutation: setup
+	@scripts/mutation.py --doc docs/emulated-device.md
 
 clean:
 	rm -rf build

@@ -61,6 +61,7 @@ std::vector<AgreementCase> agreement_cases(int W) {
   add_a2a("in_dtype", [](A& c) { c.in_dtype = DType::f16; }, "f16 on rank " + odd + "; bf16 on " + others);
   add_a2a("out_dtype", [](A& c) { c.out_dtype = DType::f32; }, "f32 on rank " + odd + "; bf16 on " + others);
   add_a2a("in_place_buffers", [](A& c) { c.in_place_buffers = true; }, on("false", "true"));
+  add_a2a("ranks_per_node", [](A& c) { c.ranks_per_node = 1; }, on("0", "1"));
   {
     A f8 = a;
     f8.in_dtype = DType::f8e4m3;

@@ -1,4 +1,5 @@
-// AllToAll with thread ranks, W in {1, 2, 3, 4, 8}, against the plain reference.
+// AllToAll with thread ranks, W in {1, 2, 3, 4, 8} on one node and as nodes x ranks 2x2, 2x4, 4x2
+// (off-node peers through put/signal only), against the plain reference.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -21,14 +22,20 @@ uint64_t expect_case(int W, const AllToAllCase& c) {
   return results[0].digest;
 }
 
-class AllToAllThreads : public ::testing::TestWithParam<int> {
+// Ranks, and ranks per node (0: one node).
+struct Topology {
+  int ranks, per_node;
+};
+
+class AllToAllThreads : public ::testing::TestWithParam<Topology> {
  protected:
-  int W() const { return GetParam(); }
+  int W() const { return GetParam().ranks; }
   // Two experts per rank unless a test asks otherwise.
   AllToAllCase base(int top_k = 3, int hidden = 40) const {
     AllToAllCase c;
     c.config = make_config(/*max_tokens=*/9, /*experts=*/2 * W(), std::min(top_k, 2 * W()), hidden);
     c.calls = 3;
+    c.config.ranks_per_node = GetParam().per_node;
     return c;
   }
 };
@@ -150,8 +157,16 @@ TEST_P(AllToAllThreads, InPlaceConfigWithCallerBuffers) {
   expect_case(W(), c);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllThreads, ::testing::Values(1, 2, 3, 4, 8),
-                         [](const auto& info) { return "W" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllThreads,
+                         ::testing::Values(Topology{1, 0}, Topology{2, 0}, Topology{3, 0},
+                                           Topology{4, 0}, Topology{8, 0}, Topology{4, 2},
+                                           Topology{8, 4}, Topology{8, 2}),
+                         [](const auto& info) {
+                           const Topology t = info.param;
+                           if (t.per_node == 0) return "W" + std::to_string(t.ranks);
+                           return "Nodes" + std::to_string(t.ranks / t.per_node) + "x" +
+                                  std::to_string(t.per_node);
+                         });
 
 TEST(AllToAllThreads, ThousandCallsOnTheSameBuffers) {
   AllToAllCase c;

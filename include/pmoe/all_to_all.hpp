@@ -33,6 +33,10 @@ struct AllToAllConfig {
   // Also allocate input_buffer() and expert_output_buffer() in symmetric memory, so that peers
   // on this node read tokens and expert outputs in place instead of through a staging copy.
   bool in_place_buffers = false;
+  // Ranks per node, to split this machine's ranks into several nodes (0: no split). A peer on
+  // another node of the split is reached by puts and signals only, never loads and stores, as
+  // across real nodes. Must divide the world size.
+  int ranks_per_node = 0;
 
   // Throws pmoe::Error saying what to change if the config cannot run on `world_size` ranks.
   void validate(int world_size) const;

@@ -23,6 +23,7 @@ namespace pmoe {
 
 namespace detail {
 class Group;  // what a rank's waits consult: the failure of another rank, MPI progress
+class NodeSplitMemory;  // src/comm/node_split.hpp
 }
 
 // The wait timeout in seconds: PMOE_TIMEOUT_S if set to a positive number, else 60.
@@ -137,6 +138,7 @@ class SymmetricMemory {
   void set_polled_transport() { polled_transport_ = true; }
 
  private:
+  friend class detail::NodeSplitMemory;  // wraps another SymmetricMemory, reading its fields
   std::string peer_rejection(int peer) const;  // for a timeout's message
 
   int rank_;

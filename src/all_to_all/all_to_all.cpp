@@ -63,6 +63,9 @@ void AllToAllConfig::validate(int world_size) const {
              "f8e4m3, got ", dtype_name(in_dtype));
   PMOE_CHECK(is_output_dtype(out_dtype), "AllToAllConfig: out_dtype must be f32, bf16 or f16, got ",
              dtype_name(out_dtype));
+  PMOE_CHECK(ranks_per_node >= 0 && (ranks_per_node == 0 || world_size % ranks_per_node == 0),
+             "AllToAllConfig: ranks_per_node (", ranks_per_node, ") must be 0 (no split) or "
+             "divide the world size (", world_size, ")");
   if (in_dtype == DType::f8e4m3) {
     PMOE_CHECK(scale_block >= 1, "AllToAllConfig: f8e4m3 input needs scale_block >= 1 (elements ",
                "per f32 scale; 128 is common), got ", scale_block);
@@ -92,6 +95,7 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device devi
   agree.field("scale_block", config.scale_block);
   agree.field("out_dtype", int64_t(config.out_dtype), detail::show_dtype);
   agree.field("in_place_buffers", config.in_place_buffers, detail::show_bool);
+  agree.field("ranks_per_node", config.ranks_per_node);
   agree.check(comm, [&] {
     config_.validate(world_size_);
     PMOE_CHECK(device == comm.device(), "AllToAll: device ", device.str(),

@@ -15,6 +15,7 @@
 #include "all_to_all/backend.hpp"
 #include "all_to_all/layout.hpp"
 #include "all_to_all/route.hpp"
+#include "comm/node_split.hpp"
 #include "cpu/reduce.hpp"
 #include "pmoe/error.hpp"
 
@@ -32,7 +33,8 @@ class CpuAllToAll final : public AllToAllBackend {
         world_size_(comm.size()),
         num_local_experts_(config.num_experts / comm.size()),
         rows_per_expert_(int64_t(comm.size()) * config.max_num_tokens),
-        memory_(comm.alloc_symmetric(layout_.total_bytes, layout_.signal_slots())),
+        memory_(split_into_nodes(comm.alloc_symmetric(layout_.total_bytes, layout_.signal_slots()),
+                                 config.ranks_per_node)),
         header_(layout_.header_bytes / sizeof(int32_t)),
         sent_(world_size_),
         head_(2 + size_t(num_local_experts_)),

@@ -1,12 +1,18 @@
 // The CUDA tests are built twice (tests/CMakeLists.txt): against the emulated device's runtime
 // (the default, label cuda) and against CUDA's for a GPU (PMOE_TEST_ON_GPU, label gpu). A binary's
 // own CUDA calls (graph capture, memsets) reach only the runtime it was built for, so pmoe must
-// use the same one: the emulated build pins it before main, and every test checks it.
+// use the same one: the emulated build pins it before main, and every test checks it. A failure
+// in the emulated build prints the device's schedule (PMOE_EMU_SCHEDULE, PMOE_EMU_LATE_STORES).
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
+
+#if !defined(PMOE_TEST_ON_GPU)
+#include "cuda/emulator/schedule.hpp"
+#endif
 
 #include "pmoe/stream.hpp"
 
@@ -17,6 +23,21 @@ inline constexpr bool kOnEmulatedDevice = false;
 #else
 inline constexpr bool kOnEmulatedDevice = true;
 inline const bool kEmulationPinned = setenv("PMOE_CUDA_EMULATE", "1", 1) == 0;
+
+// A failed test names the emulated device's schedule and late-store setting, so the run can be
+// repeated with them (src/cuda/emulator/schedule.hpp).
+class PrintDeviceSettingsOnFailure : public ::testing::EmptyTestEventListener {
+  void OnTestEnd(const ::testing::TestInfo& test) override {
+    if (test.result() && test.result()->Failed())
+      std::fprintf(stderr, "[ emulated device ] %s.%s failed with %s: set these to repeat it\n",
+                   test.test_suite_name(), test.name(),
+                   ::pmoe::emu::describe_device_settings().c_str());
+  }
+};
+inline const bool kDeviceSettingsPrintedOnFailure = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new PrintDeviceSettingsOnFailure);
+  return true;
+}();
 #endif
 
 }  // namespace pmoe::testing

@@ -141,6 +141,13 @@ TEST_P(AllToAllCuda, Int64Indices) {
   expect_case_on_gpu(W(), c);
   c.split_phases = true;
   expect_case_on_gpu(W(), c);
+  // More indices (1100 x top-k >= 2200) than the narrowing kernel's grid has threads (8 x 256).
+  AllToAllCase many = base(4, 16);
+  many.config.max_num_tokens = 1100;
+  many.tokens = TokenCounts::full;
+  many.i64_indices = true;
+  many.calls = 1;
+  expect_case_on_gpu(W(), many);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllCuda, ::testing::Values(1, 2, 4, 8),
@@ -505,12 +512,13 @@ TEST(AllToAllCuda, MoreRanksThanHardwareQueuesIsAnError) {
               std::string::npos) << "rank " << r << ": " << errors[size_t(r)];
 }
 
-// A rank that never calls dispatch: the other ranks' kernels give up after PMOE_TIMEOUT_S and
-// the host raises an error naming it.
+// A rank that never calls dispatch: the other ranks' kernels give up after PMOE_TIMEOUT_S, count
+// no rows for any expert, and the host raises an error naming it.
 TEST(AllToAllCuda, RankThatNeverArrivesIsNamed) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   setenv("PMOE_TIMEOUT_S", "1", 1);
   std::vector<std::string> errors(3);
+  std::vector<std::vector<int32_t>> counted(3);
   run_ranks(3, [&](Communicator& comm) {
     const AllToAllConfig cfg = make_config(4, 6, 2, 32);
     AllToAll a2a(comm, cfg);
@@ -521,8 +529,13 @@ TEST(AllToAllCuda, RankThatNeverArrivesIsNamed) {
     copy(x, in.x);
     copy(indices, in.indices);
     Buffer counts(DType::i32, {2}, gpu), expert_x(DType::bf16, {2, 12, 32}, gpu);
+    Buffer host_counts(DType::i32, {2});
+    host_counts.data<int32_t>()[0] = host_counts.data<int32_t>()[1] = 12345;  // not a count
+    copy(counts, host_counts);
     a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor());
     synchronize(comm.stream());
+    copy(host_counts, counts);
+    counted[size_t(comm.rank())].assign(host_counts.data<int32_t>(), host_counts.data<int32_t>() + 2);
     try {
       a2a.check_errors();
     } catch (const Error& e) {
@@ -530,9 +543,11 @@ TEST(AllToAllCuda, RankThatNeverArrivesIsNamed) {
     }
   }, Device::cuda(0));
   unsetenv("PMOE_TIMEOUT_S");
-  for (int r : {0, 1})
+  for (int r : {0, 1}) {
     EXPECT_NE(errors[size_t(r)].find("rank 2 did not arrive within 1 s"), std::string::npos)
         << errors[size_t(r)];
+    EXPECT_EQ(counted[size_t(r)], std::vector<int32_t>({0, 0})) << "rank " << r;
+  }
 }
 
 }  // namespace

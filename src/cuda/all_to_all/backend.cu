@@ -34,6 +34,9 @@ class CudaAllToAll final : public AllToAllBackend {
         stream_(static_cast<cudaStream_t>(comm.stream().handle)) {
     PMOE_CHECK(comm.size() <= cuda::kMaxRanks, "AllToAll on CUDA: at most ", cuda::kMaxRanks,
                " ranks, got ", comm.size());
+    PMOE_CHECK(config.ranks_per_node == 0 || config.ranks_per_node == comm.size(),
+               "AllToAll on CUDA: ranks_per_node (", config.ranks_per_node, ") below the world "
+               "size needs the device transport's remote path, not wired into the kernels yet");
     PMOE_CHECK(!config.in_place_buffers, "AllToAll on CUDA: in_place_buffers is not supported "
                "on this backend yet; pass your own buffers");
     memory_ = comm.alloc_symmetric(layout_.total_bytes, layout_.signal_slots());

@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/all_to_all/device_utils.cuh"
+#include "cuda/transport/transport.cuh"
 #include "cuda/all_to_all/kernels.hpp"
 #include "cuda/check.hpp"
 #include "pmoe/dtype.hpp"
@@ -82,7 +83,8 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
     p.round->next_step = int32_t(Step::combine_recv);  // every block has read it
     const uint64_t epoch = *p.epoch;
     for (int dest = 0; dest < p.world_size; ++dest)
-      *reinterpret_cast<int32_t*>(p.regions[dest] + lay.combine_dtype_slot(p.rank)) = p.y_dtype;
+      store_to_peer(reinterpret_cast<int32_t*>(p.regions[dest] + lay.combine_dtype_slot(p.rank)),
+                    int32_t(p.y_dtype));
     __threadfence_system();
     for (int dest = 0; dest < p.world_size; ++dest)
       signal_release(p.signals[dest] + lay.signal_word(lay.combine_signal(p.rank)), epoch);

@@ -1,6 +1,9 @@
 // Device-side building blocks of AllToAll's kernels: epoch signals with system-scope release and
 // acquire, bounded waits that report through the error word, block copies in the widest aligned
-// words, last-block election.
+// words, last-block election. Every store here that another block, kernel or rank reads goes
+// through store_to_peer (src/cuda/memory_ops.cuh): visible to them once the storing thread
+// releases it (a fence or release store of device/system scope, e.g. signal_release) or the
+// kernel ends; the emulated device holds it back until then (PMOE_EMU_LATE_STORES=1).
 #pragma once
 
 #include "cuda/all_to_all/params.cuh"  // first: see there
@@ -8,6 +11,7 @@
 #include <cuda/atomic>
 
 #include "cuda/launch.cuh"
+#include "cuda/memory_ops.cuh"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
@@ -63,7 +67,7 @@ template <typename Word>
 __device__ __forceinline__ void copy_words(std::byte* dst, const std::byte* src, size_t words) {
   auto* d = reinterpret_cast<Word*>(dst);
   const auto* s = reinterpret_cast<const Word*>(src);
-  for (size_t i = threadIdx.x; i < words; i += blockDim.x) d[i] = s[i];
+  for (size_t i = threadIdx.x; i < words; i += blockDim.x) store_to_peer(d + i, s[i]);
 }
 
 // Copies `bytes` with the calling block's threads, in the widest words (16, 8, 4, 2 or 1 bytes)
@@ -83,8 +87,8 @@ __device__ __forceinline__ void block_copy(std::byte* dst, const std::byte* src,
     case 2: copy_words<int16_t>(dst + head, src + head, words); break;
     default: copy_words<std::byte>(dst + head, src + head, words);
   }
-  for (size_t i = threadIdx.x; i < head; i += blockDim.x) dst[i] = src[i];
-  for (size_t i = tail + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+  for (size_t i = threadIdx.x; i < head; i += blockDim.x) store_to_peer(dst + i, src[i]);
+  for (size_t i = tail + threadIdx.x; i < bytes; i += blockDim.x) store_to_peer(dst + i, src[i]);
 }
 
 // Copies `bytes` from src to dest(i) for each i < n with include(i), with the calling block's
@@ -117,13 +121,13 @@ __device__ __forceinline__ void copy_to_each(int n, Include include, Dest dest,
       auto* to = reinterpret_cast<int4*>(dest(i));
       for (int u = 0; u < kCopyUnroll; ++u) {
         const size_t w = base + size_t(u) * blockDim.x;
-        if (w < words) to[w] = v[u];
+        if (w < words) store_to_peer(to + w, v[u]);
       }
     }
   }
   for (size_t b = words * 16 + threadIdx.x; b < bytes; b += blockDim.x)  // a tail under 16 B
     for (int i = 0; i < n; ++i)
-      if (include(i)) dest(i)[b] = src[b];
+      if (include(i)) store_to_peer(dest(i) + b, src[b]);
 }
 
 using ::pmoe::detail::first_in_group;  // src/all_to_all/route.hpp, the CPU backend's rule too

@@ -20,6 +20,7 @@
 // Only one block of a rank ever waits for a peer (route_rows). Ranks sharing a GPU must not fill
 // its SMs with waiting blocks: a peer's kernel that would let them go on could then never run.
 #include "cuda/all_to_all/device_utils.cuh"
+#include "cuda/transport/transport.cuh"
 #include "cuda/all_to_all/kernels.hpp"
 #include "cuda/check.hpp"
 
@@ -165,7 +166,7 @@ __device__ bool route_tokens(const AllToAllParams& p) {
       break;  // this thread's later slots come after it
     }
   }
-  for (int i = threadIdx.x; i < tokens * W; i += blockDim.x) p.send_slot[i] = -1;
+  for (int i = threadIdx.x; i < tokens * W; i += blockDim.x) store_to_peer(p.send_slot + i, -1);
   // Other threads overwrite the slots of the destinations a token goes to; first_bad is final.
   __syncthreads();
   if (threadIdx.x == 0 && first_bad < tokens * k)
@@ -179,8 +180,8 @@ __device__ bool route_tokens(const AllToAllParams& p) {
         for (int j = 0; j < k; ++j)
           if (first_in_group(row, j, E, L)) f(row[j] / L, j);
       },
-      [&](int t, int dest, int, int slot, int) { p.send_slot[t * W + dest] = slot; },
-      [&](int dest, int count) { p.send_count[dest] = count; });
+      [&](int t, int dest, int, int slot, int) { store_to_peer(p.send_slot + t * W + dest, slot); },
+      [&](int dest, int count) { store_to_peer(p.send_count + dest, count); });
   // A row's position within its expert's rows from this rank: the tokens before it that chose
   // that expert. Sent in the header, with the per-expert counts in the head, so receivers need
   // no walk over the headers.
@@ -191,8 +192,10 @@ __device__ bool route_tokens(const AllToAllParams& p) {
         for (int j = 0; j < k; ++j)
           if (first_in_group(row, j, E, 1)) f(row[j], j);
       },
-      [&](int t, int, int j, int position, int) { p.send_position[t * k + j] = position; },
-      [&](int expert, int count) { p.send_expert_count[expert] = count; });
+      [&](int t, int, int j, int position, int) {
+        store_to_peer(p.send_position + t * k + j, position);
+      },
+      [&](int expert, int count) { store_to_peer(p.send_expert_count + expert, count); });
   if (threadIdx.x == 0) {
     p.round->dispatched_m = tokens;
     p.round->next_step = int32_t(Step::dispatch_recv);
@@ -213,7 +216,7 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
   if (ticket == 0) {
     const bool routed = !failed_before(p) && route_tokens(p);
     if (threadIdx.x == 0) {
-      *p.routed_ok = routed ? 1 : 0;
+      store_to_peer(p.routed_ok, routed ? 1 : 0);
       __threadfence();
       signal_release(p.routed, call);
       go = routed;
@@ -240,13 +243,13 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
       int n = 0;
       for (int j = 0; j < k; ++j) {
         if (!first_in_group(row, j, E, 1) || row[j] / L != dest) continue;
-        header[AllToAllLayout::header_expert(n)] = row[j] % L;
-        header[AllToAllLayout::header_slot(n)] = j;
-        header[AllToAllLayout::header_position(n)] = p.send_position[t * k + j];
+        store_to_peer(header + AllToAllLayout::header_expert(n), row[j] % L);
+        store_to_peer(header + AllToAllLayout::header_slot(n), j);
+        store_to_peer(header + AllToAllLayout::header_position(n), p.send_position[t * k + j]);
         ++n;
       }
-      header[AllToAllLayout::kHeaderToken] = t;
-      header[AllToAllLayout::kHeaderPairs] = n;
+      store_to_peer(header + AllToAllLayout::kHeaderToken, t);
+      store_to_peer(header + AllToAllLayout::kHeaderPairs, n);
     }
     // The token's destinations, from rank + 1 on, so that ranks do not all write to rank 0
     // first; the payload is read once for all of them.
@@ -268,12 +271,13 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
     for (int i = 0; i < W; ++i) {
       const int dest = (p.rank + 1 + i) % W;
       std::byte* region = p.regions[dest];
-      *reinterpret_cast<int32_t*>(region + lay.count_offset(p.rank)) = p.send_count[dest];
+      store_to_peer(reinterpret_cast<int32_t*>(region + lay.count_offset(p.rank)),
+                    p.send_count[dest]);
       // Payloads always travel on this backend.
-      *reinterpret_cast<int32_t*>(region + lay.flags_offset(p.rank)) = 0;
+      store_to_peer(reinterpret_cast<int32_t*>(region + lay.flags_offset(p.rank)), 0);
       for (int e = 0; e < L; ++e)
-        *reinterpret_cast<int32_t*>(region + lay.expert_count_offset(p.rank, e)) =
-            p.send_expert_count[dest * L + e];
+        store_to_peer(reinterpret_cast<int32_t*>(region + lay.expert_count_offset(p.rank, e)),
+                      p.send_expert_count[dest * L + e]);
     }
     __threadfence_system();
     for (int i = 0; i < W; ++i) {

@@ -30,10 +30,9 @@
 #include <cuda_runtime.h>
 
 #include "cuda/flavor.hpp"
+#include "cuda/transport/transport_state.cuh"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
-
-constexpr int kMaxRanks = 64;  // ranks one op spans on the CUDA backend (pointer tables below)
 
 using ::pmoe::detail::AllToAllLayout;
 using ::pmoe::detail::Route;

@@ -7,7 +7,9 @@
 // - __syncthreads() and __nanosleep() are where a fiber hands over to the next one.
 // Atomics are std::atomic_ref read-modify-writes with acq_rel order (CUDA's are relaxed; the
 // stronger order keeps ThreadSanitizer, which does not model fences, from reporting the kernels'
-// fence-then-atomic handshakes); fences are seq_cst fences.
+// fence-then-atomic handshakes); fences are seq_cst fences. With late stores on
+// (late_stores.hpp), __threadfence() and __threadfence_system() also release the thread's held
+// stores (and those its block's barriers showed it); __threadfence_block() and the atomics do not.
 #pragma once
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/emulator/late_stores.hpp"
 #include "cuda/emulator/runtime_api.hpp"
 
 namespace pmoe::emu {
@@ -63,8 +66,14 @@ inline int __syncthreads_or(int predicate) { return ::pmoe::emu::sync_threads_co
 inline void __nanosleep(unsigned) { ::pmoe::emu::yield_thread(); }
 
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence() {
+  ::pmoe::emu::release_held_stores();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+inline void __threadfence_system() {
+  ::pmoe::emu::release_held_stores();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
 
 inline int atomicAdd(int* p, int v) { return ::pmoe::emu::atomic_rmw_add(p, v); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return ::pmoe::emu::atomic_rmw_add(p, v); }

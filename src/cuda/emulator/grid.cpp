@@ -5,9 +5,11 @@
 //   block:     blockDim fibers (Boost.Context) on the slot's host thread, run in turns; a fiber
 //              runs until __syncthreads(), __nanosleep() or its end, then the next one runs
 //
-// After every barrier the fibers resume in a new pseudo-random order, so a kernel that reads
-// __shared__ before the barrier that should guard it sees another thread's stale value, as it
-// would on a GPU where warps run in any order. A pass in which every runnable fiber only slept
+// The order of the fibers in each pass, and of the blocks, is the schedule's (schedule.hpp:
+// PMOE_EMU_SCHEDULE); by default, after every barrier the fibers resume in a new pseudo-random
+// order, so a kernel that reads __shared__ before the barrier that should guard it sees another
+// thread's stale value, as it would on a GPU where warps run in any order. Late stores
+// (late_stores.hpp) are told of every barrier, block end and kernel end. A pass in which every runnable fiber only slept
 // (all are waiting on something outside the block) backs off: first yields, then short sleeps,
 // so the ranks they wait for get the cores.
 //
@@ -32,6 +34,8 @@
 #include <vector>
 
 #include "cuda/emulator/device_api.hpp"
+#include "cuda/emulator/late_stores.hpp"
+#include "cuda/emulator/schedule.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define PMOE_EMU_ASAN 1
@@ -124,7 +128,7 @@ class BlockRunner {
   // Runs one block; returns the first exception a thread threw, if any.
   std::exception_ptr run(const cuda_api::dim3& grid, const cuda_api::dim3& block,
                          const cuda_api::uint3& block_idx, const std::function<void()>& body,
-                         uint64_t seed) {
+                         uint64_t seed, LaunchHeldStores& held) {
     const unsigned n = block.x * block.y * block.z;
     size_ = n;
     body_ = &body;
@@ -147,8 +151,8 @@ class BlockRunner {
           return fiber_main(f, std::move(caller));
         });
       }
-      order_[i] = i;
     }
+    order_fibers(order_, n, /*first=*/true, rng_);
     int idle_passes = 0;
     while (alive_ > 0) {
       bool progressed = false;
@@ -159,7 +163,7 @@ class BlockRunner {
         resume(f);
         progressed = progressed || !f.slept;
       }
-      if (reshuffle_) std::shuffle(order_.begin(), order_.begin() + n, rng_);
+      if (reshuffle_) order_fibers(order_, n, /*first=*/false, rng_);
       if (progressed) {
         idle_passes = 0;
       } else if (++idle_passes < 64) {
@@ -169,6 +173,7 @@ class BlockRunner {
       }
     }
     current_thread = nullptr;
+    late_stores_block_end(held);
     return failure_;
   }
 
@@ -198,6 +203,7 @@ class BlockRunner {
     arrived_ = 0;
     arrived_true_ = 0;
     reshuffle_ = true;
+    late_stores_barrier_passed();
   }
 
   void resume(Fiber& f) {
@@ -266,11 +272,17 @@ thread_local BlockRunner* current_runner = nullptr;
 
 // One launch in a device's queue.
 struct Launch {
+  Launch(cuda_api::dim3 g, cuda_api::dim3 b, const std::function<void()>* f, unsigned blocks,
+         uint64_t launch_number)
+      : grid(g), block(b), body(f), total(blocks), number(launch_number),
+        order(launch_number, blocks) {}
   cuda_api::dim3 grid, block;
   const std::function<void()>* body;
   unsigned total = 0, next = 0, finished = 0;  // blocks; guarded by the device's mutex
   std::exception_ptr failure;
-  uint64_t seed = 0;
+  uint64_t number = 0;  // the launching host thread's count of launches (the schedule's seed)
+  BlockOrder order;     // the order in which blocks start
+  LaunchHeldStores held;
 };
 
 class Device {
@@ -281,7 +293,6 @@ class Device {
 
   void run(Launch& launch) {
     std::unique_lock lock(mutex_);
-    launch.seed = launches_++;
     queue_.push_back(&launch);
     work_.notify_all();
     done_.wait(lock, [&] { return launch.finished == launch.total; });
@@ -296,13 +307,13 @@ class Device {
     for (;;) {
       work_.wait(lock, [&] { return !queue_.empty(); });
       Launch& launch = *queue_.front();
-      const unsigned index = launch.next++;
+      const unsigned index = launch.order.at(launch.next++);
       if (launch.next == launch.total) queue_.pop_front();
       lock.unlock();
       const cuda_api::dim3& g = launch.grid;
       const cuda_api::uint3 block_idx{index % g.x, (index / g.x) % g.y, index / (g.x * g.y)};
-      std::exception_ptr failure =
-          runner.run(launch.grid, launch.block, block_idx, *launch.body, launch.seed * 7919 + index);
+      std::exception_ptr failure = runner.run(launch.grid, launch.block, block_idx, *launch.body,
+                                              block_seed(launch.number, index), launch.held);
       lock.lock();
       if (failure && !launch.failure) launch.failure = failure;
       if (++launch.finished == launch.total) done_.notify_all();
@@ -312,7 +323,6 @@ class Device {
   std::mutex mutex_;
   std::condition_variable work_, done_;
   std::deque<Launch*> queue_;
-  uint64_t launches_ = 0;
 };
 
 Device& device(int index) {
@@ -337,26 +347,26 @@ const DeviceShape& device_shape() {
 }
 
 cuda_api::cudaError_t run_grid(int device_index, cuda_api::dim3 grid, cuda_api::dim3 block,
-                               const std::function<void()>& body) {
+                               const std::function<void()>& body, uint64_t launch_number) {
   const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   if (blocks == 0 || threads == 0 || threads > kMaxBlockThreads || blocks > (1u << 31))
     return cuda_api::cudaErrorInvalidConfiguration;
   if (device_index < 0 || device_index >= device_shape().devices)
     return cuda_api::cudaErrorInvalidDevice;
-  Launch launch;
-  launch.grid = grid;
-  launch.block = block;
-  launch.body = &body;
-  launch.total = unsigned(blocks);
+  if (!schedule().valid) return cuda_api::cudaErrorInvalidValue;  // said once, on stderr
+  Launch launch(grid, block, &body, unsigned(blocks), launch_number);
   device(device_index).run(launch);
+  launch.held.kernel_end();
   if (launch.failure) {
+    const std::string settings = describe_device_settings();
     try {
       std::rethrow_exception(launch.failure);
     } catch (const std::exception& e) {
-      fprintf(stderr, "pmoe emulated device: a kernel thread threw: %s\n", e.what());
+      fprintf(stderr, "pmoe emulated device (%s): a kernel thread threw: %s\n", settings.c_str(),
+              e.what());
     } catch (...) {
-      fprintf(stderr, "pmoe emulated device: a kernel thread threw\n");
+      fprintf(stderr, "pmoe emulated device (%s): a kernel thread threw\n", settings.c_str());
     }
     return cuda_api::cudaErrorLaunchFailure;
   }

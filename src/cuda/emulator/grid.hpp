@@ -22,10 +22,13 @@ struct DeviceShape {
 const DeviceShape& device_shape();
 
 // Runs `body` once per thread of every block of the grid on `device` and returns when the last
-// block has returned. Blocks start in index order as slots free up (first come, first served
-// across launches). Returns cudaErrorLaunchFailure if a thread threw (its message goes to
-// stderr).
+// block has returned and its late stores landed. Blocks start in the schedule's order
+// (schedule.hpp; index order by default) as slots free up (first come, first served across
+// launches); `launch_number` (the launching host thread's count of launches) seeds the
+// schedule's orders. Returns cudaErrorLaunchFailure if a thread threw (its message goes to
+// stderr, with the schedule to repeat the run), cudaErrorInvalidValue if PMOE_EMU_SCHEDULE names
+// no schedule.
 cuda_api::cudaError_t run_grid(int device, cuda_api::dim3 grid, cuda_api::dim3 block,
-                               const std::function<void()>& body);
+                               const std::function<void()>& body, uint64_t launch_number);
 
 }  // namespace pmoe::emu

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda/emulator/grid.hpp"
+#include "cuda/emulator/schedule.hpp"
 #include "cuda/emulator/streams.hpp"
 
 namespace pmoe::emu {
@@ -215,11 +216,12 @@ cudaError_t launch(dim3 grid, dim3 block, size_t, cudaStream_t handle, std::func
     return note_error(cudaErrorInvalidConfiguration);
   StreamImpl* stream = resolve(handle);
   if (!stream) return note_error(cudaErrorInvalidResourceHandle);
-  ++kernels_launched;
+  const uint64_t number = ++kernels_launched;
   const int device = stream->device;
-  return note_error(enqueue(handle, [device, grid, block, body = std::move(body)] {
+  return note_error(enqueue(handle, [device, grid, block, number, body = std::move(body)] {
+    before_kernel_starts();
     std::lock_guard held(HardwareQueues::of(device).queue(running_stream->hardware_queue));
-    const cudaError_t status = run_grid(device, grid, block, body);
+    const cudaError_t status = run_grid(device, grid, block, body, number);
     if (status != cudaSuccess) running_stream->fail(status);
   }));
 }

@@ -1,6 +1,6 @@
-// The GPU remote path (nvcc with NCCL's device API): the contract's RemotePath on GIN
-// (/work/wt/TRANSPORT_CONTRACT.md; src/cuda/transport/remote_path.cuh picks it). Every call is
-// thread-level: the calling thread issues it alone, through GIN context `context`.
+// The GPU remote path (nvcc with NCCL's device API): RemotePath on GIN, as
+// src/cuda/transport/remote_path.cuh lists what a flavour defines (and picks this one). Every call
+// is thread-level: the calling thread issues it alone, through GIN context `context`.
 //
 //   this rank's window (NcclGin)                 peer's window
 //   ┌────────────┬──────────────┐   GIN put      ┌────────────┬──────────────┐
@@ -35,32 +35,28 @@ struct RemotePath {
   int context;          // the GIN context of every put, signal and read (0: the only one made)
 };
 
-// True where remote puts can be issued; the put functions below return false (and move
-// nothing) elsewhere, for the caller to report instead of crashing.
+// True where remote puts can be issued; elsewhere every call below returns false (or 0) and
+// moves nothing, for the transport to report instead of crashing.
 __device__ __forceinline__ bool remote_ready(const RemotePath& path) {
   return path.window != nullptr;
 }
 
-// `bytes` from this rank's window at src_offset into `peer`'s (a world rank) at dst_offset. The
-// source bytes must be visible to the calling thread (a __syncthreads after the block wrote
-// them): GIN releases them at device scope before the NIC reads.
+// `bytes` from this rank's window at src_offset into `peer`'s (a world rank) at dst_offset; with
+// slot >= 0, then peer's GIN signal `slot` += 1, seen after this put's payload and every earlier
+// put of this context to that peer. The source bytes must be visible to the calling thread (a
+// __syncthreads after the block wrote them): GIN releases them at device scope before the NIC
+// reads.
 __device__ __forceinline__ bool remote_put(const RemotePath& path, int peer, size_t dst_offset,
-                                           size_t src_offset, size_t bytes) {
+                                           size_t src_offset, size_t bytes, int slot) {
   if (!remote_ready(path)) return false;
   ncclGin gin(path.comm, path.context);
-  gin.put(ncclTeamWorld(path.comm), peer, path.window, dst_offset, path.window, src_offset, bytes);
-  return true;
-}
-
-// The same put, then peer's GIN signal `slot` += 1, seen after this put's payload and every
-// earlier put of this context to that peer.
-__device__ __forceinline__ bool remote_put_signal(const RemotePath& path, int peer,
-                                                  size_t dst_offset, size_t src_offset,
-                                                  size_t bytes, int slot) {
-  if (!remote_ready(path)) return false;
-  ncclGin gin(path.comm, path.context);
-  gin.put(ncclTeamWorld(path.comm), peer, path.window, dst_offset, path.window, src_offset, bytes,
-          ncclGin_SignalAdd{ncclGinSignal_t(slot), 1});
+  const ncclTeam world = ncclTeamWorld(path.comm);
+  if (slot >= 0) {
+    gin.put(world, peer, path.window, dst_offset, path.window, src_offset, bytes,
+            ncclGin_SignalAdd{ncclGinSignal_t(slot), 1});
+  } else {
+    gin.put(world, peer, path.window, dst_offset, path.window, src_offset, bytes);
+  }
   return true;
 }
 
@@ -74,15 +70,16 @@ __device__ __forceinline__ bool remote_signal_add(const RemotePath& path, int pe
 
 // Returns once every put this thread issued on the context has left its source (which may then
 // be rewritten); says nothing about arrival at the peer.
-__device__ __forceinline__ void remote_flush(const RemotePath& path) {
-  if (!remote_ready(path)) return;
+__device__ __forceinline__ bool remote_flush(const RemotePath& path) {
+  if (!remote_ready(path)) return true;  // nothing was put
   ncclGin gin(path.comm, path.context);
   gin.flush(ncclCoopThread());
+  return true;
 }
 
 // This rank's GIN signal `slot` (what remote peers added), read with acquire: the payloads it
 // covers are visible after it. 0 where there is no remote path.
-__device__ __forceinline__ uint64_t remote_read_signal(const RemotePath& path, int slot) {
+__device__ __forceinline__ uint64_t remote_signal_value(const RemotePath& path, int slot) {
   if (!remote_ready(path)) return 0;
   ncclGin gin(path.comm, path.context);
   return gin.readSignal(ncclGinSignal_t(slot));

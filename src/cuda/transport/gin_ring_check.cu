@@ -7,8 +7,9 @@
 
 #include "cuda/check.hpp"
 #include "cuda/launch.cuh"
-#include "cuda/transport/gin_remote.cuh"
 #include "cuda/transport/nccl_gin.hpp"
+#include "cuda/transport/remote_setup.hpp"
+#include "cuda/transport/transport.cuh"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
@@ -18,35 +19,31 @@ __host__ __device__ inline std::byte pattern(int rank, uint64_t round, size_t i)
 }
 
 struct RingCheck {
-  RemotePath path;
+  Transport t;  // the kernels' transport: every peer of another node remote, through GIN
   std::byte* region;
-  int rank, to, from;
+  int to, from;
   size_t chunk;
   uint64_t round, timeout_ns;
+  ErrorWord* error;  // device; host_mirror points at a second device word (nothing maps it)
   int64_t* wrong;    // device: bytes that differ
   int32_t* arrived;  // device: 1 once both signals came
 };
 
+// Through transport.cuh's functions, as AllToAll's kernels call them: put_signal, put, then
+// signal_add, flush, and wait_signal on both slots.
 __global__ void __launch_bounds__(kBlockThreads) ring_check(RingCheck c) {
   for (size_t i = threadIdx.x; i < c.chunk; i += blockDim.x)
-    c.region[i] = pattern(c.rank, c.round, i);
+    c.region[i] = pattern(c.t.rank, c.round, i);
   __syncthreads();
   __shared__ int32_t came;
   if (threadIdx.x == 0) {
-    bool issued = remote_put_signal(c.path, c.to, c.chunk, 0, c.chunk, 0);
-    issued = issued && remote_put(c.path, c.to, 2 * c.chunk, 0, c.chunk);
-    issued = issued && remote_signal_add(c.path, c.to, 1);
-    remote_flush(c.path);
-    const uint64_t start = global_timer_ns();
-    came = 0;
-    while (issued) {
-      if (remote_read_signal(c.path, 0) >= c.round && remote_read_signal(c.path, 1) >= c.round) {
-        came = 1;
-        break;
-      }
-      if (global_timer_ns() - start > c.timeout_ns) break;
-      __nanosleep(1000);
-    }
+    bool issued = !is_direct(c.t, c.to) && put_signal(c.t, c.to, c.chunk, 0, c.chunk, 0);
+    issued = issued && put(c.t, c.to, 2 * c.chunk, 0, c.chunk);
+    issued = issued && signal_add(c.t, c.to, 1);
+    flush(c.t);
+    came = issued &&
+           wait_signal(c.t, 0, c.round, c.timeout_ns, c.error, c.from, Step::dispatch_recv) &&
+           wait_signal(c.t, 1, c.round, c.timeout_ns, c.error, c.from, Step::combine_recv);
     *c.arrived = came;
   }
   __syncthreads();
@@ -73,21 +70,31 @@ GinRingResult run_gin_ring_check(const NcclGin& gin, cudaStream_t stream, size_t
   const ncclDevComm& comm = gin.dev_comm();
   const int W = comm.nRanks, per_node = request.ranks_per_node;
   RingCheck c{};
-  c.path = RemotePath{comm, gin.window(), 0};
+  c.t.rank = comm.rank;
+  c.t.world_size = W;
+  c.t.ranks_per_node = per_node;
+  // Every peer remote here (the ring goes one node on); this rank's own signals are the window's.
+  c.t.local_signals = gin.direct_signals();
+  c.t.signal_stride = int(NcclGin::kSignalBytes / sizeof(uint64_t));
+  fill_remote_path(gin, c.t.remote);
   c.region = gin.region();
-  c.rank = comm.rank;
   c.to = (comm.rank + per_node) % W;
   c.from = (comm.rank - per_node + W) % W;
   c.chunk = chunk;
   c.round = round;
   c.timeout_ns = timeout_ns;
   void* results = nullptr;
-  PMOE_CUDA_CHECK(cudaMalloc(&results, 16));
+  constexpr size_t kResultBytes = 16 + 2 * sizeof(ErrorWord);
+  PMOE_CUDA_CHECK(cudaMalloc(&results, kResultBytes));
   c.wrong = static_cast<int64_t*>(results);
   c.arrived = reinterpret_cast<int32_t*>(static_cast<std::byte*>(results) + 8);
+  c.error = reinterpret_cast<ErrorWord*>(static_cast<std::byte*>(results) + 16);
+  ErrorWord error{};
+  error.host_mirror = c.error + 1;
   GinRingResult result;
   try {
-    PMOE_CUDA_CHECK(cudaMemsetAsync(results, 0, 16, stream));
+    PMOE_CUDA_CHECK(cudaMemsetAsync(results, 0, kResultBytes, stream));
+    PMOE_CUDA_CHECK(cudaMemcpyAsync(c.error, &error, sizeof error, cudaMemcpyHostToDevice, stream));
     launch(ring_check, 1, stream, c);
     int64_t wrong = 0;
     int32_t arrived = 0;

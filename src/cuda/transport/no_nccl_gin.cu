@@ -3,7 +3,7 @@
 // rank waits for a peer that went on.
 #include "cuda/transport/remote_setup.hpp"
 
-#include "cuda/transport/no_remote.cuh"
+#include "cuda/transport/remote_path.cuh"
 #include "pmoe/error.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {

@@ -1,0 +1,44 @@
+// Stores that another block, kernel or rank reads: the one place where the two compilations of a
+// kernel differ in how such a store is made (src/cuda/launch.cuh is the other header that may
+// branch on the flavour). Kernel code calls store_to_peer() and never branches itself.
+//
+//   under nvcc:               a plain store (st.global), exactly what `*dst = value` compiles to
+//   on the emulated device:   PMOE_EMU_LATE_STORES=1: held back in the block's pending stores
+//                             until the CUDA memory model says they must be visible
+//                             (src/cuda/emulator/late_stores.hpp); otherwise a plain store
+//
+// What releases a held store (so what a kernel must do before a peer may read it):
+//   - a fence or a release store (release, acq_rel or seq_cst) of device or system scope by the
+//     same thread: __threadfence(), __threadfence_system(), cuda::atomic_ref<.., device|system>
+//     .store(.., release) -- cumulative: it also releases the stores of the other threads of its
+//     block made before a __syncthreads() that this thread passed since;
+//   - the end of the kernel (so the next kernel in stream order, an event, a stream or device
+//     synchronisation see them).
+// What does not: a relaxed atomic (store or read-modify-write; CUDA's atomicAdd & co. are
+// relaxed), __threadfence_block() or a block-scope release, a __syncthreads() on its own.
+// A thread that reads back what it (or its block) stored this way must fence first: the emulated
+// device does not let even the block see a held store (stricter than CUDA for the block; no
+// pmoe kernel reads such a store back within its block).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "cuda/flavor.hpp"
+
+namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
+
+// *dst = value, for memory that other blocks, kernels or ranks read once this thread releases it
+// (see above). T is a word of at most 16 bytes (int4 and below).
+template <typename T>
+__device__ __forceinline__ void store_to_peer(T* dst, const std::type_identity_t<T>& value) {
+  static_assert(sizeof(T) <= 16, "store_to_peer stores one word of at most 16 bytes");
+#if defined(__CUDACC__)
+  *dst = value;
+#else
+  ::pmoe::emu::store_late(dst, value);
+#endif
+}
+
+}  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR
