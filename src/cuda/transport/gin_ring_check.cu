@@ -8,7 +8,7 @@
 #include "cuda/check.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/transport/nccl_gin.hpp"
-#include "cuda/transport/remote_setup.hpp"
+#include "cuda/transport/gin_setup.hpp"
 #include "cuda/transport/transport.cuh"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {

@@ -11,7 +11,7 @@
 #include "cuda/check.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/transport/gin_remote.cuh"
-#include "cuda/transport/remote_setup.hpp"
+#include "cuda/transport/gin_setup.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
@@ -169,7 +169,7 @@ std::vector<std::byte*> NcclGin::direct_windows(cudaStream_t stream) const {
   return direct;
 }
 
-// The hook the CUDA backend calls (remote_setup.hpp).
+// The hook the CUDA backend calls (gin_setup.hpp).
 bool gpu_remote_path_built() { return true; }
 
 std::unique_ptr<NcclGin, NcclGinDeleter> open_gpu_remote_path(Communicator& comm,

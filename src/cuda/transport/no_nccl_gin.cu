@@ -1,7 +1,7 @@
 // The GPU remote path's hook in a build where CMake found no NCCL with the device API
 // (nccl_device.h and libnccl): every rank refuses alike, before any collective step, so that no
 // rank waits for a peer that went on.
-#include "cuda/transport/remote_setup.hpp"
+#include "cuda/transport/gin_setup.hpp"
 
 #include "cuda/transport/remote_path.cuh"
 #include "pmoe/error.hpp"
