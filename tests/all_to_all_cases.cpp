@@ -203,6 +203,7 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
     fold(result.digest, y);
   }
   if (work_sink < 0) result.digest ^= 1;  // keeps busy_work from being optimised away
+  result.remote_bytes = a2a.remote_traffic().bytes;
   return result;
 }
 

@@ -41,6 +41,7 @@ AllToAllConfig make_config(int max_tokens, int experts, int top_k, int hidden,
 struct CaseResult {
   std::string error;    // "" when every call matched the reference
   uint64_t digest = 0;  // a hash of every output byte, to compare runs
+  uint64_t remote_bytes = 0;  // what this rank sent to peers on other nodes (a split world)
 };
 
 // Runs c.calls dispatch + combine calls on `comm` (collective), reusing one AllToAll and one set

@@ -118,6 +118,13 @@ class AllToAll {
 
   // Bytes this op allocated per rank (symmetric buffers, signals and private staging).
   size_t workspace_bytes() const;
+  // What this rank has sent to peers on other nodes (AllToAllConfig::ranks_per_node, or real
+  // nodes) since the op was made: payload bytes and transfers (puts and lone signals). Zero on
+  // one node.
+  struct RemoteTraffic {
+    uint64_t bytes = 0, transfers = 0;
+  };
+  RemoteTraffic remote_traffic() const;
   const AllToAllConfig& config() const { return config_; }
   int num_local_experts() const { return num_local_experts_; }
   int world_size() const { return world_size_; }

@@ -110,6 +110,8 @@ AllToAll::~AllToAll() = default;
 
 size_t AllToAll::workspace_bytes() const { return backend_->workspace_bytes(); }
 
+AllToAll::RemoteTraffic AllToAll::remote_traffic() const { return backend_->remote_traffic(); }
+
 namespace {
 Tensor require_in_place(const Tensor& t, const char* name, bool f8_only, const AllToAllConfig& c) {
   PMOE_CHECK(c.in_place_buffers, "AllToAll::", name, ": set AllToAllConfig::in_place_buffers ",

@@ -31,6 +31,7 @@ class AllToAllBackend {
   virtual void combine_send(const CombineArgs& args) = 0;
   virtual void combine_recv(const CombineArgs& args) = 0;
   virtual size_t workspace_bytes() const = 0;
+  virtual AllToAll::RemoteTraffic remote_traffic() const = 0;
   // The in-place buffers (see AllToAll::input_buffer()); empty Tensors when not allocated.
   virtual Tensor input_buffer() const = 0;
   virtual Tensor input_scale_buffer() const = 0;

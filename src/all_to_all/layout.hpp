@@ -23,6 +23,11 @@
 //   |   input [max_tokens] rows of payload, input scales [max_tokens] rows of scales,  |
 //   |   expert output [E_local * W * max_tokens] rows of H out_dtype elements          |
 //   +---------------------------------------------------------------------------------+
+//   | staging (ranks_per_node splits the world only): what goes to peers on other     |
+//   |   nodes, which only puts reach (window to window, from this region):            |
+//   |   dispatch: one block image per destination rank d (head + token slots, as it   |
+//   |     lands in d's block for this rank); combine: one row per route; one dtype word |
+//   +---------------------------------------------------------------------------------+
 //   signals (64 B each): slot s = dispatch data from s is complete; slot W + s = combine
 //   rows from s
 //
@@ -91,7 +96,24 @@ struct AllToAllLayout {
         total_bytes(expert_output_offset +
                     (config.in_place_buffers ? align64(size_t(config.num_experts) * max_tokens *
                                                        expert_output_row)
-                                             : 0)) {}
+                                             : 0)) {
+    const bool split = config.ranks_per_node > 0 && config.ranks_per_node < world_size;
+    if (!split) return;
+    dispatch_stage_offset = align64(total_bytes);
+    combine_stage_offset = dispatch_stage_offset + size_t(world_size) * source_block;
+    stage_dtype_offset = combine_stage_offset + size_t(world_size) * max_tokens * max_pairs *
+                                                    combine_row;
+    total_bytes = stage_dtype_offset + kDtypeSlot;
+  }
+
+  // Staging (split worlds only): where this rank builds destination d's dispatch block, and the
+  // combine row of route `route`.
+  PMOE_HOST_DEVICE size_t dispatch_stage(int dest) const {
+    return dispatch_stage_offset + size_t(dest) * source_block;
+  }
+  PMOE_HOST_DEVICE size_t combine_stage(int route) const {
+    return combine_stage_offset + size_t(route) * combine_row;
+  }
 
   // Dispatch area, block of `source`.
   PMOE_HOST_DEVICE size_t count_offset(int source) const { return size_t(source) * source_block; }
@@ -140,6 +162,7 @@ struct AllToAllLayout {
   size_t input_offset = 0, input_scale_offset = 0, expert_output_offset = 0,
          expert_output_row = 0;
   size_t total_bytes = 0;
+  size_t dispatch_stage_offset = 0, combine_stage_offset = 0, stage_dtype_offset = 0;
 };
 
 }  // namespace pmoe::detail

@@ -35,10 +35,17 @@ NodeSplitMemory::NodeSplitMemory(std::unique_ptr<SymmetricMemory> inner, int ran
 }
 
 void NodeSplitMemory::put(int r, size_t offset, const void* src, size_t bytes) {
+  if (peer(r) == nullptr) {
+    remote_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    remote_transfers_.fetch_add(1, std::memory_order_relaxed);
+  }
   inner_->put(r, offset, src, bytes);
 }
 
-void NodeSplitMemory::signal(int r, int slot, uint64_t value) { inner_->signal(r, slot, value); }
+void NodeSplitMemory::signal(int r, int slot, uint64_t value) {
+  if (peer(r) == nullptr) remote_transfers_.fetch_add(1, std::memory_order_relaxed);
+  inner_->signal(r, slot, value);
+}
 
 std::unique_ptr<SymmetricMemory> split_into_nodes(std::unique_ptr<SymmetricMemory> memory,
                                                   int ranks_per_node) {

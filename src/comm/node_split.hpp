@@ -9,6 +9,8 @@
 //   rank 1's view:               peer(0), peer(1) set; peer(2), peer(3) null
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 
 #include "pmoe/comm.hpp"
@@ -25,12 +27,16 @@ class NodeSplitMemory final : public SymmetricMemory {
   // The wrapped memory, whose pointers still reach every rank this machine maps (for the
   // emulated device's remote proxy, which stands for the network).
   const SymmetricMemory& unsplit() const { return *inner_; }
+  // What put() and signal() sent to peers on other nodes: payload bytes, and puts plus signals.
+  uint64_t remote_bytes() const { return remote_bytes_.load(std::memory_order_relaxed); }
+  uint64_t remote_transfers() const { return remote_transfers_.load(std::memory_order_relaxed); }
 
  protected:
   void progress() const override { inner_->progress(); }
 
  private:
   std::unique_ptr<SymmetricMemory> inner_;
+  std::atomic<uint64_t> remote_bytes_{0}, remote_transfers_{0};
 };
 
 // `memory` with peers outside this rank's node of the split hidden from load/store; `memory`

@@ -43,6 +43,11 @@ class CpuAllToAll final : public AllToAllBackend {
     routes_.reserve(size_t(world_size_) * config.max_num_tokens * layout_.max_pairs);
   }
 
+  AllToAll::RemoteTraffic remote_traffic() const override {
+    const auto* split = dynamic_cast<const NodeSplitMemory*>(memory_.get());
+    if (!split) return {};
+    return {split->remote_bytes(), split->remote_transfers()};
+  }
   size_t workspace_bytes() const override {
     return layout_.total_bytes + size_t(layout_.signal_slots()) * SymmetricMemory::kSignalBytes +
            header_.capacity() * sizeof(int32_t) + routes_.capacity() * sizeof(Route) +

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <iterator>
 #include <vector>
@@ -18,6 +19,9 @@
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
 #include "reference/all_to_all_reference.hpp"
+#if !defined(PMOE_TEST_ON_GPU)
+#include "cuda/emulator/remote.hpp"
+#endif
 
 namespace pmoe::testing {
 namespace {
@@ -29,16 +33,31 @@ void expect_case_on_gpu(int W, AllToAllCase c) {
   std::vector<CaseResult> results(static_cast<size_t>(W));
   run_ranks(W, [&](Communicator& comm) { results[size_t(comm.rank())] = run_all_to_all_case(comm, c); },
             Device::cuda(0));
-  for (int r = 0; r < W; ++r) EXPECT_EQ(results[size_t(r)].error, "") << "W = " << W;
+  uint64_t remote = 0;
+  for (int r = 0; r < W; ++r) {
+    EXPECT_EQ(results[size_t(r)].error, "") << "W = " << W;
+    remote += results[size_t(r)].remote_bytes;
+  }
+  // A split world: off-node peers have no pointer, so the bytes must have gone through the
+  // remote path (the emulated proxy) or the case could not have matched.
+  const int per_node = c.config.ranks_per_node;
+  if (per_node > 0 && per_node < W) EXPECT_GT(remote, 0u) << "nothing went through the remote path";
 }
 
-class AllToAllCuda : public ::testing::TestWithParam<int> {
+// Ranks, and ranks per node (0: one node; otherwise the world as nodes x ranks, off-node peers
+// reached through the device transport's remote path only).
+struct Topology {
+  int ranks, per_node;
+};
+
+class AllToAllCuda : public ::testing::TestWithParam<Topology> {
  protected:
   void SetUp() override { PMOE_REQUIRE_CUDA_RUNTIME(); }
-  int W() const { return GetParam(); }
+  int W() const { return GetParam().ranks; }
   AllToAllCase base(int top_k = 3, int hidden = 64) const {
     AllToAllCase c;
     c.config = make_config(9, 2 * W(), std::min(top_k, 2 * W()), hidden);
+    c.config.ranks_per_node = GetParam().per_node;
     c.calls = 3;
     return c;
   }
@@ -150,18 +169,27 @@ TEST_P(AllToAllCuda, Int64Indices) {
   expect_case_on_gpu(W(), many);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllCuda, ::testing::Values(1, 2, 4, 8),
-                         [](const auto& info) { return "W" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllCuda,
+                         ::testing::Values(Topology{1, 0}, Topology{2, 0}, Topology{4, 0},
+                                           Topology{8, 0}, Topology{4, 2}, Topology{8, 4},
+                                           Topology{8, 2}),
+                         [](const auto& info) {
+                           const Topology t = info.param;
+                           if (t.per_node == 0) return "W" + std::to_string(t.ranks);
+                           return "Nodes" + std::to_string(t.ranks / t.per_node) + "x" +
+                                  std::to_string(t.per_node);
+                         });
 
 // Dispatch and combine captured once per rank into two CUDA graphs, then replayed 100 times with
 // new routing and a new m written into device memory before each replay. Between the two graphs
 // the host runs the reference's stand-in experts (a different function per expert, so a row
 // combined from the wrong slot shows), and both outputs are checked against the reference.
-TEST(AllToAllCuda, GraphReplaysWithChangingRoutingAndM) {
-  PMOE_REQUIRE_CUDA_RUNTIME();
+// per_node: 0 on one node; 2 as two nodes of two ranks (off-node peers through the remote path).
+void graph_replays(int per_node) {
   const int W = 4, max_tokens = 16, H = 128, k = 3;
   constexpr uint8_t kSentinel = 0xA5;
-  const AllToAllConfig cfg = make_config(max_tokens, 2 * W, k, H, DType::bf16, DType::bf16);
+  AllToAllConfig cfg = make_config(max_tokens, 2 * W, k, H, DType::bf16, DType::bf16);
+  cfg.ranks_per_node = per_node;
   std::vector<std::string> errors(W);
   run_ranks(W, [&](Communicator& comm) {
     const int rank = comm.rank(), L = cfg.num_experts / W, rows = W * max_tokens;
@@ -254,6 +282,18 @@ TEST(AllToAllCuda, GraphReplaysWithChangingRoutingAndM) {
   }, Device::cuda(0));
   for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
 }
+
+TEST(AllToAllCuda, GraphReplaysWithChangingRoutingAndM) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  graph_replays(0);
+}
+
+#if !defined(PMOE_TEST_ON_GPU)
+TEST(AllToAllCuda, GraphReplaysAcrossTwoNodesWithChangingRoutingAndM) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  graph_replays(2);
+}
+#endif
 
 #if !defined(PMOE_TEST_ON_GPU)
 // Kernels per step, counted on the emulated device (docs/gpu-all-to-all.md): dispatch(send) 1,
@@ -549,6 +589,83 @@ TEST(AllToAllCuda, RankThatNeverArrivesIsNamed) {
     EXPECT_EQ(counted[size_t(r)], std::vector<int32_t>({0, 0})) << "rank " << r;
   }
 }
+
+#if !defined(PMOE_TEST_ON_GPU)
+// The emulated remote path keeps GIN's promise and no more: rank 0 puts to rank 1 by hand-stepped
+// delivery. Three puts then a put with a signal: whenever the signal shows, all four payloads are
+// there, whatever order the puts landed in. A signal added before its data (the bug GIN does not
+// forgive) is delivered first, and the stale data is seen.
+TEST(AllToAllCuda, EmulatedRemotePathOrdersSignalsOnlyAfterEarlierPuts) {
+  constexpr size_t kBytes = 64, kStride = 8;
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    std::vector<std::byte> region0(8 * kBytes), region1(8 * kBytes);
+    std::vector<uint64_t> signals0(2 * kStride), signals1(2 * kStride);
+    for (size_t i = 0; i < region0.size(); ++i) region0[i] = std::byte(1 + (i + seed) % 250);
+    emu::RemoteProxy proxy(0, {region0.data(), region1.data()}, {signals0.data(), signals1.data()},
+                           kStride, 2, /*by_hand=*/true);
+    for (int i = 0; i < 3; ++i) proxy.put(1, kBytes * size_t(i), kBytes * size_t(i), kBytes, -1);
+    proxy.put(1, 3 * kBytes, 3 * kBytes, kBytes, /*slot=*/1);
+    // Another peer's traffic is not ordered against it.
+    int steps = 0;
+    while (proxy.deliver_one()) {
+      ++steps;
+      if (signals1[1 * kStride] >= 1)
+        ASSERT_EQ(std::memcmp(region1.data(), region0.data(), 4 * kBytes), 0)
+            << "signal before its data, seed " << seed;
+    }
+    EXPECT_EQ(steps, 4);
+    EXPECT_EQ(signals1[1 * kStride], 1u);
+    EXPECT_EQ(proxy.counters().bytes, 4 * kBytes);
+    EXPECT_EQ(proxy.counters().transfers, 4u);
+  }
+  // The wrong order: signal first, data after. The emulated network delivers the signal while the
+  // data is still on its way, so a receiver that trusted it reads stale bytes.
+  std::vector<std::byte> region0(kBytes, std::byte{7}), region1(kBytes, std::byte{0});
+  std::vector<uint64_t> signals0(kStride), signals1(kStride);
+  emu::RemoteProxy proxy(0, {region0.data(), region1.data()}, {signals0.data(), signals1.data()},
+                         kStride, 1, /*by_hand=*/true);
+  proxy.signal_add(1, 0);
+  proxy.put(1, 0, 0, kBytes, -1);
+  ASSERT_TRUE(proxy.deliver_one());
+  EXPECT_EQ(signals1[0], 1u);
+  EXPECT_EQ(region1[0], std::byte{0}) << "the data came with a signal issued before it";
+  ASSERT_TRUE(proxy.deliver_one());
+  EXPECT_EQ(region1[0], std::byte{7});
+}
+
+// Four ranks as two nodes of two; rank 3 (node 1) never calls dispatch: rank 0 and 1 (node 0),
+// which reach it only through the remote path, name it and its node after the timeout.
+TEST(AllToAllCuda, RemoteRankThatNeverArrivesIsNamedWithItsNode) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  setenv("PMOE_TIMEOUT_S", "1", 1);
+  std::vector<std::string> errors(4);
+  run_ranks(4, [&](Communicator& comm) {
+    AllToAllConfig cfg = make_config(4, 8, 2, 32);
+    cfg.ranks_per_node = 2;
+    AllToAll a2a(comm, cfg);
+    if (comm.rank() == 3) return;
+    const auto in = reference::make_inputs(cfg, comm.rank(), 4, 3, Routing::random);
+    const Device gpu = comm.device();
+    Buffer x = Buffer::like(in.x, gpu), indices = Buffer::like(in.indices, gpu);
+    copy(x, in.x);
+    copy(indices, in.indices);
+    Buffer counts(DType::i32, {2}, gpu), expert_x(DType::bf16, {2, 16, 32}, gpu);
+    a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor());
+    synchronize(comm.stream());
+    try {
+      a2a.check_errors();
+    } catch (const Error& e) {
+      errors[size_t(comm.rank())] = e.what();
+    }
+  }, Device::cuda(0));
+  unsetenv("PMOE_TIMEOUT_S");
+  for (int r : {0, 1})
+    EXPECT_NE(errors[size_t(r)].find("rank 3 (node 1; this rank is on node 0) did not arrive "
+                                     "within 1 s"),
+              std::string::npos)
+        << errors[size_t(r)];
+}
+#endif
 
 }  // namespace
 }  // namespace pmoe::testing

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <string>
 #include <utility>
 
 #include "all_to_all/backend.hpp"
@@ -18,6 +19,8 @@
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
 #include "cuda/launch.cuh"
+#include "cuda/transport/remote_setup.hpp"
+#include "comm/node_split.hpp"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR {
 namespace {
@@ -34,12 +37,11 @@ class CudaAllToAll final : public AllToAllBackend {
         stream_(static_cast<cudaStream_t>(comm.stream().handle)) {
     PMOE_CHECK(comm.size() <= cuda::kMaxRanks, "AllToAll on CUDA: at most ", cuda::kMaxRanks,
                " ranks, got ", comm.size());
-    PMOE_CHECK(config.ranks_per_node == 0 || config.ranks_per_node == comm.size(),
-               "AllToAll on CUDA: ranks_per_node (", config.ranks_per_node, ") below the world "
-               "size needs the device transport's remote path, not wired into the kernels yet");
     PMOE_CHECK(!config.in_place_buffers, "AllToAll on CUDA: in_place_buffers is not supported "
                "on this backend yet; pass your own buffers");
-    memory_ = comm.alloc_symmetric(layout_.total_bytes, layout_.signal_slots());
+    memory_ = split_into_nodes(comm.alloc_symmetric(layout_.total_bytes, layout_.signal_slots()),
+                               config.ranks_per_node);
+    remote_ = std::make_unique<cuda::RemoteSetup>(*memory_, AllToAllLayout::kSignalWords);
     // Counted after a barrier (every rank of this process has made its stream) and agreed on
     // (the largest count), so that every rank decides alike even as failing ones leave.
     comm.barrier();
@@ -70,9 +72,20 @@ class CudaAllToAll final : public AllToAllBackend {
     p.out_dtype = int(config.out_dtype);
     p.layout = layout_;
     for (int r = 0; r < W; ++r) {
-      p.regions[r] = memory_->peer(r);
-      p.signals[r] = memory_->signal_word(r, 0);
+      p.regions[r] = memory_->peer(r);  // null for a peer on another node
+      p.signals[r] = p.regions[r] ? memory_->signal_word(r, 0) : nullptr;
     }
+    cuda::Transport& t = p.transport;
+    t.rank = p.rank;
+    t.world_size = W;
+    t.ranks_per_node = ranks_per_node();
+    for (int r = 0; r < W; ++r) {
+      t.direct[r] = p.regions[r];
+      t.direct_signals[r] = p.signals[r];
+    }
+    t.local_signals = memory_->signal_word(p.rank, 0);
+    t.signal_stride = int(AllToAllLayout::kSignalWords);
+    t.remote = remote_->path();
     // Private scratch, one allocation.
     scratch_bytes_ = 0;
     auto reserve = [&](size_t bytes) {
@@ -149,6 +162,7 @@ class CudaAllToAll final : public AllToAllBackend {
     if (error_host_) (void)cudaFreeHost(error_host_);
   }
 
+  AllToAll::RemoteTraffic remote_traffic() const override { return remote_->traffic(); }
   size_t workspace_bytes() const override {
     return layout_.total_bytes + size_t(layout_.signal_slots()) * SymmetricMemory::kSignalBytes +
            scratch_bytes_;
@@ -224,8 +238,12 @@ class CudaAllToAll final : public AllToAllBackend {
     switch (r.code) {
       case cuda::kTimeout:
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, " (", device_.str(),
-                        "): rank ", r.detail, " did not arrive within ", params_.timeout_ns / 1e9,
-                        " s"));
+                        "): rank ", r.detail, node_of(r.detail), " did not arrive within ",
+                        params_.timeout_ns / 1e9, " s"));
+      case cuda::kNoRemote:
+        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": rank ", r.detail,
+                        node_of(r.detail), " is on another node and this build has no remote "
+                        "path to it"));
       case cuda::kTooManyTokens:
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": bound_m = ",
                         r.detail, " is outside [0, ", r.value,
@@ -309,12 +327,24 @@ class CudaAllToAll final : public AllToAllBackend {
     return p;
   }
 
+  int ranks_per_node() const {
+    const int W = comm_.size(), n = config_.ranks_per_node;
+    return n > 0 && n < W ? n : W;
+  }
+  // ", on node 1 (this rank is on node 0)" where the world is split into nodes, else "".
+  std::string node_of(int peer) const {
+    const int n = ranks_per_node();
+    if (n == comm_.size()) return "";
+    return cat(" (node ", peer / n, "; this rank is on node ", params_.rank / n, ")");
+  }
+
   Communicator& comm_;
   AllToAllConfig config_;
   AllToAllLayout layout_;
   Device device_;
   cudaStream_t stream_;
   std::unique_ptr<SymmetricMemory> memory_;
+  std::unique_ptr<cuda::RemoteSetup> remote_;  // the remote path (split worlds), before the kernels
   AllToAllParams params_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;

@@ -44,8 +44,8 @@ __device__ void wait_owners(const AllToAllParams& p) {
   }
   __syncthreads();
   for (int owner = threadIdx.x; owner < p.world_size && !failed; owner += blockDim.x) {
-    if (!wait_signal(p.signals[p.rank] + lay.signal_word(lay.combine_signal(owner)), epoch,
-                     p.timeout_ns, p.error, owner, Step::combine_recv)) {
+    if (!wait_signal(p.transport, lay.combine_signal(owner), epoch, p.timeout_ns, p.error, owner,
+                     Step::combine_recv)) {
       failed = true;
     } else {
       const int32_t dtype = *reinterpret_cast<const volatile int32_t*>(
@@ -72,22 +72,49 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
   const size_t row_bytes = size_t(p.hidden_dim) * p.y_elem_bytes;
   const int start = int(int64_t(routes) * p.rank / p.world_size);
   for (int r = blockIdx.x; r < routes; r += gridDim.x) {
-    const Route route = p.routes[(start + r) % routes];
+    const int index = (start + r) % routes;
+    const Route route = p.routes[index];
+    // A remote source: the row is staged in this rank's region and put from there (window to
+    // window) once the whole block has written it. The same for every thread of the block.
+    const bool direct = p.regions[route.source] != nullptr;
+    const size_t at = lay.combine_row_offset(route.token, route.slot);
+    std::byte* to = direct ? p.regions[route.source] + at
+                           : p.regions[p.rank] + lay.combine_stage(index);
     copy_to_each(
-        1, [](int) { return true; },
-        [&](int) { return p.regions[route.source] + lay.combine_row_offset(route.token, route.slot); },
+        1, [](int) { return true; }, [&](int) { return to; },
         p.expert_y + size_t(route.row) * row_bytes, row_bytes);
+    if (!direct) {
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence_system();  // the block's stores to the staging, before the put reads them
+        if (!put(p.transport, route.source, at, lay.combine_stage(index), row_bytes))
+          report(p.error, kNoRemote, route.source, Step::combine_send);
+      }
+    }
   }
   if (!last_block_all(&p.block_counters[kReturnDone])) return;
   if (threadIdx.x == 0) {
     p.round->next_step = int32_t(Step::combine_recv);  // every block has read it
     const uint64_t epoch = *p.epoch;
     for (int dest = 0; dest < p.world_size; ++dest)
-      store_to_peer(reinterpret_cast<int32_t*>(p.regions[dest] + lay.combine_dtype_slot(p.rank)),
+      if (p.regions[dest])
+        store_to_peer(reinterpret_cast<int32_t*>(p.regions[dest] + lay.combine_dtype_slot(p.rank)),
+                      int32_t(p.y_dtype));
+    // Remote sources get it from the staging, with the signal: after this rank's rows to them.
+    if (lay.stage_dtype_offset)
+      store_to_peer(reinterpret_cast<int32_t*>(p.regions[p.rank] + lay.stage_dtype_offset),
                     int32_t(p.y_dtype));
     __threadfence_system();
-    for (int dest = 0; dest < p.world_size; ++dest)
-      signal_release(p.signals[dest] + lay.signal_word(lay.combine_signal(p.rank)), epoch);
+    for (int dest = 0; dest < p.world_size; ++dest) {
+      if (p.signals[dest]) {
+        signal_release(p.signals[dest] + lay.signal_word(lay.combine_signal(p.rank)), epoch);
+      } else if (!put_signal(p.transport, dest, lay.combine_dtype_slot(p.rank),
+                             lay.stage_dtype_offset, sizeof(int32_t),
+                             lay.combine_signal(p.rank))) {
+        report(p.error, kNoRemote, dest, Step::combine_send);
+      }
+    }
+    flush(p.transport);  // the staging is rewritten by the next combine
   }
   if (p.fuse_recv) {
     __syncthreads();  // next_step, advanced above

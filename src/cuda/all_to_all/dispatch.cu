@@ -99,8 +99,8 @@ __device__ void receive_heads(const AllToAllParams& p) {
   __syncthreads();
   for (int i = threadIdx.x; i < W && !failed; i += blockDim.x) {
     const int source = (p.rank + i) % W;  // this rank's own data first: it is there already
-    if (!wait_signal(p.signals[p.rank] + lay.signal_word(lay.dispatch_signal(source)), epoch,
-                     p.timeout_ns, p.error, source, Step::dispatch_recv))
+    if (!wait_signal(p.transport, lay.dispatch_signal(source), epoch, p.timeout_ns, p.error,
+                     source, Step::dispatch_recv))
       failed = true;
   }
   __syncthreads();
@@ -233,13 +233,21 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
   const AllToAllLayout& lay = p.layout;
   const int k = p.top_k, W = p.world_size, L = p.num_local_experts, E = L * W;
   const size_t payload = lay.payload_bytes, scales = lay.scale_bytes;
+  // Where this rank's block at `dest` is written: in place at a direct peer, or in this rank's
+  // staging image of it at a remote one (the last block puts it whole: puts go window to window).
+  // `offset` is a region offset of this rank's block (count_offset(p.rank) onwards).
+  auto in_block = [&](int dest, size_t offset) {
+    return p.regions[dest] ? p.regions[dest] + offset
+                           : p.regions[p.rank] + lay.dispatch_stage(dest) +
+                                 (offset - lay.count_offset(p.rank));
+  };
   for (int t = int(ticket); t < tokens; t += gridDim.x) {
     // Headers: one thread per destination.
     const int32_t* row = p.indices + t * k;
     for (int dest = threadIdx.x; dest < W; dest += blockDim.x) {
       const int slot = p.send_slot[t * W + dest];
       if (slot < 0) continue;
-      auto* header = reinterpret_cast<int32_t*>(p.regions[dest] + lay.token_offset(p.rank, slot));
+      auto* header = reinterpret_cast<int32_t*>(in_block(dest, lay.token_offset(p.rank, slot)));
       int n = 0;
       for (int j = 0; j < k; ++j) {
         if (!first_in_group(row, j, E, 1) || row[j] / L != dest) continue;
@@ -257,12 +265,12 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
     auto slot_at = [&](int i) { return p.send_slot[t * W + dest_of(i)]; };
     copy_to_each(
         W, [&](int i) { return slot_at(i) >= 0; },
-        [&](int i) { return p.regions[dest_of(i)] + lay.payload_offset(p.rank, slot_at(i)); },
+        [&](int i) { return in_block(dest_of(i), lay.payload_offset(p.rank, slot_at(i))); },
         p.x + size_t(t) * payload, payload);
     if (scales)
       copy_to_each(
           W, [&](int i) { return slot_at(i) >= 0; },
-          [&](int i) { return p.regions[dest_of(i)] + lay.scale_offset(p.rank, slot_at(i)); },
+          [&](int i) { return in_block(dest_of(i), lay.scale_offset(p.rank, slot_at(i))); },
           reinterpret_cast<const std::byte*>(p.x_scale) + size_t(t) * scales, scales);
   }
   if (!last_block_all(&p.block_counters[kSendDone])) return;
@@ -270,7 +278,8 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
     const uint64_t epoch = ++*p.epoch;
     for (int i = 0; i < W; ++i) {
       const int dest = (p.rank + 1 + i) % W;
-      std::byte* region = p.regions[dest];
+      // As if it were dest's region: in_block() maps this rank's block there to where it is built.
+      std::byte* region = in_block(dest, lay.count_offset(p.rank)) - lay.count_offset(p.rank);
       store_to_peer(reinterpret_cast<int32_t*>(region + lay.count_offset(p.rank)),
                     p.send_count[dest]);
       // Payloads always travel on this backend.
@@ -282,8 +291,16 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
     __threadfence_system();
     for (int i = 0; i < W; ++i) {
       const int dest = (p.rank + 1 + i) % W;
-      signal_release(p.signals[dest] + lay.signal_word(lay.dispatch_signal(p.rank)), epoch);
+      if (p.signals[dest]) {
+        signal_release(p.signals[dest] + lay.signal_word(lay.dispatch_signal(p.rank)), epoch);
+      } else if (!put_signal(p.transport, dest, lay.count_offset(p.rank), lay.dispatch_stage(dest),
+                             lay.block_head_bytes + size_t(p.send_count[dest]) * lay.token_stride,
+                             lay.dispatch_signal(p.rank))) {
+        report(p.error, kNoRemote, dest, Step::dispatch_send);
+      }
     }
+    // The staging is rewritten by the next dispatch: every put must have left it by then.
+    flush(p.transport);
   }
   if (p.fuse_recv) {
     __syncthreads();  // the epoch, bumped above

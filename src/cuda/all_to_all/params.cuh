@@ -49,6 +49,7 @@ enum ErrorCode : int32_t {
                        // step expected, value: unused; the step that ran is ErrorWord::step)
   kTokensMismatch = 6, // combine's m differs from its dispatch's (detail: combine's, value:
                        // dispatch's)
+  kNoRemote = 7,       // a put to a remote peer on a path that has none (detail: the peer)
 };
 
 // Where this rank's device is in the round, kept on the device because graph replays skip the
@@ -64,7 +65,7 @@ struct Round {
 // index or m is only reported: the slot counts as -1 (m as clamped, combine's m as dispatch's)
 // and every rank still completes, so that peers do not combine stale rows.
 __host__ __device__ inline bool is_fatal(int32_t code) {
-  return code == kTimeout || code == kDtypeMismatch || code == kStepOrder;
+  return code == kTimeout || code == kDtypeMismatch || code == kStepOrder || code == kNoRemote;
 }
 
 // In device memory, where kernels race for it with atomicCAS; the winner copies it to
@@ -86,9 +87,11 @@ struct AllToAllParams {
   int64_t rows_per_expert;
   int in_elem_bytes, y_elem_bytes, out_dtype, y_dtype;  // y_dtype/out_dtype: pmoe::DType values
   AllToAllLayout layout;
-  // Symmetric memory: every rank's region and signal array.
+  // Symmetric memory: every direct peer's region and signal array (null for a remote peer), and
+  // the transport, which also reaches the remote ones (src/cuda/transport/transport.cuh).
   std::byte* regions[kMaxRanks];
   uint64_t* signals[kMaxRanks];
+  Transport transport;
   // This call's tensors (device pointers) and m.
   const std::byte* x;
   const float* x_scale;

@@ -1,7 +1,10 @@
 // The emulated remote path's proxy: see remote.hpp.
 #include "cuda/emulator/remote.hpp"
 
+#include <atomic>
 #include <chrono>
+#include <cstring>
+#include <utility>
 #include <climits>
 #include <exception>
 
@@ -10,12 +13,21 @@
 
 namespace pmoe::emu {
 
-RemoteProxy::RemoteProxy(SymmetricMemory& memory)
-    : memory_(memory),
-      queues_(size_t(memory.size())),
-      added_(size_t(memory.size()), std::vector<uint64_t>(size_t(memory.signal_slots()), 0)) {
-  random_ ^= uint64_t(memory.rank()) * 0xBF58476D1CE4E5B9ull;
-  thread_ = std::thread([this] { run(); });
+RemoteProxy::RemoteProxy(int rank, std::vector<std::byte*> regions, std::vector<uint64_t*> signals,
+                         size_t signal_stride, int signal_slots, bool by_hand)
+    : rank_(rank),
+      regions_(std::move(regions)),
+      signals_(std::move(signals)),
+      signal_stride_(signal_stride),
+      queues_(regions_.size()),
+      added_(regions_.size(), std::vector<uint64_t>(size_t(signal_slots), 0)) {
+  random_ ^= uint64_t(rank + 1) * 0xBF58476D1CE4E5B9ull;
+  if (!by_hand) thread_ = std::thread([this] { run(); });
+}
+
+bool RemoteProxy::deliver_one() {
+  std::unique_lock lock(mutex_);
+  return deliver_one(lock);
 }
 
 RemoteProxy::~RemoteProxy() {
@@ -24,7 +36,7 @@ RemoteProxy::~RemoteProxy() {
     stop_ = true;
   }
   changed_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void RemoteProxy::put(int peer, size_t dst_offset, size_t src_offset, size_t bytes, int slot) {
@@ -91,14 +103,16 @@ bool RemoteProxy::deliver_one(std::unique_lock<std::mutex>& lock) {
   std::string failure;
   try {
     if (op.src_offset != SIZE_MAX && op.bytes > 0)
-      memory_.put(peer, op.dst_offset, memory_.local() + op.src_offset, op.bytes);
+      std::memcpy(regions_[size_t(peer)] + op.dst_offset, regions_[size_t(rank_)] + op.src_offset,
+                  op.bytes);
     if (op.slot >= 0) {
       uint64_t value = 0;
       {
         std::lock_guard relock(mutex_);
         value = ++added_[size_t(peer)][size_t(op.slot)];
       }
-      memory_.signal(peer, op.slot, value);
+      std::atomic_ref<uint64_t>(signals_[size_t(peer)][size_t(op.slot) * signal_stride_])
+          .store(value, std::memory_order_release);
     }
   } catch (const std::exception& e) {
     failure = e.what();

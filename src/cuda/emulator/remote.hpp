@@ -1,7 +1,9 @@
 // The emulated device's remote path (one RemoteProxy per rank and op): kernels' puts and signal
 // adds are queued per destination peer and delivered later, in a random order that keeps only
-// GIN's promise, by a proxy thread through the host SymmetricMemory's put and signal (memcpy for
-// thread ranks, the communicator's transport for MPI processes):
+// GIN's promise, by a proxy thread that stands for the network: it copies into the peer's region
+// and release-stores the peer's signal word through pointers this machine maps (thread ranks
+// share the process; MPI processes of one machine map each other's regions), which the kernels
+// themselves are denied (src/comm/node_split.hpp):
 //
 //   kernel thread --put/signal--> queue[peer]: op op op SIG op ...
 //   proxy thread: picks a random peer, then a random put before the queue's first signal, or
@@ -22,7 +24,6 @@
 #include <thread>
 #include <vector>
 
-#include "pmoe/comm.hpp"
 
 namespace pmoe::emu {
 
@@ -33,8 +34,11 @@ struct RemoteCounters {
 
 class RemoteProxy {
  public:
-  // `memory`: this rank's symmetric memory (its region is the source of every put).
-  explicit RemoteProxy(SymmetricMemory& memory);
+  // regions[r], signals[r]: rank r's region and signal array (slot s at signals[r] +
+  // s * signal_stride words); regions[rank] is the source of every put.
+  // by_hand: no proxy thread; deliver_one() delivers (tests that step the network themselves).
+  RemoteProxy(int rank, std::vector<std::byte*> regions, std::vector<uint64_t*> signals,
+              size_t signal_stride, int signal_slots, bool by_hand = false);
   ~RemoteProxy();
   RemoteProxy(const RemoteProxy&) = delete;
   RemoteProxy& operator=(const RemoteProxy&) = delete;
@@ -44,6 +48,8 @@ class RemoteProxy {
   // Until every op issued before has been delivered (bounded by the memory's timeout).
   void flush();
   RemoteCounters counters() const;
+  // One op, as the proxy thread would pick it; false if nothing is queued.
+  bool deliver_one();
   // The first error a delivery raised (a peer's group failed), or "".
   std::string error() const;
 
@@ -56,7 +62,10 @@ class RemoteProxy {
   void run();
   bool deliver_one(std::unique_lock<std::mutex>& lock);
 
-  SymmetricMemory& memory_;
+  int rank_;
+  std::vector<std::byte*> regions_;
+  std::vector<uint64_t*> signals_;
+  size_t signal_stride_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<std::deque<Op>> queues_;           // per destination peer

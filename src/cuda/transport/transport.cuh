@@ -19,9 +19,6 @@
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
-// A put on a path with no remote peer (a build without NCCL's device API): detail is the peer.
-constexpr int32_t kNoRemotePath = 7;
-
 __device__ __forceinline__ int node_of(const Transport& t, int rank) {
   return rank / t.ranks_per_node;
 }
