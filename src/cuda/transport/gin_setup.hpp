@@ -1,8 +1,9 @@
-// Where the CUDA backend makes the GPU remote path: the hook it calls when a CUDA communicator's
-// ranks span nodes (nvcc builds only; the emulated device has its own remote path). Declared
-// without NCCL's types, so that the backend compiles alike with and without NCCL: the hook is
-// defined by src/cuda/transport/nccl_gin.cu where CMake found NCCL's device API, and by
-// src/cuda/transport/no_nccl_gin.cu, which refuses, where it did not.
+// The GIN state's hook for the CUDA backend (nvcc builds only), declared without NCCL's types so
+// that the backend compiles alike with and without NCCL: defined by nccl_gin.cu where CMake found
+// NCCL's device API, by no_nccl_gin.cu (which refuses) where it did not. The nvcc branch of
+// remote_setup.hpp is where it is to be called; as the region must be NCCL's window (memory from
+// ncclMemAlloc, which cudaMalloc'd alloc_symmetric memory is not), it replaces alloc_symmetric
+// for a world with remote peers.
 #pragma once
 
 #include <cuda_runtime.h>
