@@ -24,6 +24,11 @@ rm -rf "$KIT"
 mkdir -p "$KIT/bin" "$KIT/lib" "$KIT/usr/bin" "$KIT/usr/lib/$MULTIARCH" "$KIT/usr/share"
 cp "$BUILD/tests/test_cuda_all_to_all_gpu" "$BUILD/tests/test_cuda_ipc_gpu" \
    "$BUILD/tests/test_cuda_grid_gpu" "$BUILD/tools/pmoe-bench/pmoe-bench" "$KIT/bin/"
+# The GIN ring check, where CMake found NCCL's device API (device_checks.sh part gin; libnccl
+# itself is not packed: it is loaded at run time, from the device's own NCCL).
+if cmake --build "$BUILD" --target gin_ring_gpu >/dev/null 2>&1; then
+  cp "$BUILD/tests/gin_ring_gpu" "$KIT/bin/"
+fi
 
 # Open MPI as Debian lays it out under /usr; OPAL_PREFIX moves that prefix to $KIT/usr.
 cp -a "/usr/lib/$MULTIARCH/openmpi" "/usr/lib/$MULTIARCH/pmix2" "$KIT/usr/lib/$MULTIARCH/"

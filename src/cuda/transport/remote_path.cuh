@@ -14,10 +14,17 @@
 //
 // Ordering (GIN's, no stronger): a slot's add becomes visible at the peer only after the payloads
 // of that put and of every earlier put of the same rank to the same peer.
+//
+//   nvcc, NCCL's device API found  gin_remote.cuh: NCCL GIN (compile-checked only)
+//   nvcc without it                no_remote.cuh: no peer is ever remote; puts return false
+//   the host compiler              the emulated device's proxy (src/cuda/emulator/remote*)
+//
+// CMake defines PMOE_HAVE_NCCL_GIN=1 for the nvcc sources where it found NCCL >= 2.28.7 (the
+// file's presence is not enough: gin_remote.cuh needs nccl_device.h).
 #pragma once
 
 #if defined(__CUDACC__)
-#if __has_include("cuda/transport/gin_remote.cuh")
+#if defined(PMOE_HAVE_NCCL_GIN) && PMOE_HAVE_NCCL_GIN
 #include "cuda/transport/gin_remote.cuh"
 #else
 #include "cuda/transport/no_remote.cuh"

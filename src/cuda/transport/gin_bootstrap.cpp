@@ -1,0 +1,113 @@
+#include "cuda/transport/gin_bootstrap.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "pmoe/error.hpp"
+
+namespace pmoe::cuda {
+namespace {
+
+// What root broadcasts: one status byte, the id, then root's error message (truncated) if make
+// failed. The same size on every rank, as broadcast requires.
+constexpr size_t kMessageBytes = 480;
+
+// Runs `fn`; its exception's message, or "" if it returned.
+std::string failure_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what()[0] ? e.what() : "(no message)";
+  }
+  return {};
+}
+
+}  // namespace
+
+void check_gin_request(const Communicator& comm, const GinRequest& request) {
+  const int W = comm.size();
+  PMOE_CHECK(request.region_bytes > 0, "GIN remote path: region_bytes must be positive, got 0");
+  // NCCL keeps a window's place in 4 KiB pages counted in 32 bits (ncclWindow_vidmem): 16 TiB.
+  PMOE_CHECK(request.region_bytes <= (size_t(1) << 44), "GIN remote path: region_bytes ",
+             request.region_bytes, " exceeds the 16 TiB an NCCL window can span");
+  PMOE_CHECK(request.signal_slots > 0 && request.signal_slots <= (1 << 24),
+             "GIN remote path: signal_slots must be in [1, 2^24], got ", request.signal_slots);
+  PMOE_CHECK(request.ranks_per_node >= 1 && request.ranks_per_node <= W,
+             "GIN remote path: ranks_per_node must be in [1, ", W, "], got ",
+             request.ranks_per_node);
+  PMOE_CHECK(W % request.ranks_per_node == 0, "GIN remote path: ranks_per_node ",
+             request.ranks_per_node, " does not divide the ", W, " ranks into whole nodes");
+  PMOE_CHECK(W / request.ranks_per_node >= 2, "GIN remote path: the ", W,
+             " ranks form one node "
+             "of ",
+             request.ranks_per_node, "; the remote path is for ranks on two nodes or more");
+}
+
+size_t gin_signals_offset(const GinRequest& request) {
+  return (request.region_bytes + SymmetricMemory::kSignalBytes - 1) /
+         SymmetricMemory::kSignalBytes * SymmetricMemory::kSignalBytes;
+}
+
+size_t gin_window_bytes(const GinRequest& request) {
+  const size_t bytes =
+      gin_signals_offset(request) + size_t(request.signal_slots) * SymmetricMemory::kSignalBytes;
+  return (bytes + kGinWindowAlign - 1) / kGinWindowAlign * kGinWindowAlign;
+}
+
+std::vector<std::byte> share_root_id(Communicator& comm, int root, size_t id_bytes,
+                                     const std::function<void(std::span<std::byte>)>& make,
+                                     std::string_view what) {
+  PMOE_CHECK(root >= 0 && root < comm.size(), "share_root_id: root ", root, " outside [0, ",
+             comm.size(), ")");
+  PMOE_CHECK(id_bytes > 0, "share_root_id: id_bytes must be positive, got 0");
+  std::vector<std::byte> message(1 + id_bytes + kMessageBytes);
+  if (comm.rank() == root) {
+    const std::string error = failure_of([&] { make(std::span(message).subspan(1, id_bytes)); });
+    message[0] = std::byte{error.empty() ? uint8_t(1) : uint8_t(0)};
+    std::memcpy(message.data() + 1 + id_bytes, error.data(),
+                std::min(error.size(), kMessageBytes - 1));
+  }
+  comm.broadcast(message, root);
+  if (message[0] != std::byte{1}) {
+    const char* text = reinterpret_cast<const char*>(message.data() + 1 + id_bytes);
+    throw Error(detail::cat(what, " failed on rank ", root, ", which makes it for every rank: ",
+                            std::string(text, strnlen(text, kMessageBytes))));
+  }
+  return {message.begin() + 1, message.begin() + 1 + std::ptrdiff_t(id_bytes)};
+}
+
+void agree_on_step(Communicator& comm, const std::function<void()>& step, std::string_view what) {
+  const std::string error = failure_of(step);
+  std::vector<std::byte> mine(1 + kMessageBytes);
+  mine[0] = std::byte{error.empty() ? uint8_t(1) : uint8_t(0)};
+  std::memcpy(mine.data() + 1, error.data(), std::min(error.size(), kMessageBytes - 1));
+  const auto all = comm.all_gather(mine);
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::byte* theirs = all.data() + size_t(r) * mine.size();
+    if (theirs[0] == std::byte{1}) continue;
+    const char* text = reinterpret_cast<const char*>(theirs + 1);
+    throw Error(detail::cat(what, " failed on rank ", r, ": ",
+                            std::string(text, strnlen(text, kMessageBytes))));
+  }
+}
+
+void check_distinct_devices(Communicator& comm, std::string_view device) {
+  constexpr size_t kNameBytes = 256;
+  std::vector<std::byte> mine(kNameBytes);
+  std::memcpy(mine.data(), device.data(), std::min(device.size(), kNameBytes - 1));
+  const auto all = comm.all_gather(mine);
+  auto name_of = [&](int r) {
+    const char* text = reinterpret_cast<const char*>(all.data() + size_t(r) * kNameBytes);
+    return std::string(text, strnlen(text, kNameBytes));
+  };
+  for (int r = 0; r < comm.size(); ++r)
+    for (int s = 0; s < r; ++s)
+      PMOE_CHECK(name_of(r) != name_of(s), "GIN remote path: ranks ", s, " and ", r,
+                 " are both on ", name_of(r),
+                 "; NCCL allows one rank of a communicator per GPU, so ranks sharing a "
+                 "GPU cannot take the GPU remote path (give each rank its own GPU)");
+}
+
+}  // namespace pmoe::cuda

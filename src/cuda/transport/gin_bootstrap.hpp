@@ -1,0 +1,61 @@
+// The host-side steps of the GPU remote path (NCCL's device API, GIN) that need no GPU and no
+// NCCL: what the GIN state must hold for one AllToAll, checked before any NCCL call, and the
+// handing of rank 0's ncclUniqueId to every rank over pmoe's own Communicator. Plain C++, built
+// in every configuration, so that thread-rank tests cover them (tests/test_gin_bootstrap.cpp);
+// src/cuda/transport/nccl_gin.cu calls them with the real NCCL.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "pmoe/comm.hpp"
+
+namespace pmoe::cuda {
+
+// NCCL registers windows in whole 4 KiB pages (NCCL_WIN_REQUIRED_ALIGNMENT in nccl.h; nccl_gin.cu
+// checks the two agree).
+constexpr size_t kGinWindowAlign = 4096;
+// GIN contexts a device communicator may have (NCCL_GIN_MAX_CONTEXTS in nccl_device).
+constexpr int kGinMaxContexts = 4;
+
+// What one AllToAll asks of the GIN state: its layout's region (every rank the same size) and
+// one GIN signal per layout slot. Node of rank r = r / ranks_per_node.
+struct GinRequest {
+  size_t region_bytes = 0;
+  int signal_slots = 0;
+  int ranks_per_node = 1;
+};
+
+// Throws pmoe::Error naming the field unless `request` fits `comm`: region and slots positive,
+// ranks_per_node in [1, world size] and dividing it, and at least two nodes (a job on one node
+// never takes the remote path). Called before any NCCL call, so that a bad request never leaves
+// half-made NCCL state behind.
+void check_gin_request(const Communicator& comm, const GinRequest& request);
+
+// The window holds the region, then one 64-byte direct signal word per slot (written by node
+// peers' stores), in whole kGinWindowAlign pages. Offset of the signal words, and the total.
+size_t gin_signals_offset(const GinRequest& request);
+size_t gin_window_bytes(const GinRequest& request);
+
+// Collective. Rank `root` calls make(id) to fill an id of `id_bytes` bytes (ncclGetUniqueId) and
+// every rank returns root's bytes, delivered by comm.broadcast. If make throws on root, every rank
+// throws pmoe::Error naming root, `what` and root's message: no rank is left waiting for an id
+// that never comes (ncclCommInitRank would wait for it until NCCL's own timeout).
+std::vector<std::byte> share_root_id(Communicator& comm, int root, size_t id_bytes,
+                                     const std::function<void(std::span<std::byte>)>& make,
+                                     std::string_view what);
+
+// Collective. Every rank runs `step` (loading NCCL, choosing its device); if it throws on any rank,
+// every rank throws pmoe::Error naming the lowest such rank, `what` and that rank's message, so
+// that no rank goes on into a collective NCCL call that the failed rank will never join.
+void agree_on_step(Communicator& comm, const std::function<void()>& step, std::string_view what);
+
+// Collective. `device` names this rank's GPU uniquely across the job (host name and PCI bus id).
+// NCCL refuses two ranks of one communicator on the same GPU (ncclInvalidUsage, "Duplicate GPU
+// detected"); this says so first, on every rank, naming both ranks and the GPU.
+void check_distinct_devices(Communicator& comm, std::string_view device);
+
+}  // namespace pmoe::cuda

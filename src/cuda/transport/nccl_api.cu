@@ -1,0 +1,72 @@
+#include "cuda/transport/nccl_api.hpp"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+
+namespace pmoe::cuda {
+namespace {
+
+#ifndef PMOE_NCCL_LIBRARY_PATH
+#define PMOE_NCCL_LIBRARY_PATH "libnccl.so.2"
+#endif
+
+// GIN's device API is in NCCL from 2.28.7 on (NCCL's device API documentation).
+constexpr int kFirstGinVersion = 22807;
+
+template <typename Fn>
+void bind(void* library, const std::string& path, const char* name, Fn& fn) {
+  fn = reinterpret_cast<Fn>(dlsym(library, name));
+  PMOE_CHECK(fn != nullptr, "GIN remote path: ", path, " has no ", name, " (NCCL ", NCCL_MAJOR, ".",
+             NCCL_MINOR, " or later needed)");
+}
+
+NcclApi load() {
+  NcclApi api;
+  const char* chosen = std::getenv("PMOE_NCCL_LIBRARY");
+  api.path = chosen && *chosen ? chosen : PMOE_NCCL_LIBRARY_PATH;
+  void* library = dlopen(api.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!library && !(chosen && *chosen)) {  // the baked-in path is gone: try the loader's path
+    api.path = "libnccl.so.2";
+    library = dlopen(api.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  }
+  PMOE_CHECK(library != nullptr, "GIN remote path: cannot load NCCL (", api.path, "): ", dlerror(),
+             "; set PMOE_NCCL_LIBRARY to libnccl.so.2 of NCCL ", NCCL_MAJOR, ".", NCCL_MINOR);
+  bind(library, api.path, "ncclGetVersion", api.GetVersion);
+  bind(library, api.path, "ncclGetErrorString", api.GetErrorString);
+  bind(library, api.path, "ncclGetLastError", api.GetLastError);
+  bind(library, api.path, "ncclGetUniqueId", api.GetUniqueId);
+  bind(library, api.path, "ncclCommInitRank", api.CommInitRank);
+  bind(library, api.path, "ncclCommFinalize", api.CommFinalize);
+  bind(library, api.path, "ncclCommDestroy", api.CommDestroy);
+  bind(library, api.path, "ncclMemAlloc", api.MemAlloc);
+  bind(library, api.path, "ncclMemFree", api.MemFree);
+  bind(library, api.path, "ncclCommWindowRegister", api.CommWindowRegister);
+  bind(library, api.path, "ncclCommWindowDeregister", api.CommWindowDeregister);
+  bind(library, api.path, "ncclDevCommCreate", api.DevCommCreate);
+  bind(library, api.path, "ncclDevCommDestroy", api.DevCommDestroy);
+  PMOE_CHECK(api.GetVersion(&api.version) == ncclSuccess, "GIN remote path: ncclGetVersion of ",
+             api.path, " failed");
+  const int major = api.version / 10000, minor = api.version / 100 % 100;
+  PMOE_CHECK(major == NCCL_MAJOR && minor == NCCL_MINOR && api.version >= kFirstGinVersion,
+             "GIN remote path: ", api.path, " is NCCL ", major, ".", minor, ".", api.version % 100,
+             ", but pmoe's kernels were compiled with the device API headers of NCCL ", NCCL_MAJOR,
+             ".", NCCL_MINOR, ".", NCCL_PATCH,
+             " (their ncclDevComm must match the library's; 2.28.7 at least);",
+             " set PMOE_NCCL_LIBRARY to that release");
+  return api;  // the library stays loaded for the life of the process
+}
+
+}  // namespace
+
+const NcclApi& nccl_api() {
+  static std::mutex mutex;
+  static std::unique_ptr<NcclApi> api;
+  std::lock_guard lock(mutex);
+  if (!api) api = std::make_unique<NcclApi>(load());  // a failure is thrown again next time
+  return *api;
+}
+
+}  // namespace pmoe::cuda
