@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pmoe/error.hpp"
+#include "pmoe/stream.hpp"
 #include "reference/overlap_reference.hpp"
 #include "reference/workload.hpp"
 
@@ -34,11 +35,16 @@ template <typename Op>
 OverlapResult run_case(Communicator& comm, const OverlapCase& c) {
   constexpr bool gather = std::is_same_v<Op, AllGatherGemm>;
   const int W = comm.size(), rank = comm.rank();
-  Op op(comm, c.config);
+  Op op(comm, c.config, c.device);
+  const bool on_device = c.device.kind != Device::Kind::cpu;
   OverlapResult result;
   result.overlaps = op.overlaps();
   const OverlapConfig& cfg = c.config;
   Buffer C = gather ? Buffer(cfg.dtype, {cfg.m, cfg.n / W}) : Buffer(cfg.dtype, {cfg.m / W, cfg.n});
+  // Device buffers live for the whole case: cudaFree waits for every stream of the device, and
+  // a peer's stream may already wait for this rank's next call.
+  Buffer device_C = on_device ? Buffer::like(C, c.device) : Buffer();
+  Buffer device_A, device_B;
   for (int i = 0; i < c.calls; ++i) {  // every call on every rank, even after an error: peers wait
     const uint64_t seed = c.seed + uint64_t(i);
     std::vector<reference::OverlapInputs> inputs;
@@ -51,7 +57,20 @@ OverlapResult run_case(Communicator& comm, const OverlapCase& c) {
     const std::vector<unsigned char> b_before(mine.B.data<unsigned char>(),
                                               mine.B.data<unsigned char>() + mine.B.nbytes());
     std::memset(C.data<void>(), 0xFF, C.nbytes());  // NaN in f32 and bf16: unwritten fails
-    call(op, c.mix, i, mine.A, mine.B, C, gather);
+    if (on_device) {
+      if (i == 0) {
+        device_A = Buffer::like(mine.A, c.device);
+        device_B = Buffer::like(mine.B, c.device);
+      }
+      copy(device_A, mine.A);
+      copy(device_B, mine.B);
+      copy(device_C, C);
+      call(op, c.mix, i, device_A, device_B, device_C, gather);
+      synchronize(comm.stream());  // before C is read
+      copy(C, device_C);
+    } else {
+      call(op, c.mix, i, mine.A, mine.B, C, gather);
+    }
 
     std::vector<Tensor> a_parts, b_parts;
     for (const auto& in : inputs) {

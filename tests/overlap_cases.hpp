@@ -24,6 +24,9 @@ struct OverlapCase {
   int calls = 3;
   CallMix mix = CallMix::mixed;
   uint64_t seed = 1;
+  // Where A, B and C live and the op runs (the communicator's device); on a CUDA device C is read
+  // back after the rank's stream has run the call.
+  Device device = Device::cpu();
 };
 
 // min_overlap_bytes = 0: even these small calls use the communication thread where there is one.

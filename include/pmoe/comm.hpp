@@ -41,6 +41,11 @@ class Communicator {
   // This rank's stream on a CUDA device (ops enqueue on it); the null Stream on the CPU.
   Stream stream() const { return stream_; }
   double timeout_s() const { return timeout_s_; }
+  // A second stream on this rank's CUDA device, for work beside stream() (the overlap ops'
+  // copies). Made on first use and kept as long as the communicator: a device's streams share its
+  // hardware queues in creation order, so one made per op would in time share stream()'s queue,
+  // where a spinning wait on one holds up the other's kernels.
+  Stream side_stream();
 
   // Returns once every rank has called it; throws pmoe::Error naming the missing ranks on timeout.
   virtual void barrier() = 0;
@@ -73,6 +78,7 @@ class Communicator {
   std::shared_ptr<detail::Group> group_;
   Device device_;
   Stream stream_;
+  Stream side_stream_;
   double timeout_s_;
   bool rejection_noted_ = false;
 };

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "comm/group.hpp"
+#include "core/device_runtime.hpp"
 #include "comm/wait.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
@@ -25,7 +26,16 @@ double timeout_from_env() {
 Communicator::Communicator(std::shared_ptr<detail::Group> group, Device device)
     : group_(std::move(group)), device_(device), timeout_s_(timeout_from_env()) {}
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  if (side_stream_.handle) detail::destroy_stream(side_stream_);
+}
+
+Stream Communicator::side_stream() {
+  PMOE_CHECK(device_.kind == Device::Kind::cuda, "side_stream: the communicator's device ",
+             device_.str(), " has no streams");
+  if (!side_stream_.handle) side_stream_ = detail::create_stream(device_);
+  return side_stream_;
+}
 
 void Communicator::check_group() const { group_->check(rank()); }
 

@@ -29,4 +29,8 @@ std::unique_ptr<OverlapBackend> make_cpu_all_gather_gemm(Communicator& comm,
 std::unique_ptr<OverlapBackend> make_cpu_gemm_reduce_scatter(Communicator& comm,
                                                              const OverlapConfig& config);
 
+// The device backends (src/cuda/overlap), on the device runtime this process chose.
+std::unique_ptr<OverlapBackend> make_cuda_all_gather_gemm(Communicator& comm,
+                                                          const OverlapConfig& config);
+
 }  // namespace pmoe::detail

@@ -43,8 +43,8 @@ class OverlapOp {
       config_.validate(name_, world_size_);
       PMOE_CHECK(device == comm.device(), name_, ": device ", device.str(),
                  " differs from the communicator's ", comm.device().str());
-      PMOE_CHECK(device.kind == Device::Kind::cpu, name_, ": no backend for ", device.str(),
-                 " in this build");
+      PMOE_CHECK(device.kind == Device::Kind::cpu || gather, name_, ": no backend for ",
+                 device.str(), " in this build");
     });
     config_.chunks = config_.chunks_for(world_size_);
     const int64_t W = world_size_, M = config_.m, N = config_.n, K = config_.k;
@@ -52,7 +52,8 @@ class OverlapOp {
       a_shape_ = {M / W, K};
       b_shape_ = {K, N / W};
       c_shape_ = {M, N / W};
-      backend_ = make_cpu_all_gather_gemm(comm, config_);
+      backend_ = device.kind == Device::Kind::cpu ? make_cpu_all_gather_gemm(comm, config_)
+                                                  : make_cuda_all_gather_gemm(comm, config_);
     } else {
       a_shape_ = {M, K / W};
       b_shape_ = {K / W, N};

@@ -1,0 +1,95 @@
+// What a device overlap op holds besides its symmetric memory: the rank's compute stream (the
+// communicator's stream()) and copy stream (its side_stream()), one event per piece (copy -> compute), fork and
+// join events, a cuBLAS handle bound to the compute stream, and the host-mapped fault word that
+// the signal waits write on a timeout (signals.cuh).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "core/device_runtime.hpp"
+#include "cuda/check.hpp"
+#include "cuda/flavor.hpp"
+#include "cuda/overlap/cublas_gemm.hpp"
+#include "cuda/overlap/signals.cuh"
+#include "pmoe/comm.hpp"
+
+namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
+
+class OverlapStreams {
+ public:
+  OverlapStreams(Communicator& comm, int events)
+      : device_(comm.device()),
+        compute_(static_cast<cudaStream_t>(comm.stream().handle)),
+        timeout_ns_(uint64_t(comm.timeout_s() * 1e9)) {
+    detail::set_device(device_);
+    copy_ = static_cast<cudaStream_t>(comm.side_stream().handle);
+    events_.resize(size_t(events));
+    for (cudaEvent_t& e : events_) PMOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    PMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    PMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+    PMOE_CUDA_CHECK(cudaHostAlloc(&fault_, sizeof(OverlapFault), cudaHostAllocMapped));
+    fault_->peer = -1;
+    fault_->what = 0;
+    PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&fault_device_), fault_, 0));
+    PMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
+    PMOE_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+  }
+  ~OverlapStreams() {
+    (void)cudaStreamSynchronize(copy_);
+    (void)cudaStreamSynchronize(compute_);
+    if (cublas_) (void)cublasDestroy(cublas_);
+    for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+    (void)cudaEventDestroy(fork_);
+    (void)cudaEventDestroy(join_);
+    (void)cudaFreeHost(fault_);
+  }
+  OverlapStreams(const OverlapStreams&) = delete;
+  OverlapStreams& operator=(const OverlapStreams&) = delete;
+
+  cudaStream_t compute() const { return compute_; }
+  cudaStream_t copy() const { return copy_; }
+  cublasHandle_t cublas() const { return cublas_; }
+  cudaEvent_t piece_event(int i) const { return events_[size_t(i)]; }
+  OverlapFault* fault() const { return fault_device_; }
+  uint64_t timeout_ns() const { return timeout_ns_; }
+  size_t bytes() const { return sizeof(OverlapFault); }
+
+  // The copy stream starts after what the compute stream holds (the caller's A and B).
+  void fork() {
+    PMOE_CUDA_CHECK(cudaEventRecord(fork_, compute_));
+    PMOE_CUDA_CHECK(cudaStreamWaitEvent(copy_, fork_, 0));
+  }
+  // The compute stream goes on only once the copy stream's work of this call is done.
+  void join() {
+    PMOE_CUDA_CHECK(cudaEventRecord(join_, copy_));
+    PMOE_CUDA_CHECK(cudaStreamWaitEvent(compute_, join_, 0));
+  }
+
+  // A wait of an earlier call that timed out: the protocol is broken (the front end retires
+  // the op). Read without synchronising; a timeout is seen at the latest by the call after.
+  void throw_if_faulted(const char* op, int rank) const {
+    using Word = std::atomic_ref<int32_t>;
+    const int32_t peer = Word(fault_->peer).load(std::memory_order_acquire);
+    if (peer < 0) return;
+    const int32_t what = Word(fault_->what).load(std::memory_order_relaxed);
+    throw Error(detail::cat(op, " on rank ", rank, " (", device_.str(), "): rank ", peer,
+                            what == kWaitDone ? " did not finish reading the previous call"
+                                              : " did not deliver a piece",
+                            " within ", timeout_ns_ / 1e9, " s"));
+  }
+
+ private:
+  Device device_;
+  cudaStream_t compute_;
+  cudaStream_t copy_ = nullptr;
+  std::vector<cudaEvent_t> events_;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  OverlapFault* fault_ = nullptr;
+  OverlapFault* fault_device_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  uint64_t timeout_ns_;
+};
+
+}  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

@@ -1,0 +1,96 @@
+// AllGatherGemm on one CUDA device shared by W thread ranks (W in {1, 2, 3, 4}), each with its
+// own stream, GEMMs through cuBLAS (on the emulated device, the host-BLAS shim), against the
+// same plain reference and cases as the CPU tests (tests/test_overlap.cpp): both orders, f32 and
+// bf16, uneven pieces, every entry point, many calls that reuse the buffers. Built for the
+// emulated device and for a GPU (tests/cuda/cuda_test_flavor.hpp).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_test_flavor.hpp"
+#include "overlap_cases.hpp"
+#include "pmoe/comm.hpp"
+#include "pmoe/error.hpp"
+
+namespace pmoe::testing {
+namespace {
+
+OverlapResult expect_case_on_device(int W, OverlapCase c) {
+  c.device = Device::cuda(0);
+  std::vector<OverlapResult> results(static_cast<size_t>(W));
+  run_ranks(W, [&](Communicator& comm) { results[size_t(comm.rank())] = run_overlap_case(comm, c); },
+            Device::cuda(0));
+  for (int r = 0; r < W; ++r) EXPECT_EQ(results[size_t(r)].error, "") << "W = " << W;
+  return results[0];
+}
+
+class OverlapCuda : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { PMOE_REQUIRE_CUDA_RUNTIME(); }
+};
+
+// M/W = 60, 30, 20, 15 rows into 1, 2, 3 or 5 pieces (uneven for 15 / 2, 20 / 3), every dtype
+// and order, the mixed entry points (run, run_serial, the serial steps apart).
+TEST_P(OverlapCuda, AllGatherGemmMatchesAllGatherThenGemm) {
+  const int W = GetParam();
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (OverlapOrder order : {OverlapOrder::all_pairs, OverlapOrder::ring})
+      for (int per_rank : {1, 2, 3, 5}) {
+        OverlapCase c;
+        c.kind = OverlapKind::all_gather_gemm;
+        c.config = make_overlap_config(60, 84, 108, dtype, per_rank * W, order);
+        const OverlapResult r = expect_case_on_device(W, c);
+        EXPECT_EQ(r.overlaps, W > 1) << describe(c);
+      }
+}
+
+TEST_P(OverlapCuda, AllGatherGemmDefaultChunksAndOneRowPieces) {
+  for (int chunks : {0, 36}) {
+    OverlapCase c;
+    c.kind = OverlapKind::all_gather_gemm;
+    c.config = make_overlap_config(36, 60, 84, DType::bf16, chunks, OverlapOrder::ring);
+    expect_case_on_device(GetParam(), c);
+  }
+}
+
+// No barrier between calls: the done words alone keep a rank from overwriting what a peer reads.
+TEST_P(OverlapCuda, AllGatherGemmManyCallsReuseTheBuffers) {
+  const int W = GetParam();
+  for (OverlapOrder order : {OverlapOrder::all_pairs, OverlapOrder::ring})
+    for (CallMix mix : {CallMix::overlapped, CallMix::mixed}) {
+      OverlapCase c;
+      c.kind = OverlapKind::all_gather_gemm;
+      c.config = make_overlap_config(24, 12, 36, DType::f32, 2 * W, order);
+      c.calls = 20;
+      c.mix = mix;
+      expect_case_on_device(W, c);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(W, OverlapCuda, ::testing::Values(1, 2, 3, 4));
+
+// A tensor on the CPU given to an op on the device is named before anything is launched; the op
+// stays usable.
+TEST(OverlapCudaInput, AHostTensorIsNamed) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  run_ranks(2, [](Communicator& comm) {
+    OverlapConfig cfg = make_overlap_config(8, 4, 6, DType::f32);
+    AllGatherGemm op(comm, cfg, Device::cuda(0));
+    Buffer A(DType::f32, {4, 6}, Device::cuda(0)), B(DType::f32, {6, 2}), C(DType::f32, {8, 2},
+                                                                            Device::cuda(0));
+    try {
+      op.run(A, B, C);
+      ADD_FAILURE() << "a host B was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("`B`"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("cpu"), std::string::npos) << e.what();
+    }
+    Buffer device_B(DType::f32, {6, 2}, Device::cuda(0));
+    op.run(A, device_B, C);  // still usable
+    synchronize(comm.stream());
+  }, Device::cuda(0));
+}
+
+}  // namespace
+}  // namespace pmoe::testing
