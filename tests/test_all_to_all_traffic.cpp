@@ -26,6 +26,7 @@ struct Message {
 // grouped by rank and node with std::map.
 struct Listing {
   std::vector<Message> dispatch, combine;
+  std::map<int, uint64_t> rows_at, rows_back;  // rows landed per rank; rows back per source
 };
 
 Listing list_messages(const AllToAllConfig& c, const TrafficSetup& s,
@@ -61,6 +62,7 @@ Listing list_messages(const AllToAllConfig& c, const TrafficSetup& s,
           out.dispatch.push_back({from, d, slot(n), false});
           for (int q = 0; q < n; ++q) out.combine.push_back({d, from, row, false});
         }
+        for (const auto& [d, n] : ranks) out.rows_at[d] += n, out.rows_back[src] += n;
       }
     }
     for (int d = 0; d < W; ++d) {
@@ -113,8 +115,10 @@ void expect_matches(const AllToAllConfig& c, const TrafficSetup& s,
                     const std::vector<std::vector<int32_t>>& indices) {
   const Traffic got = count_traffic(c, s, indices);
   const Listing want = list_messages(c, s, indices);
-  const auto dispatch = tally(want.dispatch, s.world_size, s.ranks_per_node);
-  const auto combine = tally(want.combine, s.world_size, s.ranks_per_node);
+  auto dispatch = tally(want.dispatch, s.world_size, s.ranks_per_node);
+  auto combine = tally(want.combine, s.world_size, s.ranks_per_node);
+  for (auto& [r, n] : want.rows_at) dispatch[r].rows = n;
+  for (auto& [r, n] : want.rows_back) combine[r].rows = n;
   for (int r = 0; r < s.world_size; ++r) {
     EXPECT_EQ(got.dispatch.ranks[r], dispatch[r]) << "dispatch, rank " << r;
     EXPECT_EQ(got.combine.ranks[r], combine[r]) << "combine, rank " << r;
@@ -177,6 +181,8 @@ TEST_F(HandCase, Direct) {
   EXPECT_EQ(t.combine.ranks[2].sent[kNetwork], (LinkCount{128 + 2 * 4, 3}));
   EXPECT_EQ(t.combine.ranks[0].received[kNetwork], (LinkCount{2 * 128 + 2 * 4, 4}));
   EXPECT_EQ(t.dispatch.critical_rank, 0);
+  EXPECT_EQ(t.dispatch.ranks[1].rows, 2u);
+  EXPECT_EQ(t.combine.ranks[0].rows, 4u);
 }
 
 TEST_F(HandCase, Hierarchical) {

@@ -128,6 +128,8 @@ Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
       for (int j = 0; j < k; ++j) {
         if (!first_in_group(row, j, E, L)) continue;  // the first slot that names rank d
         const int d = row[j] / L, n = pairs_on[d];
+        out.dispatch.ranks[d].rows += n;
+        out.combine.ranks[s].rows += n;
         if (!remote_node(s, d)) {
           move(out.dispatch, s, d, slot_bytes(n));
           for (int q = 0; q < n; ++q) move(out.combine, d, s, row_bytes);

@@ -69,6 +69,9 @@ struct RankTraffic {
   std::array<LinkCount, kLinkKinds> received{};  // landed in this rank's memory
   std::array<uint64_t, kLinkKinds> signals_sent{};
   std::array<uint64_t, kLinkKinds> signals_received{};
+  // (token, expert) rows this rank ends up with: dispatch, rows landed in its expert_x; combine,
+  // rows its tokens get back to sum (the local copy and reduce work after the exchange).
+  uint64_t rows = 0;
   bool operator==(const RankTraffic&) const = default;
 };
 
