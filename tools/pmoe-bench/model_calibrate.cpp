@@ -42,16 +42,17 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// GB/s of (read + written) bytes per thread, `threads` threads copying 16 MiB each at once.
-double copy_gbps(int threads) {
-  constexpr size_t kBytes = size_t(16) << 20;
+// GB/s of (read + written) bytes per thread, `threads` threads copying `bytes` each at once
+// (16 MiB: from memory; a quarter of L2: from cache).
+double copy_gbps(int threads, size_t kBytes) {
   std::vector<double> per_thread(threads);
   std::vector<std::thread> pool;
   for (int i = 0; i < threads; ++i)
     pool.emplace_back([&, i] {
       std::vector<char> from(kBytes, 1), to(kBytes);
       std::vector<double> times;
-      for (int rep = 0; rep < 30; ++rep) {
+      const int reps = kBytes >= (size_t(1) << 20) ? 30 : 2000;
+      for (int rep = 0; rep < reps; ++rep) {
         const auto t = Clock::now();
         std::memcpy(to.data(), from.data(), kBytes);
         times.push_back(us_since(t));
@@ -198,10 +199,9 @@ Measured measure(const Options& o, int W, int tokens) {
   return out;
 }
 
-void run(const Options& o) {
-  PMOE_CHECK(!launched_by_mpi(), "model calibrate runs thread ranks; start it without mpirun");
-  PMOE_CHECK(parse_dtype(o.shape.dtype) != DType::f8e4m3,
-             "model calibrate: --dtype bf16, f16 or f32 (the run passes no scales)");
+// This machine's links, measured now (the machine is shared: each row is predicted from a
+// measurement taken right before it).
+HardwarePreset measure_links(const Options& o) {
   HardwarePreset hw;
   hw.name = "this-machine";
   const json machine = machine_info();
@@ -209,7 +209,10 @@ void run(const Options& o) {
   hw.description = detail::cat("measured by pmoe-bench model calibrate, ", hw.cores, " cores, ",
                                machine.value("cpu", std::string("cpu?")));
   hw.ranks_per_node = 1024;  // thread ranks: every peer over shared memory
-  const double per_core = copy_gbps(hw.cores);
+  const double per_core = copy_gbps(hw.cores, size_t(16) << 20);
+  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  hw.cache_bytes = double(l2 > 0 ? l2 : 256 << 10);
+  hw.cache_gbps = copy_gbps(hw.cores, size_t(hw.cache_bytes) / 4);
   const double signal = shared_memory_round_trip_us();
   const auto [tcp_rt, tcp_gbps] = tcp_loopback();
   hw.links[int(detail::Link::same_rank)] = {per_core, 0, 0};
@@ -218,10 +221,19 @@ void run(const Options& o) {
   hw.local_gbps = per_core;
   hw.signal_us = signal;
   hw.kernels_per_op = 1;
-  {
-    const Measured one = measure(o, 1, 1);
-    hw.call_us = (one.dispatch_us + one.combine_us) / 2;
-  }
+  const Measured one = measure(o, 1, 1);
+  hw.call_us = (one.dispatch_us + one.combine_us) / 2;
+  return hw;
+}
+
+void run(const Options& o) {
+  PMOE_CHECK(!launched_by_mpi(), "model calibrate runs thread ranks; start it without mpirun");
+  PMOE_CHECK(parse_dtype(o.shape.dtype) != DType::f8e4m3,
+             "model calibrate: --dtype bf16, f16 or f32 (the run passes no scales)");
+  const HardwarePreset hw = measure_links(o);
+  const double per_core = hw.links[int(detail::Link::load_store)].gbps, signal = hw.signal_us;
+  const double tcp_rt = hw.links[int(detail::Link::network)].latency_us * 2,
+               tcp_gbps = hw.links[int(detail::Link::network)].gbps;
   {
     std::ofstream out(o.preset_path);
     PMOE_CHECK(out, "--preset-out: cannot write ", o.preset_path);
@@ -230,31 +242,36 @@ void run(const Options& o) {
   std::printf("## pmoe-bench model calibrate: commit %s, %s\n\n", git_commit().c_str(),
               hw.description.c_str());
   std::printf(
-      "- copy bandwidth, per core with %d cores copying: %.2f GB/s (read + written)\n"
+      "- copy bandwidth, per core with %d cores copying (read + written): %.2f GB/s from memory "
+      "(16 MiB), %.2f GB/s in cache (a quarter of L2, %.0f KiB)\n"
       "- signal round trip through shared memory (two threads): %.3f µs\n"
       "- TCP loopback: round trip %.1f µs, stream %.2f GB/s\n"
       "- AllToAll fixed cost per call, 1 rank, 1 token: %.1f µs\n"
       "- preset written to %s\n\n",
-      hw.cores, per_core, signal, tcp_rt, tcp_gbps, hw.call_us, o.preset_path.c_str());
+      hw.cores, per_core, hw.cache_gbps, hw.cache_bytes / 4 / 1024, signal, tcp_rt, tcp_gbps,
+      hw.call_us, o.preset_path.c_str());
   std::printf(
       "Predicted (predict_cpu on count_traffic of the same routing) vs measured (median "
       "of %d, thread ranks, in-place buffers):\n\n| op | EP | tokens | predicted µs | "
-      "measured µs | predicted/measured |\n|---|---:|---:|---:|---:|---:|\n",
+      "measured µs | predicted/measured | links just before (copy GB/s memory / cache, signal µs, "
+      "call µs) |\n|---|---:|---:|---:|---:|---:|---|\n",
       o.iters);
   json rows = json::array();
   for (int tokens : parse_int_list(o.tokens, "--tokens"))
     for (int W : parse_int_list(o.ranks, "--ranks")) {
+      const HardwarePreset now = measure_links(o);
       const Measured m = measure(o, W, tokens);
       const AllToAllConfig cfg = run_config(o, tokens);
       const auto traffic =
           detail::count_traffic(cfg, {W, W, detail::TrafficMode::direct, false}, m.indices);
       const double slot = double(cfg.hidden_dim) * dtype_size(cfg.in_dtype);
       const double y_row = double(cfg.hidden_dim) * dtype_size(cfg.out_dtype);
-      const Prediction p = predict_cpu(hw, traffic, slot, y_row, tokens, y_row);
+      const Prediction p = predict_cpu(now, traffic, slot, y_row, tokens, y_row);
       for (const auto& [op, pred, meas] : {std::tuple{"dispatch", p.dispatch.us, m.dispatch_us},
                                            std::tuple{"combine", p.combine.us, m.combine_us}}) {
-        std::printf("| %s | %d | %d | %.1f | %.1f | %.2f |\n", op, W, tokens, pred, meas,
-                    pred / meas);
+        std::printf("| %s | %d | %d | %.1f | %.1f | %.2f | %.1f / %.0f / %.1f / %.1f |\n", op, W,
+                    tokens, pred, meas, pred / meas, now.links[int(detail::Link::load_store)].gbps,
+                    now.cache_gbps, now.signal_us, now.call_us);
         rows.push_back({{"op", op},
                         {"ranks", W},
                         {"tokens", tokens},

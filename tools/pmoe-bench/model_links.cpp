@@ -109,6 +109,8 @@ HardwarePreset HardwarePreset::from_json(const json& j) {
     p.cores = j.value("cores", 0);
     p.call_us = j.value("call_us", 0.0);
     p.signal_us = j.value("signal_us", 0.0);
+    p.cache_gbps = j.value("cache_gbps", 0.0);
+    p.cache_bytes = j.value("cache_bytes", 0.0);
   } catch (const json::exception& e) {
     throw Error(detail::cat("preset file: ", e.what()));
   }
@@ -174,7 +176,7 @@ Prediction predict_cpu(const HardwarePreset& hw, const detail::Traffic& traffic,
   PMOE_CHECK(hw.cores >= 1, "preset ", hw.name, " is not a CPU preset (no cores)");
   const int W = int(traffic.dispatch.ranks.size());
   const double share = std::max(1.0, double(W) / hw.cores);
-  const double gbps = hw.links[kLoadStore].gbps;
+  const double sync = W <= hw.cores ? hw.signal_us : W * hw.signal_us * share;
   auto op = [&](const detail::OpTraffic& t, double per_row, double extra) {
     double most = 0, sum = 0;
     int critical = 0;
@@ -183,10 +185,13 @@ Prediction predict_cpu(const HardwarePreset& hw, const detail::Traffic& traffic,
       if (bytes > most) most = bytes, critical = r;
       sum += bytes;
     }
+    const double per_core = std::max(most, sum / hw.cores);
+    const double gbps =
+        hw.cache_gbps > 0 && per_core <= hw.cache_bytes ? hw.cache_gbps : hw.links[kLoadStore].gbps;
     OpPrediction p;
     p.critical_rank = critical;
-    p.launch_us = share * (hw.call_us + W * hw.signal_us);
-    p.exchange_us = std::max(most, sum / hw.cores) / (gbps * 1e3);
+    p.launch_us = hw.call_us * share + sync;
+    p.exchange_us = per_core / (gbps * 1e3);
     p.us = p.launch_us + p.exchange_us;
     return p;
   };

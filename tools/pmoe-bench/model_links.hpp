@@ -40,8 +40,10 @@ struct HardwarePreset {
   int kernels_per_op = 2;
   // CPU presets: the CPU backend's costs (see predict_cpu); 0 cores for GPU presets.
   int cores = 0;
-  double call_us = 0;    // one rank's fixed cost per call, 1 token, 1 rank
-  double signal_us = 0;  // one signal's round trip between two ranks
+  double call_us = 0;      // one rank's fixed cost per call, 1 token, 1 rank
+  double signal_us = 0;    // one signal's round trip between two ranks
+  double cache_gbps = 0;   // per-core copy bandwidth when the copy fits in cache_bytes
+  double cache_bytes = 0;  // one core's cache (L2): smaller copies run at cache_gbps
   nlohmann::json to_json() const;
   static HardwarePreset from_json(const nlohmann::json& j);
 };
@@ -70,8 +72,12 @@ Prediction predict(const HardwarePreset& hw, const detail::Traffic& traffic,
 // receiver copies its rows from the source's input buffer (read + write); combine sends row
 // refs, each source reads its rows in place and writes y. With W thread ranks on `cores` cores
 // the work of all ranks shares the cores:
-//   t = max(1, W / cores) x (call_us + W x signal_us) + max(max_r bytes_r, sum_r bytes_r / cores)
-//       / gbps (load_store: one core's copy bandwidth with every core copying)
+//   t = call_us x max(1, W / cores) + sync + max(max_r bytes_r, sum_r bytes_r / cores) / gbps
+//   sync: W <= cores: one signal round trip (the sources signal at once, each on its own core);
+//         W > cores: W x signal_us x W / cores (every rank waits for W signals, and a rank off
+//         its core must be scheduled before it signals)
+//   gbps: one core's copy bandwidth with every core copying (load_store), or cache_gbps when a
+//         core's share of the bytes fits in cache_bytes
 Prediction predict_cpu(const HardwarePreset& hw, const detail::Traffic& traffic,
                        double dispatch_row_bytes, double combine_row_bytes, int tokens_per_rank,
                        double y_row_bytes);
