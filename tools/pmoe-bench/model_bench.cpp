@@ -38,11 +38,13 @@ AllToAllConfig model_config(const ModelShape& s, int world_size, int tokens) {
 }
 
 ModelRow model_row(const ModelShape& s, const HardwarePreset& hw, int W, int ranks_per_node,
-                   int tokens, TrafficMode mode, const std::string& routing, uint64_t seed) {
+                   int tokens, TrafficMode mode, const std::string& routing, uint64_t seed,
+                   bool relay_reduces) {
   const AllToAllConfig c = model_config(s, W, tokens);
   const auto indices = make_routing(routing, W, tokens, c.experts_per_token, c.num_experts, seed);
   ModelRow row;
-  row.traffic = detail::count_traffic(c, {W, std::min(ranks_per_node, W), mode, false}, indices);
+  row.traffic =
+      detail::count_traffic(c, {W, std::min(ranks_per_node, W), mode, relay_reduces}, indices);
   const double slot = double(c.hidden_dim) * dtype_size(c.in_dtype) + 4.0 * c.scales_per_token();
   const double y_row = double(c.hidden_dim) * dtype_size(c.out_dtype);
   row.prediction = hw.cores ? predict_cpu(hw, row.traffic, slot, y_row, tokens, y_row)
@@ -62,6 +64,7 @@ struct Options {
   int ranks_per_node = 0;  // 0: the preset's
   std::string routing = "uniform";
   uint64_t seed = 1;
+  bool relay_reduces = false;
   std::string json_path, plot_path;
 };
 
@@ -139,7 +142,8 @@ void run(const Options& o) {
       for (int W : ranks) {
         PMOE_CHECK(W % std::min(per_node, W) == 0, "--ranks: ", W,
                    " is not a multiple of --ranks-per-node ", per_node);
-        const ModelRow r = model_row(o.shape, hw, W, per_node, tokens, mode, o.routing, o.seed);
+        const ModelRow r =
+            model_row(o.shape, hw, W, per_node, tokens, mode, o.routing, o.seed, o.relay_reduces);
         rows.push_back(row_json("dispatch", mode, W, tokens, r));
         rows.push_back(row_json("combine", mode, W, tokens, r));
       }
@@ -151,13 +155,15 @@ void run(const Options& o) {
   });
   std::printf(
       "## pmoe-bench model: %s, %d ranks per node\n\n%s\n\nE=%d (at least 1 per rank), "
-      "top-k=%d, H=%d, %s%s, combine %s, routing %s; commit %s\n",
+      "top-k=%d, H=%d, %s%s, combine %s, routing %s%s; commit %s\n",
       hw.name.c_str(), per_node, hw.description.c_str(), o.shape.experts, o.shape.topk,
       o.shape.hidden, o.shape.dtype.c_str(),
       o.shape.dtype == "f8e4m3"
           ? (" (scale block " + std::to_string(o.shape.scale_block) + ")").c_str()
           : "",
-      o.shape.out_dtype.c_str(), o.routing.c_str(), git_commit().c_str());
+      o.shape.out_dtype.c_str(), o.routing.c_str(),
+      o.relay_reduces ? ", hierarchical combine: the relay sums its node's rows" : "",
+      git_commit().c_str());
   for (int tokens : token_counts) {
     print_table(rows, tokens, ranks, "predicted_us", "predicted time (µs, critical-path rank)",
                 "%.1f");
@@ -173,17 +179,17 @@ void run(const Options& o) {
                 {"shape", o.shape.to_json()}},
                rows);
   if (!o.plot_path.empty()) {
-    plot_sweep(
-        o.plot_path, rows,
-        {"ranks", "EP size (ranks)", "predicted_us", "predicted time (µs)",
-         "pmoe model, " + hw.name, "series", "tokens", "tokens per rank", true, false, "", ""});
+    plot_sweep(o.plot_path, rows,
+               {"ranks", "EP size (ranks)", "predicted_us", "predicted time (µs)",
+                "pmoe model, " + hw.name, "series", "tokens", "tokens per rank", true, false, "",
+                "", true});
     std::string bytes_path = o.plot_path;
     const size_t dot = bytes_path.rfind(".png");
     bytes_path.insert(dot == std::string::npos ? bytes_path.size() : dot, "_network");
-    plot_sweep(
-        bytes_path, rows,
-        {"ranks", "EP size (ranks)", "network_mb_per_rank_max", "network MB, busiest rank",
-         "pmoe model, " + hw.name, "series", "tokens", "tokens per rank", true, false, "", ""});
+    plot_sweep(bytes_path, rows,
+               {"ranks", "EP size (ranks)", "network_mb_per_rank_max", "network MB, busiest rank",
+                "pmoe model, " + hw.name, "series", "tokens", "tokens per rank", true, false, "",
+                "", true});
     std::printf("\nplots: %s, %s\n", o.plot_path.c_str(), bytes_path.c_str());
   }
 }
@@ -227,6 +233,9 @@ void add_model_command(CLI::App& app) {
   cmd->add_option("--routing", o->routing, "uniform, zipf:S or file:PATH (k ids per token)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "routing seed")->capture_default_str();
+  cmd->add_flag("--relay-reduces", o->relay_reduces,
+                "hierarchical combine: the relay sends one partial sum per (token, node) instead "
+                "of the node's rows (changes the order of the sum: not bit-exact)");
   cmd->add_option("--json", o->json_path, "write the rows as JSON to this file");
   cmd->add_option("--plot", o->plot_path,
                   "draw predicted time to this PNG, and network bytes to NAME_network.png");

@@ -33,7 +33,7 @@ struct ModelRow {
 // Counts the routing's traffic and predicts both ops (CPU presets: predict_cpu).
 ModelRow model_row(const ModelShape& s, const HardwarePreset& hw, int world_size,
                    int ranks_per_node, int tokens, detail::TrafficMode mode,
-                   const std::string& routing, uint64_t seed);
+                   const std::string& routing, uint64_t seed, bool relay_reduces = false);
 
 void add_published_command(CLI::App& model);  // model_published.cpp
 void add_calibrate_command(CLI::App& model);  // model_calibrate.cpp
