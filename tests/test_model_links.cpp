@@ -113,6 +113,15 @@ TEST(ModelLinks, PresetsRoundTripThroughJson) {
     EXPECT_EQ(q.to_json(), p.to_json()) << p.name;
     EXPECT_GT(p.links[2].gbps, 0) << p.name;
   }
+  HardwarePreset cpu = find_preset("h100-ib");
+  cpu.cores = 2, cpu.call_us = 1.5, cpu.signal_us = 2.5, cpu.cache_gbps = 90,
+  cpu.cache_bytes = 4096;
+  const HardwarePreset back = HardwarePreset::from_json(cpu.to_json());
+  EXPECT_EQ(back.cores, 2);
+  EXPECT_EQ(back.call_us, 1.5);
+  EXPECT_EQ(back.signal_us, 2.5);
+  EXPECT_EQ(back.cache_gbps, 90);
+  EXPECT_EQ(back.cache_bytes, 4096);
   EXPECT_EQ(find_preset("h100-ib").ranks_per_node, 8);
   EXPECT_EQ(find_preset("gb200-nvl72").ranks_per_node, 72);
   EXPECT_THROW(find_preset("h100"), Error);

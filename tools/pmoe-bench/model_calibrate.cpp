@@ -138,6 +138,8 @@ struct Options {
   int iters = 20, warmup = 3;
   uint64_t seed = 1;
   std::string preset_path = "model-preset-cpu.json", json_path;
+  std::string preset_file;   // under mpirun: the links, from a thread-rank run's preset
+  bool ranks_given = false;  // --ranks on the command line (under mpirun it must match)
 };
 
 AllToAllConfig run_config(const Options& o, int tokens) {
@@ -226,10 +228,52 @@ HardwarePreset measure_links(const Options& o) {
   return hw;
 }
 
+// Under mpirun the MPI processes are the ranks (one W: the world size). The links come from a
+// preset file a thread-rank run wrote (--preset-file): measuring them here would have every
+// process copy at once, and the fixed cost per call needs a 1-rank run.
+void run_mpi(const Options& o) {
+  PMOE_CHECK(!o.preset_file.empty(),
+             "model calibrate under mpirun needs --preset-file (written by a run without mpirun)");
+  const HardwarePreset hw = load_preset(o.preset_file);
+  const int W = rank_counts_to_run(o.ranks_given, parse_int_list(o.ranks, "--ranks")).at(0);
+  if (is_printing_rank())
+    std::printf(
+        "## pmoe-bench model calibrate under mpirun: %d MPI processes, commit %s, links "
+        "from %s\n\n| op | EP | tokens | predicted µs | measured µs | predicted/measured "
+        "|\n|---|---:|---:|---:|---:|---:|\n",
+        W, git_commit().c_str(), o.preset_file.c_str());
+  json rows = json::array();
+  for (int tokens : parse_int_list(o.tokens, "--tokens")) {
+    const Measured m = measure(o, W, tokens);
+    const AllToAllConfig cfg = run_config(o, tokens);
+    const auto traffic =
+        detail::count_traffic(cfg, {W, W, detail::TrafficMode::direct, false}, m.indices);
+    const double slot = double(cfg.hidden_dim) * dtype_size(cfg.in_dtype);
+    const double y_row = double(cfg.hidden_dim) * dtype_size(cfg.out_dtype);
+    const Prediction p = predict_cpu(hw, traffic, slot, y_row, tokens, y_row);
+    if (!is_printing_rank()) continue;
+    for (const auto& [op, pred, meas] : {std::tuple{"dispatch", p.dispatch.us, m.dispatch_us},
+                                         std::tuple{"combine", p.combine.us, m.combine_us}}) {
+      std::printf("| %s | %d | %d | %.1f | %.1f | %.2f |\n", op, W, tokens, pred, meas,
+                  pred / meas);
+      rows.push_back({{"op", op},
+                      {"ranks", W},
+                      {"tokens", tokens},
+                      {"predicted_us", pred},
+                      {"measured_us", meas},
+                      {"ratio", pred / meas}});
+    }
+    std::fflush(stdout);
+  }
+  if (!o.json_path.empty() && is_printing_rank())
+    write_json(o.json_path, {{"shape", o.shape.to_json()}, {"iters", o.iters}, {"mpi", true}}, rows,
+               {{"preset", hw.to_json()}});
+}
+
 void run(const Options& o) {
-  PMOE_CHECK(!launched_by_mpi(), "model calibrate runs thread ranks; start it without mpirun");
   PMOE_CHECK(parse_dtype(o.shape.dtype) != DType::f8e4m3,
              "model calibrate: --dtype bf16, f16 or f32 (the run passes no scales)");
+  if (launched_by_mpi()) return run_mpi(o);
   const HardwarePreset hw = measure_links(o);
   const double per_core = hw.links[int(detail::Link::load_store)].gbps, signal = hw.signal_us;
   const double tcp_rt = hw.links[int(detail::Link::network)].latency_us * 2,
@@ -277,7 +321,8 @@ void run(const Options& o) {
                         {"tokens", tokens},
                         {"predicted_us", pred},
                         {"measured_us", meas},
-                        {"ratio", pred / meas}});
+                        {"ratio", pred / meas},
+                        {"links", now.to_json()}});
       }
       std::fflush(stdout);
     }
@@ -304,7 +349,10 @@ void add_calibrate_command(CLI::App& model) {
   cmd->add_option("--preset-out", o->preset_path, "the preset file to write")
       ->capture_default_str();
   cmd->add_option("--json", o->json_path, "write predicted vs measured as JSON to this file");
-  cmd->callback([o] {
+  cmd->add_option("--preset-file", o->preset_file,
+                  "under mpirun: the links, from a preset file a run without mpirun wrote");
+  cmd->callback([o, cmd] {
+    o->ranks_given = cmd->get_option("--ranks")->count() > 0;
     PMOE_CHECK(o->iters >= 1 && o->warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
     run(*o);
   });

@@ -89,7 +89,9 @@ json HardwarePreset::to_json() const {
           {"kernels_per_op", kernels_per_op},
           {"cores", cores},
           {"call_us", call_us},
-          {"signal_us", signal_us}};
+          {"signal_us", signal_us},
+          {"cache_gbps", cache_gbps},
+          {"cache_bytes", cache_bytes}};
 }
 
 HardwarePreset HardwarePreset::from_json(const json& j) {
