@@ -72,6 +72,11 @@ TEST(ModelLinks, CpuFormulaByHand) {
   cpu.cache_bytes = 100, cpu.links[1].gbps = 10;
   p = predict_cpu(cpu, t, 128, 128, 1, 128);
   EXPECT_NEAR(p.combine.us, 8 + 0.0384, 1e-9);
+  // Combine's sum past the cache runs at its own measured rate; dispatch stays a copy.
+  cpu.reduce_gbps = 5;
+  p = predict_cpu(cpu, t, 128, 128, 1, 128);
+  EXPECT_NEAR(p.combine.us, 8 + 0.0768, 1e-9);
+  EXPECT_NEAR(p.dispatch.us, 8 + 0.0256, 1e-9);
   EXPECT_THROW(predict_cpu(round_preset(), t, 128, 128, 1, 128), Error);
 }
 
@@ -122,6 +127,8 @@ TEST(ModelLinks, PresetsRoundTripThroughJson) {
   EXPECT_EQ(back.signal_us, 2.5);
   EXPECT_EQ(back.cache_gbps, 90);
   EXPECT_EQ(back.cache_bytes, 4096);
+  cpu.reduce_gbps = 7;
+  EXPECT_EQ(HardwarePreset::from_json(cpu.to_json()).reduce_gbps, 7);
   EXPECT_EQ(find_preset("h100-ib").ranks_per_node, 8);
   EXPECT_EQ(find_preset("gb200-nvl72").ranks_per_node, 72);
   EXPECT_THROW(find_preset("h100"), Error);

@@ -225,6 +225,16 @@ HardwarePreset measure_links(const Options& o) {
   hw.kernels_per_op = 1;
   const Measured one = measure(o, 1, 1);
   hw.call_us = (one.dispatch_us + one.combine_us) / 2;
+  // The sum's rate: combine on one rank with 128 tokens (every row local, past the cache).
+  {
+    const Measured big = measure(o, 1, 128);
+    const AllToAllConfig cfg = run_config(o, 128);
+    const auto t =
+        detail::count_traffic(cfg, {1, 1, detail::TrafficMode::direct, false}, big.indices);
+    const double row = double(cfg.hidden_dim) * dtype_size(cfg.out_dtype);
+    const double bytes = double(t.combine.ranks[0].rows) * row + 128 * row;
+    hw.reduce_gbps = bytes / (std::max(big.combine_us - hw.call_us, 1.0) * 1e3);
+  }
   return hw;
 }
 
@@ -290,15 +300,16 @@ void run(const Options& o) {
       "(16 MiB), %.2f GB/s in cache (a quarter of L2, %.0f KiB)\n"
       "- signal round trip through shared memory (two threads): %.3f µs\n"
       "- TCP loopback: round trip %.1f µs, stream %.2f GB/s\n"
-      "- AllToAll fixed cost per call, 1 rank, 1 token: %.1f µs\n"
+      "- AllToAll fixed cost per call, 1 rank, 1 token: %.1f µs; combine's sum, 1 rank, 128 "
+      "tokens: %.2f GB/s\n"
       "- preset written to %s\n\n",
       hw.cores, per_core, hw.cache_gbps, hw.cache_bytes / 4 / 1024, signal, tcp_rt, tcp_gbps,
-      hw.call_us, o.preset_path.c_str());
+      hw.call_us, hw.reduce_gbps, o.preset_path.c_str());
   std::printf(
       "Predicted (predict_cpu on count_traffic of the same routing) vs measured (median "
       "of %d, thread ranks, in-place buffers):\n\n| op | EP | tokens | predicted µs | "
       "measured µs | predicted/measured | links just before (copy GB/s memory / cache, signal µs, "
-      "call µs) |\n|---|---:|---:|---:|---:|---:|---|\n",
+      "call µs, sum GB/s) |\n|---|---:|---:|---:|---:|---:|---|\n",
       o.iters);
   json rows = json::array();
   for (int tokens : parse_int_list(o.tokens, "--tokens"))
@@ -313,9 +324,10 @@ void run(const Options& o) {
       const Prediction p = predict_cpu(now, traffic, slot, y_row, tokens, y_row);
       for (const auto& [op, pred, meas] : {std::tuple{"dispatch", p.dispatch.us, m.dispatch_us},
                                            std::tuple{"combine", p.combine.us, m.combine_us}}) {
-        std::printf("| %s | %d | %d | %.1f | %.1f | %.2f | %.1f / %.0f / %.1f / %.1f |\n", op, W,
-                    tokens, pred, meas, pred / meas, now.links[int(detail::Link::load_store)].gbps,
-                    now.cache_gbps, now.signal_us, now.call_us);
+        std::printf("| %s | %d | %d | %.1f | %.1f | %.2f | %.1f / %.0f / %.1f / %.1f / %.2f |\n",
+                    op, W, tokens, pred, meas, pred / meas,
+                    now.links[int(detail::Link::load_store)].gbps, now.cache_gbps, now.signal_us,
+                    now.call_us, now.reduce_gbps);
         rows.push_back({{"op", op},
                         {"ranks", W},
                         {"tokens", tokens},

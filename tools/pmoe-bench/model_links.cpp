@@ -91,7 +91,8 @@ json HardwarePreset::to_json() const {
           {"call_us", call_us},
           {"signal_us", signal_us},
           {"cache_gbps", cache_gbps},
-          {"cache_bytes", cache_bytes}};
+          {"cache_bytes", cache_bytes},
+          {"reduce_gbps", reduce_gbps}};
 }
 
 HardwarePreset HardwarePreset::from_json(const json& j) {
@@ -113,6 +114,7 @@ HardwarePreset HardwarePreset::from_json(const json& j) {
     p.signal_us = j.value("signal_us", 0.0);
     p.cache_gbps = j.value("cache_gbps", 0.0);
     p.cache_bytes = j.value("cache_bytes", 0.0);
+    p.reduce_gbps = j.value("reduce_gbps", 0.0);
   } catch (const json::exception& e) {
     throw Error(detail::cat("preset file: ", e.what()));
   }
@@ -179,7 +181,7 @@ Prediction predict_cpu(const HardwarePreset& hw, const detail::Traffic& traffic,
   const int W = int(traffic.dispatch.ranks.size());
   const double share = std::max(1.0, double(W) / hw.cores);
   const double sync = W <= hw.cores ? hw.signal_us : W * hw.signal_us * share;
-  auto op = [&](const detail::OpTraffic& t, double per_row, double extra) {
+  auto op = [&](const detail::OpTraffic& t, double per_row, double extra, double past_cache) {
     double most = 0, sum = 0;
     int critical = 0;
     for (int r = 0; r < W; ++r) {
@@ -189,7 +191,7 @@ Prediction predict_cpu(const HardwarePreset& hw, const detail::Traffic& traffic,
     }
     const double per_core = std::max(most, sum / hw.cores);
     const double gbps =
-        hw.cache_gbps > 0 && per_core <= hw.cache_bytes ? hw.cache_gbps : hw.links[kLoadStore].gbps;
+        hw.cache_gbps > 0 && per_core <= hw.cache_bytes ? hw.cache_gbps : past_cache;
     OpPrediction p;
     p.critical_rank = critical;
     p.launch_us = hw.call_us * share + sync;
@@ -197,8 +199,10 @@ Prediction predict_cpu(const HardwarePreset& hw, const detail::Traffic& traffic,
     p.us = p.launch_us + p.exchange_us;
     return p;
   };
-  return {op(traffic.dispatch, 2 * dispatch_row_bytes, 0),
-          op(traffic.combine, combine_row_bytes, tokens_per_rank * y_row_bytes)};
+  const double copy = hw.links[kLoadStore].gbps;
+  return {op(traffic.dispatch, 2 * dispatch_row_bytes, 0, copy),
+          op(traffic.combine, combine_row_bytes, tokens_per_rank * y_row_bytes,
+             hw.reduce_gbps > 0 ? hw.reduce_gbps : copy)};
 }
 
 }  // namespace pmoe::bench

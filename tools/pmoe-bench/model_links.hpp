@@ -44,6 +44,9 @@ struct HardwarePreset {
   double signal_us = 0;    // one signal's round trip between two ranks
   double cache_gbps = 0;   // per-core copy bandwidth when the copy fits in cache_bytes
   double cache_bytes = 0;  // one core's cache (L2): smaller copies run at cache_gbps
+  // Combine's sum on one core (rows read, converted, weighted, added; y written), GB/s of those
+  // bytes, measured on one rank past the cache; 0: the copy bandwidth.
+  double reduce_gbps = 0;
   nlohmann::json to_json() const;
   static HardwarePreset from_json(const nlohmann::json& j);
 };
@@ -77,7 +80,8 @@ Prediction predict(const HardwarePreset& hw, const detail::Traffic& traffic,
 //         W > cores: W x signal_us x W / cores (every rank waits for W signals, and a rank off
 //         its core must be scheduled before it signals)
 //   gbps: one core's copy bandwidth with every core copying (load_store), or cache_gbps when a
-//         core's share of the bytes fits in cache_bytes
+//         core's share of the bytes fits in cache_bytes; combine past the cache: reduce_gbps
+//         (its sum is not a copy: it converts, weighs and adds every element)
 Prediction predict_cpu(const HardwarePreset& hw, const detail::Traffic& traffic,
                        double dispatch_row_bytes, double combine_row_bytes, int tokens_per_rank,
                        double y_row_bytes);
