@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   pmoe::bench::add_moe_command(app);
   pmoe::bench::add_all_command(app);
   pmoe::bench::add_overlap_commands(app);
+  pmoe::bench::add_model_command(app);
   int code = 0;
   try {
     app.parse(argc, argv);

@@ -5,7 +5,7 @@ usage: plot_sweep.py ROWS.csv OUT.png SPEC.json
 
 SPEC keys: x, y (column names), x_label, y_label (axis labels in words, with units), title,
 series (column: one line per value, or ""), panel (column: one panel per value, or ""),
-panel_label (words before each panel's value), log_y (bool), bars (bool: y per category x,
+panel_label (words before each panel's value), log_y (bool), log_x (bool, base 2), bars (bool: y per category x,
 with min/max whiskers from y_min / y_max columns when given).
 """
 import csv
@@ -40,6 +40,11 @@ def draw_lines(ax, rows, spec):
             MaxNLocator(integer=True))
     if spec.get("log_y"):
         ax.set_yscale("log")
+    if spec.get("log_x"):
+        # Sizes that double (EP8 .. EP1024): evenly spaced, ticked at the values drawn.
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(x) for x in xs])
     if spec["series"]:
         ax.legend(fontsize="small")
 

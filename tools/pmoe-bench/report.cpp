@@ -98,7 +98,8 @@ void plot_sweep(const std::string& png_path, const nlohmann::json& rows, const P
                           {"title", spec.title},   {"series", spec.series},
                           {"panel", spec.panel},   {"panel_label", spec.panel_label},
                           {"log_y", spec.log_y},   {"bars", spec.bars},
-                          {"y_min", spec.y_min},   {"y_max", spec.y_max}}
+                          {"y_min", spec.y_min},   {"y_max", spec.y_max},
+                          {"log_x", spec.log_x}}
                .dump();
   }
   const std::string command = std::string("python3 '") + PMOE_SOURCE_DIR +

@@ -39,6 +39,7 @@ struct PlotSpec {
   bool log_y = false;                   // for series that differ by orders of magnitude
   bool bars = false;
   std::string y_min, y_max;             // bars only; "" for none
+  bool log_x = false;                   // x values that double (EP sizes)
 };
 
 // A PNG of `rows` drawn by tools/pmoe-bench/plot_sweep.py with matplotlib. Throws pmoe::Error if

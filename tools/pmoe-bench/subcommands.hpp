@@ -19,4 +19,8 @@ void add_all_command(CLI::App& app);
 // overlapped against the serial baseline, checked against the reference first.
 void add_overlap_commands(CLI::App& app);
 
+// `pmoe-bench model` (+ `model published`, `model calibrate`): the scaling model,
+// docs/scaling-model.md.
+void add_model_command(CLI::App& app);
+
 }  // namespace pmoe::bench

@@ -1,0 +1,179 @@
+// Counts what AllToAll moves for a routing; the assumptions are at the top of traffic.hpp.
+#include "all_to_all/traffic.hpp"
+
+#include <algorithm>
+#include <tuple>
+
+#include "all_to_all/layout.hpp"
+#include "all_to_all/route.hpp"
+#include "pmoe/error.hpp"
+
+namespace pmoe::detail {
+
+const char* link_name(Link link) {
+  switch (link) {
+    case Link::same_rank:
+      return "same_rank";
+    case Link::load_store:
+      return "load_store";
+    case Link::network:
+      return "network";
+  }
+  return "?";
+}
+
+const char* mode_name(TrafficMode mode) {
+  return mode == TrafficMode::direct ? "direct" : "hierarchical";
+}
+
+LinkCount OpTraffic::total(Link link) const {
+  LinkCount sum;
+  for (const RankTraffic& r : ranks) {
+    sum.bytes += r.sent[int(link)].bytes;
+    sum.transfers += r.sent[int(link)].transfers;
+  }
+  return sum;
+}
+
+uint64_t OpTraffic::signals(Link link) const {
+  uint64_t sum = 0;
+  for (const RankTraffic& r : ranks) sum += r.signals_sent[int(link)];
+  return sum;
+}
+
+namespace {
+
+void check_setup(const AllToAllConfig& config, const TrafficSetup& setup,
+                 const std::vector<std::vector<int32_t>>& indices) {
+  const int W = setup.world_size;
+  PMOE_CHECK(W >= 1, "count_traffic: world_size must be >= 1, got ", W);
+  PMOE_CHECK(setup.ranks_per_node >= 1 && W % setup.ranks_per_node == 0,
+             "count_traffic: ranks_per_node must divide world_size ", W, ", got ",
+             setup.ranks_per_node);
+  config.validate(W);
+  PMOE_CHECK(indices.size() == size_t(W), "count_traffic: indices must hold one routing per rank (",
+             W, "), got ", indices.size());
+  const int k = config.experts_per_token, E = config.num_experts;
+  for (int r = 0; r < W; ++r) {
+    const auto& rows = indices[r];
+    PMOE_CHECK(rows.size() % size_t(k) == 0 && rows.size() / k <= size_t(config.max_num_tokens),
+               "count_traffic: indices[", r, "] must hold m * ", k,
+               " entries with m <= ", config.max_num_tokens, ", got ", rows.size());
+    for (size_t i = 0; i < rows.size(); ++i)
+      PMOE_CHECK(rows[i] >= -1 && rows[i] < E, "count_traffic: indices[", r, "][", i,
+                 "] must be -1 or an expert in [0, ", E, "), got ", rows[i]);
+  }
+}
+
+// Who is on the critical path: the most network bytes (sent or received), then load/store.
+int critical_rank(const OpTraffic& op) {
+  auto key = [](const RankTraffic& r) {
+    auto most = [&](Link l) { return std::max(r.sent[int(l)].bytes, r.received[int(l)].bytes); };
+    return std::make_tuple(most(Link::network), most(Link::load_store));
+  };
+  int best = 0;
+  for (int r = 1; r < int(op.ranks.size()); ++r)
+    if (key(op.ranks[r]) > key(op.ranks[best])) best = r;
+  return best;
+}
+
+}  // namespace
+
+Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
+                      const std::vector<std::vector<int32_t>>& indices) {
+  check_setup(config, setup, indices);
+  const int W = setup.world_size, P = setup.ranks_per_node;
+  const AllToAllLayout lay(config, W);
+  const int E = config.num_experts, k = config.experts_per_token, L = lay.num_local_experts;
+  const bool hierarchical = setup.mode == TrafficMode::hierarchical;
+  const uint64_t body = lay.payload_bytes + lay.scale_bytes;  // a slot past its header
+  const uint64_t row_bytes = lay.expert_output_row;           // one combine row
+  const uint64_t head_bytes = sizeof(int32_t) * (2 + uint64_t(L));
+  const uint64_t node_head_bytes = sizeof(int32_t) * (2 + uint64_t(L) * P);
+  const uint64_t dtype_bytes = sizeof(int32_t);
+  auto slot_bytes = [&](int pairs) {
+    return sizeof(int32_t) * uint64_t(AllToAllLayout::header_ints(pairs)) + body;
+  };
+
+  Traffic out;
+  out.dispatch.ranks.resize(W);
+  out.combine.ranks.resize(W);
+  auto link = [&](int from, int to) {
+    return from == to ? Link::same_rank : from / P == to / P ? Link::load_store : Link::network;
+  };
+  auto move = [&](OpTraffic& op, int from, int to, uint64_t bytes) {
+    const int l = int(link(from, to));
+    op.ranks[from].sent[l].add(bytes);
+    op.ranks[to].received[l].add(bytes);
+  };
+  auto signal = [&](OpTraffic& op, int from, int to) {
+    const int l = int(link(from, to));
+    ++op.ranks[from].signals_sent[l];
+    ++op.ranks[to].signals_received[l];
+  };
+  // Served as the ops serve every destination today: straight from the source.
+  auto remote_node = [&](int s, int d) { return hierarchical && s / P != d / P; };
+  auto relay_of = [&](int s, int node) { return node * P + s % P; };
+
+  std::vector<int> pairs_on(W);        // this token's (expert, slot) pairs per rank
+  std::vector<char> node_done(W / P);  // this token's slot to that node is counted
+  for (int s = 0; s < W; ++s) {
+    const int m = int(indices[s].size()) / k;
+    for (int t = 0; t < m; ++t) {
+      const int32_t* row = indices[s].data() + size_t(t) * k;
+      std::fill(pairs_on.begin(), pairs_on.end(), 0);
+      std::fill(node_done.begin(), node_done.end(), 0);
+      for (int j = 0; j < k; ++j)
+        if (first_in_group(row, j, E, 1)) ++pairs_on[row[j] / L];
+      for (int j = 0; j < k; ++j) {
+        if (!first_in_group(row, j, E, L)) continue;  // the first slot that names rank d
+        const int d = row[j] / L, n = pairs_on[d];
+        out.dispatch.ranks[d].rows += n;
+        out.combine.ranks[s].rows += n;
+        if (!remote_node(s, d)) {
+          move(out.dispatch, s, d, slot_bytes(n));
+          for (int q = 0; q < n; ++q) move(out.combine, d, s, row_bytes);
+          continue;
+        }
+        const int node = d / P, relay = relay_of(s, node);
+        if (!node_done[node]) {
+          node_done[node] = 1;
+          int node_pairs = 0;
+          for (int r = node * P; r < (node + 1) * P; ++r) node_pairs += pairs_on[r];
+          move(out.dispatch, s, relay, slot_bytes(node_pairs));
+          move(out.combine, relay, s, setup.relay_reduces ? row_bytes : node_pairs * row_bytes);
+        }
+        if (d == relay) continue;
+        move(out.dispatch, relay, d, slot_bytes(n));
+        for (int q = 0; q < n; ++q) move(out.combine, d, relay, row_bytes);
+      }
+    }
+    // Heads and signals: every rank hears from every source, empty blocks included.
+    for (int d = 0; d < W; ++d) {
+      if (!remote_node(s, d)) {
+        move(out.dispatch, s, d, head_bytes);
+        signal(out.dispatch, s, d);
+        move(out.combine, d, s, dtype_bytes);
+        signal(out.combine, d, s);
+        continue;
+      }
+      const int relay = relay_of(s, d / P);
+      if (d == relay) {  // once per remote node
+        move(out.dispatch, s, relay, node_head_bytes);
+        signal(out.dispatch, s, relay);
+        move(out.combine, relay, s, dtype_bytes);
+        signal(out.combine, relay, s);
+        continue;
+      }
+      move(out.dispatch, relay, d, head_bytes);
+      signal(out.dispatch, relay, d);
+      move(out.combine, d, relay, dtype_bytes);
+      signal(out.combine, d, relay);
+    }
+  }
+  out.dispatch.critical_rank = critical_rank(out.dispatch);
+  out.combine.critical_rank = critical_rank(out.combine);
+  return out;
+}
+
+}  // namespace pmoe::detail

@@ -1,0 +1,94 @@
+// What one AllToAll call moves, per rank and per link kind, for a given routing: the byte and
+// transfer counts the scaling model (tools/pmoe-bench/model*) turns into time, and the reference
+// a cross-node benchmark checks its own per-link counts against. Host code only.
+//
+// Assumptions (each one read off the code that moves the bytes):
+// - Routing is route.hpp's rule, the one the ops use: slot j of a token's row sends it to expert
+//   row[j] when first_in_group(row, j, E, 1) (no -1, no out-of-range, no repeat); the token goes
+//   to rank d once, with one (expert, slot, position) triple per such j on d.
+// - Dispatch, direct (src/cuda/all_to_all/dispatch.cu, send_tokens): one token slot per (token,
+//   destination rank), one transfer carrying header (4 * header_ints(n) bytes: token index, n,
+//   n triples) + payload (layout.payload_bytes) + scales (layout.scale_bytes); then to every rank
+//   (itself included) one head (count, flags, E_local expert counts: 4 * (2 + E_local) bytes, one
+//   transfer) and one signal.
+// - Combine, direct (combine.cu, return_rows): one row of H elements of out_dtype
+//   (layout.expert_output_row bytes, one transfer) per received (token, local expert) pair back
+//   to the token's source; then to every rank one dtype word (4 bytes, one transfer) and one
+//   signal. Rows are not summed on the way: the source reduces them in slot order (bit-exact).
+// - Hierarchical (a mode of this model; the ops run direct today): ranks_per_node consecutive
+//   ranks share a node. A token goes once per destination node over the network, to the relay:
+//   the rank on that node with the source's local index, in one slot whose header holds the
+//   triples of every expert the token chose on that node; the relay forwards one slot per
+//   destination rank on its node (itself excluded: the slot already lies there) over load/store,
+//   with that rank's triples only. Heads go the same way: one head per (source, remote node) to
+//   the relay over the network (4 * (2 + E_local * ranks_per_node) bytes, one signal), which
+//   forwards one head + signal to each other rank of its node. Destinations on the source's own
+//   node are served as in direct mode.
+// - Hierarchical combine mirrors it: an owner on a remote node sends each row to the relay of
+//   its node (load/store, none when the owner is the relay), and the relay sends one transfer per
+//   (token, node) back over the network carrying that node's rows (all of them, unreduced, unless
+//   relay_reduces: then one row, the relay's partial sum; that changes the order of the sum).
+//   dtype words and signals: owner -> relay (load/store), one per (relay, remote source) over
+//   the network.
+// - Link kinds: same_rank (source = destination), load_store (same node), network.
+// - The critical-path rank of an op is the one with the most network bytes (the larger of sent
+//   and received), then the most load/store bytes; the model computes its own per-rank times.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "pmoe/all_to_all.hpp"
+
+namespace pmoe::detail {
+
+enum class Link { same_rank = 0, load_store = 1, network = 2 };
+inline constexpr int kLinkKinds = 3;
+const char* link_name(Link link);
+
+enum class TrafficMode { direct, hierarchical };
+const char* mode_name(TrafficMode mode);
+
+struct TrafficSetup {
+  int world_size = 0;
+  int ranks_per_node = 0;  // divides world_size
+  TrafficMode mode = TrafficMode::direct;
+  bool relay_reduces = false;  // hierarchical combine: the relay sums its node's rows
+};
+
+struct LinkCount {
+  uint64_t bytes = 0;
+  uint64_t transfers = 0;
+  void add(uint64_t b) { bytes += b, ++transfers; }
+  bool operator==(const LinkCount&) const = default;
+};
+
+struct RankTraffic {
+  std::array<LinkCount, kLinkKinds> sent{};      // written by this rank (a relay's forwards too)
+  std::array<LinkCount, kLinkKinds> received{};  // landed in this rank's memory
+  std::array<uint64_t, kLinkKinds> signals_sent{};
+  std::array<uint64_t, kLinkKinds> signals_received{};
+  // (token, expert) rows this rank ends up with: dispatch, rows landed in its expert_x; combine,
+  // rows its tokens get back to sum (the local copy and reduce work after the exchange).
+  uint64_t rows = 0;
+  bool operator==(const RankTraffic&) const = default;
+};
+
+struct OpTraffic {
+  std::vector<RankTraffic> ranks;
+  int critical_rank = 0;
+  LinkCount total(Link link) const;  // summed over senders
+  uint64_t signals(Link link) const;
+};
+
+struct Traffic {
+  OpTraffic dispatch, combine;
+};
+
+// indices[r]: rank r's top-k rows, m_r * experts_per_token int32 (m_r <= max_num_tokens, the
+// same k for all). Throws pmoe::Error naming the argument on a bad setup or index.
+Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
+                      const std::vector<std::vector<int32_t>>& indices);
+
+}  // namespace pmoe::detail

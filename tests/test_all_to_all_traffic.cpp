@@ -1,0 +1,228 @@
+// Host only, no ranks run: count_traffic (src/all_to_all/traffic.hpp) for W = 1..32 ranks split
+// into nodes of 1..W ranks, direct and hierarchical, against a brute-force count that lists every
+// message (from, to, bytes) from the set of experts each token chose, on uniform and Zipf-skewed
+// routings with -1 and repeated slots; two small cases worked out by hand; bad input rejected.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "all_to_all/traffic.hpp"
+#include "pmoe/error.hpp"
+
+namespace pmoe::detail {
+namespace {
+
+struct Message {
+  int from, to;
+  uint64_t bytes;
+  bool signal;
+};
+
+// Every message of one op, listed from first principles: the distinct experts of each token,
+// grouped by rank and node with std::map.
+struct Listing {
+  std::vector<Message> dispatch, combine;
+  std::map<int, uint64_t> rows_at, rows_back;  // rows landed per rank; rows back per source
+};
+
+Listing list_messages(const AllToAllConfig& c, const TrafficSetup& s,
+                      const std::vector<std::vector<int32_t>>& indices) {
+  const int W = s.world_size, P = s.ranks_per_node, L = c.num_experts / W, k = c.experts_per_token;
+  const uint64_t elem_in = dtype_size(c.in_dtype), elem_out = dtype_size(c.out_dtype);
+  const uint64_t body =
+      c.hidden_dim * elem_in + (c.scale_block ? 4 * (c.hidden_dim / c.scale_block) : 0);
+  const uint64_t row = c.hidden_dim * elem_out;
+  auto slot = [&](uint64_t pairs) { return 4 * (2 + 3 * pairs) + body; };
+  Listing out;
+  for (int src = 0; src < W; ++src) {
+    for (size_t t = 0; t < indices[src].size() / k; ++t) {
+      std::set<int> experts;
+      for (int j = 0; j < k; ++j) {
+        const int e = indices[src][t * k + j];
+        if (e >= 0) experts.insert(e);
+      }
+      std::map<int, std::map<int, int>> by_node;  // node -> rank -> pairs
+      for (int e : experts) ++by_node[e / L / P][e / L];
+      for (const auto& [node, ranks] : by_node) {
+        const bool relayed = s.mode == TrafficMode::hierarchical && node != src / P;
+        const int relay = node * P + src % P;
+        int node_pairs = 0;
+        for (const auto& [d, n] : ranks) node_pairs += n;
+        if (relayed) {
+          out.dispatch.push_back({src, relay, slot(node_pairs), false});
+          out.combine.push_back({relay, src, s.relay_reduces ? row : node_pairs * row, false});
+        }
+        for (const auto& [d, n] : ranks) {
+          const int from = relayed ? relay : src;
+          if (relayed && d == relay) continue;
+          out.dispatch.push_back({from, d, slot(n), false});
+          for (int q = 0; q < n; ++q) out.combine.push_back({d, from, row, false});
+        }
+        for (const auto& [d, n] : ranks) out.rows_at[d] += n, out.rows_back[src] += n;
+      }
+    }
+    for (int d = 0; d < W; ++d) {
+      const bool relayed = s.mode == TrafficMode::hierarchical && d / P != src / P;
+      const int relay = (d / P) * P + src % P;
+      if (!relayed) {
+        out.dispatch.push_back({src, d, 4 * (2 + uint64_t(L)), true});
+        out.combine.push_back({d, src, 4, true});
+        continue;
+      }
+      if (d == relay) {
+        out.dispatch.push_back({src, d, 4 * (2 + uint64_t(L) * P), true});
+        out.combine.push_back({d, src, 4, true});
+      } else {
+        out.dispatch.push_back({relay, d, 4 * (2 + uint64_t(L)), true});
+        out.combine.push_back({d, relay, 4, true});
+      }
+    }
+  }
+  return out;
+}
+
+// The per-rank counts a listing adds up to (a heads message carries a signal).
+std::vector<RankTraffic> tally(const std::vector<Message>& messages, int W, int P) {
+  std::vector<RankTraffic> ranks(W);
+  for (const Message& m : messages) {
+    const int l = m.from == m.to ? 0 : m.from / P == m.to / P ? 1 : 2;
+    ranks[m.from].sent[l].bytes += m.bytes, ++ranks[m.from].sent[l].transfers;
+    ranks[m.to].received[l].bytes += m.bytes, ++ranks[m.to].received[l].transfers;
+    if (m.signal) ++ranks[m.from].signals_sent[l], ++ranks[m.to].signals_received[l];
+  }
+  return ranks;
+}
+
+// m tokens per rank; expert e drawn with weight 1 / (e + 1)^zipf (0: uniform), repeats and -1
+// left in on purpose (a repeat is not sent twice).
+std::vector<std::vector<int32_t>> routing(int W, int m, int k, int E, double zipf,
+                                          std::mt19937& rng) {
+  std::vector<double> weights(E);
+  for (int e = 0; e < E; ++e) weights[e] = 1.0 / std::pow(e + 1.0, zipf);
+  std::discrete_distribution<int> pick(weights.begin(), weights.end());
+  std::uniform_int_distribution<int> hole(0, 9);
+  std::vector<std::vector<int32_t>> out(W);
+  for (auto& rows : out)
+    for (int i = 0; i < m * k; ++i) rows.push_back(hole(rng) == 0 ? -1 : pick(rng));
+  return out;
+}
+
+void expect_matches(const AllToAllConfig& c, const TrafficSetup& s,
+                    const std::vector<std::vector<int32_t>>& indices) {
+  const Traffic got = count_traffic(c, s, indices);
+  const Listing want = list_messages(c, s, indices);
+  auto dispatch = tally(want.dispatch, s.world_size, s.ranks_per_node);
+  auto combine = tally(want.combine, s.world_size, s.ranks_per_node);
+  for (auto& [r, n] : want.rows_at) dispatch[r].rows = n;
+  for (auto& [r, n] : want.rows_back) combine[r].rows = n;
+  for (int r = 0; r < s.world_size; ++r) {
+    EXPECT_EQ(got.dispatch.ranks[r], dispatch[r]) << "dispatch, rank " << r;
+    EXPECT_EQ(got.combine.ranks[r], combine[r]) << "combine, rank " << r;
+  }
+}
+
+TEST(Traffic, RandomRoutingsMatchBruteForce) {
+  std::mt19937 rng(24);
+  for (int W : {1, 2, 4, 8, 16, 32})
+    for (int P = 1; P <= W; P *= 2)
+      for (double zipf : {0.0, 1.2})
+        for (TrafficMode mode : {TrafficMode::direct, TrafficMode::hierarchical})
+          for (bool reduces : {false, true}) {
+            AllToAllConfig c;
+            c.max_num_tokens = 9;
+            c.num_experts = W * (1 + int(rng() % 4));
+            c.experts_per_token = 1 + int(rng() % std::min(8, c.num_experts));
+            c.hidden_dim = 128;
+            c.in_dtype = rng() % 2 ? DType::f8e4m3 : DType::bf16;
+            c.scale_block = c.in_dtype == DType::f8e4m3 ? 64 : 0;
+            c.out_dtype = rng() % 2 ? DType::f32 : DType::bf16;
+            const TrafficSetup s{W, P, mode, reduces};
+            SCOPED_TRACE(testing::Message() << "W " << W << " P " << P << " zipf " << zipf << " "
+                                            << mode_name(mode) << " reduces " << reduces);
+            const int m = int(rng() % 10);
+            expect_matches(c, s, routing(W, m, c.experts_per_token, c.num_experts, zipf, rng));
+          }
+}
+
+// Zipf routing puts the hot experts' rank on the critical path: rank 0 owns experts 0..L-1.
+TEST(Traffic, HotExpertsPutTheirRankOnTheCriticalPath) {
+  std::mt19937 rng(7);
+  AllToAllConfig c{64, 64, 4, 256, DType::bf16, 0, DType::bf16, false};
+  const auto indices = routing(16, 64, 4, 64, 2.0, rng);
+  const Traffic t = count_traffic(c, {16, 4, TrafficMode::direct, false}, indices);
+  EXPECT_EQ(t.dispatch.critical_rank, 0);
+  EXPECT_EQ(t.combine.critical_rank, 0);
+}
+
+// W 4 in 2 nodes of 2, E 8 (2 per rank), k 2, H 64 bf16 (128 B payload and row), no scales.
+// Rank 0 sends token 0 to experts {2, 3} (both on rank 1) and token 1 to {4, 7} (ranks 2 and 3,
+// the other node); the other ranks send nothing.
+struct HandCase : testing::Test {
+  AllToAllConfig c{4, 8, 2, 64, DType::bf16, 0, DType::bf16, false};
+  std::vector<std::vector<int32_t>> indices{{2, 3, 4, 7}, {}, {}, {}};
+  static constexpr int kSame = 0, kLoadStore = 1, kNetwork = 2;
+};
+
+TEST_F(HandCase, Direct) {
+  const Traffic t = count_traffic(c, {4, 2, TrafficMode::direct, false}, indices);
+  const RankTraffic& r0 = t.dispatch.ranks[0];
+  // Heads: 4 * (2 + 2) = 16 B to each rank. Token 0 to rank 1: header 2 + 2 * 3 ints = 32 B +
+  // 128; token 1 to ranks 2 and 3: 20 + 128 each.
+  EXPECT_EQ(r0.sent[kSame], (LinkCount{16, 1}));
+  EXPECT_EQ(r0.sent[kLoadStore], (LinkCount{16 + 160, 2}));
+  EXPECT_EQ(r0.sent[kNetwork], (LinkCount{2 * 16 + 2 * 148, 4}));
+  EXPECT_EQ(r0.signals_sent[kNetwork], 2u);
+  // Combine: rank 1 returns 2 rows, ranks 2 and 3 one each, and every rank a 4 B dtype word.
+  EXPECT_EQ(t.combine.ranks[1].sent[kLoadStore], (LinkCount{2 * 128 + 4, 3}));
+  EXPECT_EQ(t.combine.ranks[2].sent[kNetwork], (LinkCount{128 + 2 * 4, 3}));
+  EXPECT_EQ(t.combine.ranks[0].received[kNetwork], (LinkCount{2 * 128 + 2 * 4, 4}));
+  EXPECT_EQ(t.dispatch.critical_rank, 0);
+  EXPECT_EQ(t.dispatch.ranks[1].rows, 2u);
+  EXPECT_EQ(t.combine.ranks[0].rows, 4u);
+}
+
+TEST_F(HandCase, Hierarchical) {
+  const Traffic t = count_traffic(c, {4, 2, TrafficMode::hierarchical, false}, indices);
+  const RankTraffic& r0 = t.dispatch.ranks[0];
+  // Token 1 crosses once, to relay 2 (rank 0's local index 0 on node 1), with both pairs in its
+  // header (32 B + 128); the node head is 4 * (2 + 2 * 2) = 24 B. Relay 2 forwards 20 + 128 B
+  // and rank 0's 16 B head to rank 3, beside its own head to rank 3. Rank 3 hears over the
+  // network only from rank 1 (its local index), a node head.
+  EXPECT_EQ(r0.sent[kNetwork], (LinkCount{160 + 24, 2}));
+  EXPECT_EQ(r0.signals_sent[kNetwork], 1u);
+  EXPECT_EQ(t.dispatch.ranks[2].sent[kLoadStore], (LinkCount{148 + 16 + 16, 3}));
+  EXPECT_EQ(t.dispatch.ranks[3].received[kNetwork], (LinkCount{24, 1}));
+  // Combine: rank 3's row and its dtype word for rank 0 go to relay 2 over load/store (and its
+  // own dtype word for rank 2); relay 2 sends both rows in one transfer and one dtype word.
+  EXPECT_EQ(t.combine.ranks[3].sent[kLoadStore], (LinkCount{128 + 4 + 4, 3}));
+  EXPECT_EQ(t.combine.ranks[2].sent[kNetwork], (LinkCount{256 + 4, 2}));
+  const Traffic reduced = count_traffic(c, {4, 2, TrafficMode::hierarchical, true}, indices);
+  EXPECT_EQ(reduced.combine.ranks[2].sent[kNetwork], (LinkCount{128 + 4, 2}));
+}
+
+TEST(Traffic, BadInputNamesTheArgument) {
+  AllToAllConfig c{4, 8, 2, 64, DType::bf16, 0, DType::bf16, false};
+  auto fails_with = [&](TrafficSetup s, std::vector<std::vector<int32_t>> idx, const char* what) {
+    try {
+      count_traffic(c, s, idx);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  const std::vector<std::vector<int32_t>> none(4);
+  fails_with({4, 3, TrafficMode::direct, false}, none, "ranks_per_node");
+  fails_with({0, 1, TrafficMode::direct, false}, none, "world_size");
+  fails_with({4, 2, TrafficMode::direct, false}, {{}, {}}, "one routing per rank");
+  fails_with({4, 2, TrafficMode::direct, false}, {{1}, {}, {}, {}}, "indices[0]");
+  fails_with({4, 2, TrafficMode::direct, false}, {{1, 8}, {}, {}, {}}, "indices[0][1]");
+  fails_with({4, 2, TrafficMode::direct, false}, {{1, 2, 3, 4, 5, 6, 7, 0, 1, 2}, {}, {}, {}},
+             "m <= 4");
+}
+
+}  // namespace
+}  // namespace pmoe::detail
