@@ -2,8 +2,12 @@
 // into nodes of 1..W ranks, direct and hierarchical, against a brute-force count that lists every
 // message (from, to, bytes) from the set of experts each token chose, on uniform and Zipf-skewed
 // routings with -1 and repeated slots; two small cases worked out by hand; bad input rejected.
+// (What the CUDA kernels really send off-node is checked on the emulated device:
+// tests/cuda/test_cuda_all_to_all_traffic.cpp.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <random>
@@ -30,15 +34,22 @@ struct Listing {
 };
 
 Listing list_messages(const AllToAllConfig& c, const TrafficSetup& s,
-                      const std::vector<std::vector<int32_t>>& indices) {
+                      const std::vector<std::vector<int32_t>>& indices, DType expert_y) {
   const int W = s.world_size, P = s.ranks_per_node, L = c.num_experts / W, k = c.experts_per_token;
-  const uint64_t elem_in = dtype_size(c.in_dtype), elem_out = dtype_size(c.out_dtype);
-  const uint64_t body =
-      c.hidden_dim * elem_in + (c.scale_block ? 4 * (c.hidden_dim / c.scale_block) : 0);
-  const uint64_t row = c.hidden_dim * elem_out;
-  auto slot = [&](uint64_t pairs) { return 4 * (2 + 3 * pairs) + body; };
+  const uint64_t elem_in = dtype_size(c.in_dtype);
+  const uint64_t elem_y = dtype_size(expert_y);
+  const uint64_t payload = c.hidden_dim * elem_in;
+  const uint64_t scales = c.scale_block ? 4 * (c.hidden_dim / c.scale_block) : 0;
+  const uint64_t row = c.hidden_dim * elem_y;
+  auto slot = [&](uint64_t pairs) { return 4 * (2 + 3 * pairs) + payload + scales; };
+  // Direct mode off-node: the whole block image in one put, every part padded to 64 B and every
+  // header to the most triples a token can carry to one rank.
+  auto pad = [](uint64_t b) { return (b + 63) / 64 * 64; };
+  const uint64_t block_head = pad(4 * (2 + uint64_t(L)));
+  const uint64_t stride = pad(4 * (2 + 3 * uint64_t(std::min(k, L)))) + pad(payload) + pad(scales);
   Listing out;
   for (int src = 0; src < W; ++src) {
+    std::map<int, uint64_t> block_slots;  // direct mode: slots in the block put to that rank
     for (size_t t = 0; t < indices[src].size() / k; ++t) {
       std::set<int> experts;
       for (int j = 0; j < k; ++j) {
@@ -59,7 +70,10 @@ Listing list_messages(const AllToAllConfig& c, const TrafficSetup& s,
         for (const auto& [d, n] : ranks) {
           const int from = relayed ? relay : src;
           if (relayed && d == relay) continue;
-          out.dispatch.push_back({from, d, slot(n), false});
+          if (!relayed && d / P != src / P)
+            ++block_slots[d];
+          else
+            out.dispatch.push_back({from, d, slot(n), false});
           for (int q = 0; q < n; ++q) out.combine.push_back({d, from, row, false});
         }
         for (const auto& [d, n] : ranks) out.rows_at[d] += n, out.rows_back[src] += n;
@@ -69,7 +83,9 @@ Listing list_messages(const AllToAllConfig& c, const TrafficSetup& s,
       const bool relayed = s.mode == TrafficMode::hierarchical && d / P != src / P;
       const int relay = (d / P) * P + src % P;
       if (!relayed) {
-        out.dispatch.push_back({src, d, 4 * (2 + uint64_t(L)), true});
+        const bool put = d / P != src / P;
+        out.dispatch.push_back(
+            {src, d, put ? block_head + block_slots[d] * stride : 4 * (2 + uint64_t(L)), true});
         out.combine.push_back({d, src, 4, true});
         continue;
       }
@@ -112,9 +128,9 @@ std::vector<std::vector<int32_t>> routing(int W, int m, int k, int E, double zip
 }
 
 void expect_matches(const AllToAllConfig& c, const TrafficSetup& s,
-                    const std::vector<std::vector<int32_t>>& indices) {
-  const Traffic got = count_traffic(c, s, indices);
-  const Listing want = list_messages(c, s, indices);
+                    const std::vector<std::vector<int32_t>>& indices, DType expert_y) {
+  const Traffic got = count_traffic(c, s, indices, expert_y);
+  const Listing want = list_messages(c, s, indices, expert_y);
   auto dispatch = tally(want.dispatch, s.world_size, s.ranks_per_node);
   auto combine = tally(want.combine, s.world_size, s.ranks_per_node);
   for (auto& [r, n] : want.rows_at) dispatch[r].rows = n;
@@ -141,10 +157,13 @@ TEST(Traffic, RandomRoutingsMatchBruteForce) {
             c.scale_block = c.in_dtype == DType::f8e4m3 ? 64 : 0;
             c.out_dtype = rng() % 2 ? DType::f32 : DType::bf16;
             const TrafficSetup s{W, P, mode, reduces};
+            const DType expert_y = std::array{DType::f32, DType::bf16, DType::f16}[rng() % 3];
             SCOPED_TRACE(testing::Message() << "W " << W << " P " << P << " zipf " << zipf << " "
-                                            << mode_name(mode) << " reduces " << reduces);
+                                            << mode_name(mode) << " reduces " << reduces << " expert_y "
+                                            << dtype_name(expert_y));
             const int m = int(rng() % 10);
-            expect_matches(c, s, routing(W, m, c.experts_per_token, c.num_experts, zipf, rng));
+            expect_matches(c, s, routing(W, m, c.experts_per_token, c.num_experts, zipf, rng),
+                           expert_y);
           }
 }
 
@@ -170,16 +189,24 @@ struct HandCase : testing::Test {
 TEST_F(HandCase, Direct) {
   const Traffic t = count_traffic(c, {4, 2, TrafficMode::direct, false}, indices);
   const RankTraffic& r0 = t.dispatch.ranks[0];
-  // Heads: 4 * (2 + 2) = 16 B to each rank. Token 0 to rank 1: header 2 + 2 * 3 ints = 32 B +
-  // 128; token 1 to ranks 2 and 3: 20 + 128 each.
+  // Heads: 4 * (2 + 2) = 16 B to each rank on node 0. Token 0 to rank 1: header 2 + 2 * 3 ints
+  // = 32 B + 128. Token 1 to ranks 2 and 3 (node 1): one put each of the block image, its head
+  // padded to 64 B and one slot at the layout's stride: header for 2 triples (32 B) padded to
+  // 64 + 128 payload = 192; 256 B.
   EXPECT_EQ(r0.sent[kSame], (LinkCount{16, 1}));
   EXPECT_EQ(r0.sent[kLoadStore], (LinkCount{16 + 160, 2}));
-  EXPECT_EQ(r0.sent[kNetwork], (LinkCount{2 * 16 + 2 * 148, 4}));
+  EXPECT_EQ(r0.sent[kNetwork], (LinkCount{2 * 256, 2}));
   EXPECT_EQ(r0.signals_sent[kNetwork], 2u);
+  // Ranks 1..3 send nothing but the heads: rank 1's to node 1 are 64 B puts.
+  EXPECT_EQ(t.dispatch.ranks[1].sent[kNetwork], (LinkCount{2 * 64, 2}));
   // Combine: rank 1 returns 2 rows, ranks 2 and 3 one each, and every rank a 4 B dtype word.
   EXPECT_EQ(t.combine.ranks[1].sent[kLoadStore], (LinkCount{2 * 128 + 4, 3}));
   EXPECT_EQ(t.combine.ranks[2].sent[kNetwork], (LinkCount{128 + 2 * 4, 3}));
   EXPECT_EQ(t.combine.ranks[0].received[kNetwork], (LinkCount{2 * 128 + 2 * 4, 4}));
+  // Rows travel in expert_y's dtype: f32 doubles them.
+  EXPECT_EQ(count_traffic(c, {4, 2, TrafficMode::direct, false}, indices, DType::f32)
+                .combine.ranks[2].sent[kNetwork],
+            (LinkCount{256 + 2 * 4, 3}));
   EXPECT_EQ(t.dispatch.critical_rank, 0);
   EXPECT_EQ(t.dispatch.ranks[1].rows, 2u);
   EXPECT_EQ(t.combine.ranks[0].rows, 4u);
@@ -222,6 +249,12 @@ TEST(Traffic, BadInputNamesTheArgument) {
   fails_with({4, 2, TrafficMode::direct, false}, {{1, 8}, {}, {}, {}}, "indices[0][1]");
   fails_with({4, 2, TrafficMode::direct, false}, {{1, 2, 3, 4, 5, 6, 7, 0, 1, 2}, {}, {}, {}},
              "m <= 4");
+  try {
+    count_traffic(c, {4, 2, TrafficMode::direct, false}, none, DType::i32);
+    ADD_FAILURE() << "accepted an i32 expert_y";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expert_y_dtype"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -41,15 +41,17 @@ detail::Traffic one_token(TrafficMode mode) {
 TEST(ModelLinks, OneTokenByHand) {
   const Prediction p =
       predict(round_preset(), one_token(TrafficMode::direct), TrafficMode::direct, 128, 128);
-  // Dispatch, rank 1: receives the 148 B slot (20 B header + 128) and rank 0's 12 B head over
-  // the network (2 transfers), sends its own 12 B head: 2 + 160 B / 10 GB/s + 2 x 0.5 µs; then
-  // lands 1 row (128 B read and written at 1000 GB/s); 2 launches of 3 µs.
+  // Dispatch, rank 1: receives rank 0's block in one put over the network (its head padded to
+  // 64 B, the slot at the layout's stride: header 20 B padded to 64 + 128 = 192; 256 B), sends
+  // its own empty block (64 B): 2 + 256 B / 10 GB/s + 1 x 0.5 µs; then lands 1 row (128 B read
+  // and written at 1000 GB/s); 2 launches of 3 µs.
   EXPECT_EQ(p.dispatch.critical_rank, 1);
-  EXPECT_NEAR(p.dispatch.us, 6 + 2 + 0.016 + 1 + 0.000256, 1e-9);
+  EXPECT_NEAR(p.dispatch.us, 6 + 2 + 0.0256 + 0.5 + 0.000256, 1e-9);
   // Combine, rank 0: receives the row and a 4 B dtype word (132 B, 2 transfers); sums 1 row.
   EXPECT_EQ(p.combine.critical_rank, 0);
   EXPECT_NEAR(p.combine.us, 6 + 2 + 0.0132 + 1 + 0.000256, 1e-9);
-  // Hierarchical: the node stage (rank 1's own 12 B head, same rank) follows the network stage.
+  // Hierarchical (counted per slot and head: the 148 B slot, 20 B header + 128, and a 12 B node
+  // head, 2 transfers): the node stage (rank 1's own 12 B head, same rank) follows.
   const Prediction h = predict(round_preset(), one_token(TrafficMode::hierarchical),
                                TrafficMode::hierarchical, 128, 128);
   EXPECT_NEAR(h.dispatch.us, 6 + 2 + 0.016 + 1 + 0.000012 + 0.000256, 1e-9);

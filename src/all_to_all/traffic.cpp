@@ -6,6 +6,7 @@
 
 #include "all_to_all/layout.hpp"
 #include "all_to_all/route.hpp"
+#include "pmoe/dtype.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe::detail {
@@ -44,13 +45,17 @@ uint64_t OpTraffic::signals(Link link) const {
 namespace {
 
 void check_setup(const AllToAllConfig& config, const TrafficSetup& setup,
-                 const std::vector<std::vector<int32_t>>& indices) {
+                 const std::vector<std::vector<int32_t>>& indices, DType expert_y_dtype) {
   const int W = setup.world_size;
   PMOE_CHECK(W >= 1, "count_traffic: world_size must be >= 1, got ", W);
   PMOE_CHECK(setup.ranks_per_node >= 1 && W % setup.ranks_per_node == 0,
              "count_traffic: ranks_per_node must divide world_size ", W, ", got ",
              setup.ranks_per_node);
   config.validate(W);
+  PMOE_CHECK(expert_y_dtype == DType::f32 || expert_y_dtype == DType::bf16 ||
+                 expert_y_dtype == DType::f16,
+             "count_traffic: expert_y_dtype must be f32, bf16 or f16, got ",
+             dtype_name(expert_y_dtype));
   PMOE_CHECK(indices.size() == size_t(W), "count_traffic: indices must hold one routing per rank (",
              W, "), got ", indices.size());
   const int k = config.experts_per_token, E = config.num_experts;
@@ -81,13 +86,20 @@ int critical_rank(const OpTraffic& op) {
 
 Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
                       const std::vector<std::vector<int32_t>>& indices) {
-  check_setup(config, setup, indices);
+  return count_traffic(config, setup, indices, config.out_dtype);
+}
+
+Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
+                      const std::vector<std::vector<int32_t>>& indices, DType expert_y_dtype) {
+  check_setup(config, setup, indices, expert_y_dtype);
   const int W = setup.world_size, P = setup.ranks_per_node;
   const AllToAllLayout lay(config, W);
   const int E = config.num_experts, k = config.experts_per_token, L = lay.num_local_experts;
   const bool hierarchical = setup.mode == TrafficMode::hierarchical;
   const uint64_t body = lay.payload_bytes + lay.scale_bytes;  // a slot past its header
-  const uint64_t row_bytes = lay.expert_output_row;           // one combine row
+  // One combine row, in expert_y's dtype (the kernels send what expert_y holds).
+  const uint64_t row_bytes =
+      uint64_t(config.hidden_dim) * dtype_size(expert_y_dtype);
   const uint64_t head_bytes = sizeof(int32_t) * (2 + uint64_t(L));
   const uint64_t node_head_bytes = sizeof(int32_t) * (2 + uint64_t(L) * P);
   const uint64_t dtype_bytes = sizeof(int32_t);
@@ -114,11 +126,15 @@ Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
   // Served as the ops serve every destination today: straight from the source.
   auto remote_node = [&](int s, int d) { return hierarchical && s / P != d / P; };
   auto relay_of = [&](int s, int node) { return node * P + s % P; };
+  // Direct mode, a destination on another node: its slots go in the one put of the block image.
+  auto block_put = [&](int s, int d) { return !hierarchical && s / P != d / P; };
 
   std::vector<int> pairs_on(W);        // this token's (expert, slot) pairs per rank
   std::vector<char> node_done(W / P);  // this token's slot to that node is counted
+  std::vector<uint64_t> slots_to(W);   // this source's slots per destination (block puts)
   for (int s = 0; s < W; ++s) {
     const int m = int(indices[s].size()) / k;
+    std::fill(slots_to.begin(), slots_to.end(), 0);
     for (int t = 0; t < m; ++t) {
       const int32_t* row = indices[s].data() + size_t(t) * k;
       std::fill(pairs_on.begin(), pairs_on.end(), 0);
@@ -131,7 +147,10 @@ Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
         out.dispatch.ranks[d].rows += n;
         out.combine.ranks[s].rows += n;
         if (!remote_node(s, d)) {
-          move(out.dispatch, s, d, slot_bytes(n));
+          if (block_put(s, d))
+            ++slots_to[d];
+          else
+            move(out.dispatch, s, d, slot_bytes(n));
           for (int q = 0; q < n; ++q) move(out.combine, d, s, row_bytes);
           continue;
         }
@@ -151,7 +170,8 @@ Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
     // Heads and signals: every rank hears from every source, empty blocks included.
     for (int d = 0; d < W; ++d) {
       if (!remote_node(s, d)) {
-        move(out.dispatch, s, d, head_bytes);
+        move(out.dispatch, s, d,
+             block_put(s, d) ? lay.block_head_bytes + slots_to[d] * lay.token_stride : head_bytes);
         signal(out.dispatch, s, d);
         move(out.combine, d, s, dtype_bytes);
         signal(out.combine, d, s);

@@ -7,16 +7,25 @@
 //   row[j] when first_in_group(row, j, E, 1) (no -1, no out-of-range, no repeat); the token goes
 //   to rank d once, with one (expert, slot, position) triple per such j on d.
 // - Dispatch, direct (src/cuda/all_to_all/dispatch.cu, send_tokens): one token slot per (token,
-//   destination rank), one transfer carrying header (4 * header_ints(n) bytes: token index, n,
-//   n triples) + payload (layout.payload_bytes) + scales (layout.scale_bytes); then to every rank
-//   (itself included) one head (count, flags, E_local expert counts: 4 * (2 + E_local) bytes, one
-//   transfer) and one signal.
-// - Combine, direct (combine.cu, return_rows): one row of H elements of out_dtype
-//   (layout.expert_output_row bytes, one transfer) per received (token, local expert) pair back
-//   to the token's source; then to every rank one dtype word (4 bytes, one transfer) and one
-//   signal. Rows are not summed on the way: the source reduces them in slot order (bit-exact).
-// - Hierarchical (a mode of this model; the ops run direct today): ranks_per_node consecutive
-//   ranks share a node. A token goes once per destination node over the network, to the relay:
+//   destination rank). To a rank on this node (load/store, or this rank itself) the kernel
+//   stores the slot's header (4 * header_ints(n) bytes: token index, n, n triples), payload
+//   (layout.payload_bytes) and scales (layout.scale_bytes): one transfer each slot; then one head
+//   (count, flags, E_local expert counts: 4 * (2 + E_local) bytes, one transfer) and one signal.
+//   To a rank on another node it builds the block image in its staging and puts it whole, window
+//   to window, with the signal: ONE transfer of block_head_bytes + slots * token_stride bytes
+//   (the 64-byte-padded head, and every slot at the layout's stride: the header padded for
+//   max_pairs triples, payload and scales each padded to 64 B), one signal, even with 0 slots.
+// - Combine, direct (combine.cu, return_rows): one row of H elements of expert_y's dtype
+//   (count_traffic's expert_y_dtype; config.out_dtype unless given) per received
+//   (token, local expert) pair back to the token's source, one transfer each (a put of exactly
+//   those bytes off-node); then to every rank one dtype word (4 bytes, one transfer, a put with
+//   the signal off-node) and one signal. Rows are not summed on the way: the source reduces them
+//   in slot order (bit-exact).
+// - Not counted: the copies into this rank's own staging before a put (local memory writes the
+//   NIC reads again), and the receiver's landing of rows (RankTraffic::rows is its measure).
+// - Hierarchical (the model the kernels' hierarchical mode follows; counted per slot and per
+//   head with exact header bytes, as first written): ranks_per_node consecutive ranks share a
+//   node. A token goes once per destination node over the network, to the relay:
 //   the rank on that node with the source's local index, in one slot whose header holds the
 //   triples of every expert the token chose on that node; the relay forwards one slot per
 //   destination rank on its node (itself excluded: the slot already lies there) over load/store,
@@ -88,7 +97,11 @@ struct Traffic {
 
 // indices[r]: rank r's top-k rows, m_r * experts_per_token int32 (m_r <= max_num_tokens, the
 // same k for all). Throws pmoe::Error naming the argument on a bad setup or index.
+// expert_y_dtype: the dtype of combine's expert_y (a call argument, not in the config), in which
+// its rows travel: f32, bf16 or f16; config.out_dtype when not given.
 Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
                       const std::vector<std::vector<int32_t>>& indices);
+Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
+                      const std::vector<std::vector<int32_t>>& indices, DType expert_y_dtype);
 
 }  // namespace pmoe::detail
