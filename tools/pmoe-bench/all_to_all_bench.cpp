@@ -124,6 +124,38 @@ struct Context {
   }
 };
 
+detail::TrafficMode traffic_mode(const std::string& mode) {
+  return mode == "hierarchical" ? detail::TrafficMode::hierarchical : detail::TrafficMode::direct;
+}
+
+// Per rank and link: the network as measured by the remote path (remote_traffic() around one
+// call), and count_traffic's counts of every link for the same routing. matches: the measured
+// network equals the count.
+json links_json(const std::vector<CudaAllToAllResult::RankLinks>& ranks) {
+  using detail::Link;
+  json out = json::array();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const auto& [measured, counted] = ranks[r];
+    auto counted_link = [&](Link l) {
+      return json{{"bytes", counted.sent[int(l)].bytes},
+                  {"transfers", counted.sent[int(l)].transfers},
+                  {"signals", counted.signals_sent[int(l)]},
+                  {"received_bytes", counted.received[int(l)].bytes}};
+    };
+    const detail::LinkCount& net = counted.sent[int(Link::network)];
+    out.push_back({{"rank", r},
+                   {"network_measured", {{"bytes", measured.bytes},
+                                         {"transfers", measured.transfers}}},
+                   {"network_counted", counted_link(Link::network)},
+                   {"load_store_counted", counted_link(Link::load_store)},
+                   {"same_rank_counted", counted_link(Link::same_rank)},
+                   {"rows", counted.rows},
+                   {"network_matches_count",
+                    measured.bytes == net.bytes && measured.transfers == net.transfers}});
+  }
+  return out;
+}
+
 std::vector<double> sum_of(const std::vector<double>& a, const std::vector<double>& b) {
   std::vector<double> out(a.size());
   for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
@@ -296,6 +328,46 @@ void print_tables(const Options& o, const json& rows) {
                  rows);
 }
 
+// --device cuda: per op, per rank, the bytes and transfers each link carried.
+void print_links(const json& rows) {
+  for (const auto& row : rows) {
+    if (!row.contains("per_rank")) continue;
+    std::printf("\n### %s, %d ranks (nodes x ranks per node: %s), %d token%s per rank, mode %s: sent per "
+                "rank and link\n\nnetwork: measured (the remote path's counters, one call); "
+                "load/store and same rank: counted (count_traffic of the same routing; stores "
+                "leave no counter)\n\n",
+                row["op"].get<std::string>().c_str(), row["ranks"].get<int>(),
+                row["split"].get<std::string>().c_str(), row["tokens"].get<int>(),
+                row["tokens"] == 1 ? "" : "s", row["mode"].get<std::string>().c_str());
+    std::printf("| rank | network bytes (measured) | network transfers (measured) | = counted | "
+                "load/store bytes (counted) | load/store transfers (counted) | same-rank bytes "
+                "(counted) | same-rank transfers (counted) | signals network / load/store / "
+                "same rank (counted) |\n|---:|---:|---:|---|---:|---:|---:|---:|---|\n");
+    int differ = 0;
+    for (const auto& r : row["per_rank"]) {
+      const json &net = r["network_measured"], &ls = r["load_store_counted"],
+                 &same = r["same_rank_counted"];
+      const bool match = r["network_matches_count"].get<bool>();
+      differ += !match;
+      std::printf("| %d | %llu | %llu | %s | %llu | %llu | %llu | %llu | %llu / %llu / %llu |\n",
+                  r["rank"].get<int>(), net["bytes"].get<unsigned long long>(),
+                  net["transfers"].get<unsigned long long>(),
+                  match ? "yes"
+                        : detail::cat("NO: ", r["network_counted"]["bytes"].get<uint64_t>(),
+                                      " in ", r["network_counted"]["transfers"].get<uint64_t>())
+                              .c_str(),
+                  ls["bytes"].get<unsigned long long>(), ls["transfers"].get<unsigned long long>(),
+                  same["bytes"].get<unsigned long long>(),
+                  same["transfers"].get<unsigned long long>(),
+                  r["network_counted"]["signals"].get<unsigned long long>(),
+                  ls["signals"].get<unsigned long long>(), same["signals"].get<unsigned long long>());
+    }
+    if (differ)
+      std::printf("\nThe measured network traffic differs from count_traffic on %d rank%s.\n",
+                  differ, differ == 1 ? "" : "s");
+  }
+}
+
 // The targets, where the run has their configuration (2 ranks, 128 tokens).
 void print_targets(const json& rows) {
   auto find = [&](const char* op) -> const json* {
@@ -336,27 +408,30 @@ void run(const Options& o) {
       for (int tokens : token_counts) {
         AllToAllConfig cfg = config_for(o, tokens);
         cfg.in_place_buffers = false;  // not on the CUDA backend yet
-        const CudaAllToAllResult r =
-            run_all_to_all_cuda(comm, cfg, tokens, o.seed, o.warmup, o.iters);
+        const CudaAllToAllResult r = run_all_to_all_cuda(comm, cfg, tokens, o.seed, o.warmup,
+                                                         o.iters, traffic_mode(o.mode));
         Context ctx{o, comm.size(), tokens, r.copy_gbps};
         ctx.add("dispatch", r.dispatch_us, r.dispatch_bytes, r.workspace_bytes);
         ctx.rows.back()["network_bytes_per_rank"] = r.dispatch_network.bytes;
         ctx.rows.back()["network_transfers_per_rank"] = r.dispatch_network.transfers;
+        ctx.rows.back()["per_rank"] = links_json(r.dispatch_links);
         ctx.add("combine", r.combine_us, r.combine_bytes, r.workspace_bytes);
         ctx.rows.back()["network_bytes_per_rank"] = r.combine_network.bytes;
         ctx.rows.back()["network_transfers_per_rank"] = r.combine_network.transfers;
+        ctx.rows.back()["per_rank"] = links_json(r.combine_links);
         ctx.add("dispatch_combine", sum_of(r.dispatch_us, r.combine_us),
                 r.dispatch_bytes + r.combine_bytes, r.workspace_bytes);
         ctx.add("dispatch_send", r.dispatch_send_us, 0, r.workspace_bytes);
         ctx.add("dispatch_recv", r.dispatch_recv_us, 0, r.workspace_bytes);
         ctx.add("combine_send", r.combine_send_us, 0, r.workspace_bytes);
         ctx.add("combine_recv", r.combine_recv_us, 0, r.workspace_bytes);
+        const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : comm.size();
         for (auto& row : ctx.rows) {
           row["copy_kind"] = r.copy_kind;
-          row["ranks_per_node"] = o.ranks_per_node > 0 ? o.ranks_per_node : comm.size();
+          row["ranks_per_node"] = per_node;
+          row["split"] = detail::cat(comm.size() / per_node, "x", per_node);
           row["mode"] = o.mode;
         }
-        // Every rank's network bytes, so the printing rank can report the mean.
         if (o.ranks_per_node > 0 && comm.rank() == 0)
           std::printf("ranks=%d split=%dx%d tokens=%d mode=%s: network bytes per rank (rank 0) "
                       "dispatch %llu in %llu transfers, combine %llu in %llu transfers%s\n",
@@ -402,6 +477,7 @@ void run(const Options& o) {
   }
   if (!is_printing_rank()) return;
   print_tables(o, rows);
+  print_links(rows);
   print_targets(rows);
   json copy_json = json::object();  // "ranks x tokens" -> the copy bandwidth measured for it
   for (const auto& r : rows)

@@ -84,6 +84,31 @@ void measure_roofline(Communicator& comm, int warmup, int iters, CudaAllToAllRes
   result.copy_gbps = 2.0 * double(kRooflineBytes) / (median(t[0]) * 1e3);
 }
 
+// Every rank's measured network traffic of the round counted on its own, beside count_traffic
+// of the same routing (expert_y is bf16 here).
+void collect_links(Communicator& comm, const AllToAllConfig& cfg,
+                   const std::vector<reference::AllToAllInputs>& all, detail::TrafficMode mode,
+                   CudaAllToAllResult& result) {
+  const int W = comm.size();
+  const uint64_t mine[4] = {result.dispatch_network.bytes, result.dispatch_network.transfers,
+                            result.combine_network.bytes, result.combine_network.transfers};
+  const auto gathered = comm.all_gather(std::as_bytes(std::span(mine)));
+  const auto* words = reinterpret_cast<const uint64_t*>(gathered.data());
+  std::vector<std::vector<int32_t>> indices(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) {
+    const Tensor& t = all[size_t(r)].indices.tensor();
+    indices[size_t(r)].assign(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+  }
+  const int per_node = cfg.ranks_per_node > 0 ? cfg.ranks_per_node : W;
+  const detail::Traffic counted =
+      detail::count_traffic(cfg, {W, per_node, mode, false}, indices, DType::bf16);
+  for (int r = 0; r < W; ++r) {
+    const uint64_t* w = words + 4 * size_t(r);
+    result.dispatch_links.push_back({{w[0], w[1]}, counted.dispatch.ranks[size_t(r)]});
+    result.combine_links.push_back({{w[2], w[3]}, counted.combine.ranks[size_t(r)]});
+  }
+}
+
 }  // namespace
 
 std::string roofline_kind(const std::vector<int>& device_of) {
@@ -96,7 +121,8 @@ std::string roofline_kind(const std::vector<int>& device_of) {
 }
 
 CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig& cfg, int tokens,
-                                       uint64_t seed, int warmup, int iters) {
+                                       uint64_t seed, int warmup, int iters,
+                                       detail::TrafficMode mode) {
   const int W = comm.size(), rank = comm.rank(), L = cfg.num_experts / W, H = cfg.hidden_dim;
   const int S = cfg.scales_per_token();
   const Device gpu = comm.device();
@@ -178,6 +204,7 @@ CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig&
                              dispatched.transfers - before.transfers};
   result.combine_network = {combined.bytes - dispatched.bytes,
                             combined.transfers - dispatched.transfers};
+  collect_links(comm, cfg, all, mode, result);
 
   // The roofline, in the same run. None on the emulated device, whose copies are host memcpys.
   if (!cuda_emulated()) measure_roofline(comm, warmup, iters, result);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "all_to_all/traffic.hpp"
 #include "pmoe/all_to_all.hpp"
 
 namespace pmoe::bench {
@@ -27,13 +28,23 @@ struct CudaAllToAllResult {
   // What one dispatch / one combine sent to peers on other nodes (config.ranks_per_node), this
   // rank: bytes put and transfers (puts and lone signals), from AllToAll::remote_traffic().
   AllToAll::RemoteTraffic dispatch_network, combine_network;
+  // Every rank's, per op: the network as measured (remote_traffic() around one call), and every
+  // link as count_traffic counts the same routing (load/store and same rank are known only from
+  // the count: stores leave no counter).
+  struct RankLinks {
+    AllToAll::RemoteTraffic network;
+    detail::RankTraffic counted;
+  };
+  std::vector<RankLinks> dispatch_links, combine_links;
 };
 
 // What the roofline copy measures when rank r sits on GPU device_of[r] and copies to rank r + 1.
 std::string roofline_kind(const std::vector<int>& device_of);
 
-// Collective over a CUDA communicator. Throws pmoe::Error if a check fails.
+// Collective over a CUDA communicator. Throws pmoe::Error if a check fails. `mode`: how the
+// config sends tokens across nodes, for count_traffic.
 CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig& config,
-                                       int tokens, uint64_t seed, int warmup, int iters);
+                                       int tokens, uint64_t seed, int warmup, int iters,
+                                       detail::TrafficMode mode = detail::TrafficMode::direct);
 
 }  // namespace pmoe::bench
