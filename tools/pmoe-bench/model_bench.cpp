@@ -90,6 +90,7 @@ json row_json(const char* op, TrafficMode mode, int W, int tokens, const ModelRo
           {"local_us", p.local_us},
           {"network_mb_per_rank_max", most(t, Link::network) / 1e6},
           {"network_mb_total", t.total(Link::network).bytes / 1e6},
+          {"network_mb_per_rank_mean", t.total(Link::network).bytes / 1e6 / W},
           {"load_store_mb_per_rank_max", most(t, Link::load_store) / 1e6},
           {"network_transfers_total", t.total(Link::network).transfers}};
 }
@@ -169,6 +170,8 @@ void run(const Options& o) {
                 "%.1f");
     print_table(rows, tokens, ranks, "network_mb_per_rank_max",
                 "network MB of the busiest rank (sent or received)", "%.3f");
+    print_table(rows, tokens, ranks, "network_mb_per_rank_mean",
+                "network MB sent per rank, mean over ranks", "%.3f");
     print_table(rows, tokens, ranks, "critical_rank", "critical-path rank", "%.0f");
   }
   if (!o.json_path.empty())
