@@ -23,6 +23,8 @@
 //   in slot order (bit-exact).
 // - Not counted: the copies into this rank's own staging before a put (local memory writes the
 //   NIC reads again), and the receiver's landing of rows (RankTraffic::rows is its measure).
+//   config.in_place_buffers is not modelled (the CUDA backend has none; on the CPU backend it
+//   makes peers on the node read tokens and rows in place instead).
 // - Hierarchical (the model the kernels' hierarchical mode follows; counted per slot and per
 //   head with exact header bytes, as first written): ranks_per_node consecutive ranks share a
 //   node. A token goes once per destination node over the network, to the relay:

@@ -12,6 +12,12 @@
 //   combine:  (rows summed) x (expert_y row bytes) read + (tokens) x (y row bytes) written;
 //   round trips (pmoe dispatch+combine and the baselines): the sum of the two.
 // copy_fraction = GB/s / copy_gbps: 1.0 would be an op as fast as memcpy of what it must move.
+//
+// --device cuda: the dispatch and combine rows also carry the split ("nodes x ranks per node")
+// and the mode, network_bytes_per_rank / network_transfers_per_rank (rank 0's, measured), and
+// per_rank: for every rank, network_measured (AllToAll::remote_traffic() around one call) and
+// network_counted / load_store_counted / same_rank_counted (count_traffic of the same routing:
+// bytes, transfers and signals sent, bytes received), rows, and network_matches_count.
 #include <mpi.h>
 
 #include <algorithm>
