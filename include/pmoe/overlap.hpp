@@ -41,7 +41,7 @@ struct OverlapConfig {
   int64_t m = 0;  // global M: rows of the gathered A (AllGatherGemm) or of the product (both)
   int64_t n = 0;  // global N: columns of B and of the product
   int64_t k = 0;  // global K: the contracted dimension
-  DType dtype = DType::bf16;  // A, B and C: f32 or bf16 (bf16 is multiplied in f32 on the CPU)
+  DType dtype = DType::bf16;  // A, B and C: f32, bf16 or f16 (16-bit: multiplied in f32)
   int chunks = 0;  // pieces in the pipeline, a multiple of W (0 means W); AllGatherGemm: at
                    // most M (pieces of rows); GemmReduceScatter: chunks / W at most N (columns)
   OverlapOrder order = OverlapOrder::all_pairs;

@@ -33,6 +33,9 @@ class OverlapStreams {
     fault_->peer = -1;
     fault_->what = 0;
     PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&fault_device_), fault_, 0));
+    int sms = 0;
+    PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_.index));
+    blocks_ = grid_blocks(sms);
     PMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
     PMOE_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
   }
@@ -54,6 +57,7 @@ class OverlapStreams {
   cudaEvent_t piece_event(int i) const { return events_[size_t(i)]; }
   OverlapFault* fault() const { return fault_device_; }
   uint64_t timeout_ns() const { return timeout_ns_; }
+  int blocks() const { return blocks_; }  // grid of an element-wise kernel over the device
   size_t bytes() const { return sizeof(OverlapFault); }
 
   // The copy stream starts after what the compute stream holds (the caller's A and B).
@@ -90,6 +94,7 @@ class OverlapStreams {
   OverlapFault* fault_device_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   uint64_t timeout_ns_;
+  int blocks_ = 1;
 };
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR
