@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "overlap_cases.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
+#include "reference/overlap_reference.hpp"
 
 namespace pmoe::testing {
 namespace {
@@ -91,6 +93,93 @@ TEST_P(OverlapCuda, ManyCallsReuseTheBuffers) {
         c.mix = mix;
         expect_case_on_device(W, c);
       }
+}
+
+// run() captured once in a CUDA graph on each rank's stream (the copy stream joins the capture
+// through the fork event and is joined back by the join event), then replayed with new inputs
+// in the same buffers: every replay matches the reference, and so does a plain run() after the
+// replays (the call counter lives on the device, so replays and calls number alike).
+void expect_captured_run_replays(int W, OverlapKind kind, OverlapOrder order) {
+  const bool gather = kind == OverlapKind::all_gather_gemm;
+  const OverlapConfig cfg = make_overlap_config(24, 36, 36, DType::bf16, 2 * W, order);
+  std::vector<std::string> errors(static_cast<size_t>(W));
+  run_ranks(W, [&](Communicator& comm) {
+    const int rank = comm.rank();
+    std::string& error = errors[size_t(rank)];
+    auto expect_cuda = [&](cudaError_t status, const char* what) {
+      if (status != cudaSuccess && error.empty())
+        error = detail::cat(what, ": ", cudaGetErrorString(status));
+    };
+    const cudaStream_t stream = static_cast<cudaStream_t>(comm.stream().handle);
+    auto inputs_for = [&](int r, uint64_t seed) {
+      return gather ? reference::make_all_gather_gemm_inputs(cfg, W, r, seed)
+                    : reference::make_gemm_reduce_scatter_inputs(cfg, W, r, seed);
+    };
+    reference::OverlapInputs first = inputs_for(rank, 100);
+    Buffer A = Buffer::like(first.A, comm.device()), B = Buffer::like(first.B, comm.device());
+    Buffer C = gather ? Buffer(cfg.dtype, {cfg.m, cfg.n / W}) : Buffer(cfg.dtype, {cfg.m / W, cfg.n});
+    Buffer device_C = Buffer::like(C, comm.device());
+    std::unique_ptr<AllGatherGemm> ag;
+    std::unique_ptr<GemmReduceScatter> rs;
+    if (gather) ag = std::make_unique<AllGatherGemm>(comm, cfg, comm.device());
+    else rs = std::make_unique<GemmReduceScatter>(comm, cfg, comm.device());
+    auto run = [&] { gather ? ag->run(A, B, device_C) : rs->run(A, B, device_C); };
+
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    expect_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+    try {
+      run();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    expect_cuda(cudaStreamEndCapture(stream, &graph), "end capture");
+    if (graph) expect_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    // Every rank makes every call, even after a failure: peers would wait for it otherwise.
+    for (int call = 0; call < 4; ++call) {
+      const uint64_t seed = 200 + uint64_t(call);
+      std::vector<Tensor> a_parts, b_parts;
+      std::vector<reference::OverlapInputs> all;
+      for (int r = 0; r < W; ++r) all.push_back(inputs_for(r, seed));
+      for (const auto& in : all) {
+        a_parts.push_back(in.A);
+        b_parts.push_back(in.B);
+      }
+      const auto& mine = all[size_t(rank)];
+      expect_cuda(cudaMemcpyAsync(A.data<void>(), mine.A.data<void>(), A.nbytes(), cudaMemcpyHostToDevice, stream),
+                  "upload A");
+      expect_cuda(cudaMemcpyAsync(B.data<void>(), mine.B.data<void>(), B.nbytes(), cudaMemcpyHostToDevice, stream),
+                  "upload B");
+      expect_cuda(cudaMemsetAsync(device_C.data<void>(), 0xFF, device_C.nbytes(), stream), "poison C");
+      if (call < 3 && exec) {
+        expect_cuda(cudaGraphLaunch(exec, stream), "launch");
+      } else {
+        run();  // after the replays, a plain call
+      }
+      expect_cuda(cudaMemcpyAsync(C.data<void>(), device_C.data<void>(), C.nbytes(), cudaMemcpyDeviceToHost,
+                                  stream), "download C");
+      expect_cuda(cudaStreamSynchronize(stream), "synchronize");
+      const reference::Expected want =
+          gather ? reference::all_gather_gemm_reference(a_parts, mine.B, cfg.dtype)
+                 : reference::gemm_reduce_scatter_reference(a_parts, b_parts, rank, cfg.dtype);
+      const std::string diff =
+          reference::compare_close(detail::cat(call < 3 ? "replay " : "call ", call, " rank ", rank),
+                                   C, want);
+      if (error.empty()) error = diff;
+    }
+    if (exec) expect_cuda(cudaGraphExecDestroy(exec), "destroy exec");
+    if (graph) expect_cuda(cudaGraphDestroy(graph), "destroy graph");
+    comm.barrier();
+  }, Device::cuda(0));
+  for (int r = 0; r < W; ++r)
+    EXPECT_EQ(errors[size_t(r)], "") << (gather ? "AllGatherGemm " : "GemmReduceScatter ")
+                                     << order_name(order) << " W = " << W;
+}
+
+TEST_P(OverlapCuda, CapturedRunReplaysWithNewInputs) {
+  for (OverlapKind kind : {OverlapKind::all_gather_gemm, OverlapKind::gemm_reduce_scatter})
+    for (OverlapOrder order : {OverlapOrder::all_pairs, OverlapOrder::ring})
+      expect_captured_run_replays(GetParam(), kind, order);
 }
 
 INSTANTIATE_TEST_SUITE_P(W, OverlapCuda, ::testing::Values(1, 2, 3, 4));
