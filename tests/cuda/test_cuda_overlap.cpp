@@ -9,7 +9,9 @@
 
 #include <array>
 #include <memory>
+#include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/cuda_test_flavor.hpp"
@@ -213,6 +215,48 @@ TEST(OverlapCudaInput, AHostTensorIsNamed) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   expect_host_b_named<AllGatherGemm>({4, 6}, {6, 2}, {8, 2});
   expect_host_b_named<GemmReduceScatter>({8, 3}, {3, 4}, {4, 4});
+}
+
+// A rank that builds the op and never calls it: rank 0's wait kernels give up after
+// PMOE_TIMEOUT_S and write the fault word; rank 0's next call names rank 1 before it launches
+// anything, and the op is retired (the call after says so).
+template <typename Op>
+void expect_absent_rank_named(const char* op_name) {
+  setenv("PMOE_TIMEOUT_S", "0.3", 1);
+  const OverlapConfig cfg = make_overlap_config(8, 4, 6, DType::f32, 2);
+  std::vector<std::string> second(2), third(2);
+  run_ranks(2, [&](Communicator& comm) {
+    Op op(comm, cfg, Device::cuda(0));
+    if (comm.rank() == 1) return;  // builds the op, never calls it
+    constexpr bool gather = std::is_same_v<Op, AllGatherGemm>;
+    Buffer A(DType::f32, {gather ? 4 : 8, gather ? 6 : 3}, Device::cuda(0));
+    Buffer B(DType::f32, {gather ? 6 : 3, gather ? 2 : 4}, Device::cuda(0));
+    Buffer C(DType::f32, {gather ? 8 : 4, gather ? 2 : 4}, Device::cuda(0));
+    op.run(A, B, C);               // enqueued; its wait for rank 1 gives up on the device
+    synchronize(comm.stream());    // bounded by the timeout
+    const uint64_t launched = kernels_launched();
+    for (std::string* message : {&second[0], &third[0]}) {
+      try {
+        op.run(A, B, C);
+      } catch (const Error& e) {
+        *message = e.what();
+      }
+    }
+    EXPECT_EQ(kernels_launched(), launched) << "a call after the timeout launched a kernel";
+  }, Device::cuda(0));
+  unsetenv("PMOE_TIMEOUT_S");
+  EXPECT_NE(second[0].find(std::string(op_name) + " on rank 0 (cuda:0): rank 1 did not deliver a "
+                           "piece within 0.3 s"),
+            std::string::npos)
+      << second[0];
+  EXPECT_NE(third[0].find("is unusable since an earlier call failed"), std::string::npos)
+      << third[0];
+}
+
+TEST(OverlapCudaInput, ARankThatNeverCallsIsNamed) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  expect_absent_rank_named<AllGatherGemm>("AllGatherGemm");
+  expect_absent_rank_named<GemmReduceScatter>("GemmReduceScatter");
 }
 
 }  // namespace
