@@ -98,8 +98,8 @@ def test_overlap_ops_on_device_arrays(order):
 
     def rank_main(comm):
         r, w, device = comm.rank, comm.size, comm.device
-        rows, cols, depth = slice(r * m // w, (r + 1) * m // w), slice(r * n // w, (r + 1) * n // w), \
-            slice(r * k // w, (r + 1) * k // w)
+        rows, cols = slice(r * m // w, (r + 1) * m // w), slice(r * n // w, (r + 1) * n // w)
+        depth = slice(r * k // w, (r + 1) * k // w)
         # Device arrays live until the stream has run: freeing one waits for every stream of the
         # device, the peer's too, which may be waiting for this rank's next call.
         a_ag, b_ag = on_device(a[rows], device), on_device(b[:, cols], device)
@@ -117,8 +117,9 @@ def test_overlap_ops_on_device_arrays(order):
 
     pmoe.run_ranks(world_size, rank_main, device="cuda:0")
     full = a.astype(np.float64) @ b.astype(np.float64)
-    for r in range(world_size):
-        np.testing.assert_allclose(outcome[r][0], full[:, r * n // world_size:(r + 1) * n // world_size],
+    w = world_size
+    for r in range(w):
+        np.testing.assert_allclose(outcome[r][0], full[:, r * n // w:(r + 1) * n // w],
                                    rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(outcome[r][1], full[r * m // world_size:(r + 1) * m // world_size],
+        np.testing.assert_allclose(outcome[r][1], full[r * m // w:(r + 1) * m // w],
                                    rtol=1e-5, atol=1e-5)

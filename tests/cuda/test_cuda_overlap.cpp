@@ -119,7 +119,8 @@ void expect_captured_run_replays(int W, OverlapKind kind, OverlapOrder order) {
     };
     reference::OverlapInputs first = inputs_for(rank, 100);
     Buffer A = Buffer::like(first.A, comm.device()), B = Buffer::like(first.B, comm.device());
-    Buffer C = gather ? Buffer(cfg.dtype, {cfg.m, cfg.n / W}) : Buffer(cfg.dtype, {cfg.m / W, cfg.n});
+    Buffer C = gather ? Buffer(cfg.dtype, {cfg.m, cfg.n / W})
+                      : Buffer(cfg.dtype, {cfg.m / W, cfg.n});
     Buffer device_C = Buffer::like(C, comm.device());
     std::unique_ptr<AllGatherGemm> ag;
     std::unique_ptr<GemmReduceScatter> rs;
@@ -148,25 +149,29 @@ void expect_captured_run_replays(int W, OverlapKind kind, OverlapOrder order) {
         b_parts.push_back(in.B);
       }
       const auto& mine = all[size_t(rank)];
-      expect_cuda(cudaMemcpyAsync(A.data<void>(), mine.A.data<void>(), A.nbytes(), cudaMemcpyHostToDevice, stream),
-                  "upload A");
-      expect_cuda(cudaMemcpyAsync(B.data<void>(), mine.B.data<void>(), B.nbytes(), cudaMemcpyHostToDevice, stream),
-                  "upload B");
-      expect_cuda(cudaMemsetAsync(device_C.data<void>(), 0xFF, device_C.nbytes(), stream), "poison C");
+      auto upload = [&](const Buffer& to, const Buffer& from) {
+        return cudaMemcpyAsync(to.data<void>(), from.data<void>(), to.nbytes(),
+                               cudaMemcpyHostToDevice, stream);
+      };
+      expect_cuda(upload(A, mine.A), "upload A");
+      expect_cuda(upload(B, mine.B), "upload B");
+      expect_cuda(cudaMemsetAsync(device_C.data<void>(), 0xFF, device_C.nbytes(), stream),
+                  "poison C");
       if (call < 3 && exec) {
         expect_cuda(cudaGraphLaunch(exec, stream), "launch");
       } else {
         run();  // after the replays, a plain call
       }
-      expect_cuda(cudaMemcpyAsync(C.data<void>(), device_C.data<void>(), C.nbytes(), cudaMemcpyDeviceToHost,
-                                  stream), "download C");
+      expect_cuda(cudaMemcpyAsync(C.data<void>(), device_C.data<void>(), C.nbytes(),
+                                  cudaMemcpyDeviceToHost, stream),
+                  "download C");
       expect_cuda(cudaStreamSynchronize(stream), "synchronize");
       const reference::Expected want =
           gather ? reference::all_gather_gemm_reference(a_parts, mine.B, cfg.dtype)
                  : reference::gemm_reduce_scatter_reference(a_parts, b_parts, rank, cfg.dtype);
       const std::string diff =
-          reference::compare_close(detail::cat(call < 3 ? "replay " : "call ", call, " rank ", rank),
-                                   C, want);
+          reference::compare_close(
+              detail::cat(call < 3 ? "replay " : "call ", call, " rank ", rank), C, want);
       if (error.empty()) error = diff;
     }
     if (exec) expect_cuda(cudaGraphExecDestroy(exec), "destroy exec");

@@ -150,7 +150,8 @@ class CudaGemmReduceScatter final : public OverlapBackend {
     cuda::gemm_row_major_f32_out(
         streams_.cublas(), config_.dtype, int(rows_), int(width), int(k_local_),
         static_cast<const std::byte*>(a.A.data()) + size_t(b * rows_ * k_local_) * elem_,
-        int(k_local_), static_cast<const std::byte*>(a.B.data()) + size_t(columns_.begin(p)) * elem_,
+        int(k_local_),
+        static_cast<const std::byte*>(a.B.data()) + size_t(columns_.begin(p)) * elem_,
         int(config_.n), partial_piece(b, p), int(width));
   }
 
