@@ -103,7 +103,8 @@ class AllGatherGemm {
   // moves the pieces itself, between its GEMMs, in the same order. On a CUDA device: W > 1 (the
   // copy stream).
   bool overlaps() const;
-  // Bytes this op allocated per rank: symmetric buffer, signals, f32 staging for bf16.
+  // Bytes this op allocated per rank: symmetric buffer, signals, f32 staging for 16-bit dtypes
+  // (CPU), f32 partial products (GemmReduceScatter on a device).
   size_t workspace_bytes() const;
   const OverlapConfig& config() const;
 
