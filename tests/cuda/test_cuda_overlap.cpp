@@ -189,6 +189,24 @@ TEST_P(OverlapCuda, CapturedRunReplaysWithNewInputs) {
       expect_captured_run_replays(GetParam(), kind, order);
 }
 
+// PMOE_OVERLAP_COPY=kernel: the pieces copied by a kernel on a few blocks instead of the copy
+// engines; both ops, both orders, even and uneven pieces, every entry point, and a capture.
+TEST_P(OverlapCuda, CopyKernelsInsteadOfCopyEngines) {
+  const int W = GetParam();
+  setenv("PMOE_OVERLAP_COPY", "kernel", 1);
+  for (OverlapKind kind : {OverlapKind::all_gather_gemm, OverlapKind::gemm_reduce_scatter})
+    for (OverlapOrder order : {OverlapOrder::all_pairs, OverlapOrder::ring})
+      for (int per_rank : {1, 5}) {
+        OverlapCase c;
+        c.kind = kind;
+        c.config = make_overlap_config(60, 84, 108, per_rank == 1 ? DType::f32 : DType::bf16,
+                                       per_rank * W, order);
+        expect_case_on_device(W, c);
+      }
+  expect_captured_run_replays(W, OverlapKind::gemm_reduce_scatter, OverlapOrder::ring);
+  unsetenv("PMOE_OVERLAP_COPY");
+}
+
 INSTANTIATE_TEST_SUITE_P(W, OverlapCuda, ::testing::Values(1, 2, 3, 4));
 
 // A tensor on the CPU given to an op on the device is named before anything is launched (no
@@ -256,6 +274,23 @@ void expect_absent_rank_named(const char* op_name) {
       << second[0];
   EXPECT_NE(third[0].find("is unusable since an earlier call failed"), std::string::npos)
       << third[0];
+}
+
+TEST(OverlapCudaInput, AnUnknownCopyModeIsNamed) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  setenv("PMOE_OVERLAP_COPY", "dma", 1);
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](Communicator& comm) {
+    try {
+      GemmReduceScatter op(comm, make_overlap_config(8, 4, 6, DType::f32), Device::cuda(0));
+    } catch (const Error& e) {
+      errors[size_t(comm.rank())] = e.what();
+    }
+  }, Device::cuda(0));
+  unsetenv("PMOE_OVERLAP_COPY");
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("PMOE_OVERLAP_COPY must be engine or kernel, got 'dma'"), std::string::npos)
+        << e;
 }
 
 TEST(OverlapCudaInput, ARankThatNeverCallsIsNamed) {
