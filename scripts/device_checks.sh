@@ -11,6 +11,9 @@
 #            (spinning blocks that starve a peer) and test_cuda_ipc_gpu under mpirun -n 2
 #   bench    pmoe-bench all-to-all --device cuda, EP 2, 4, 8 sharing the GPU, 1 and 128 tokens
 #   overlap  mpirun -n 2 pmoe-bench ag-gemm and gemm-rs, 8 of the 16 cores per rank
+#   overlap_cuda  the overlap ops on the GPU: test_cuda_overlap_gpu and test_cuda_graph_gpu, then
+#            pmoe-bench ag-gemm / gemm-rs --device cuda, f16, 2 and 4 thread ranks sharing the GPU,
+#            pieces moved by the copy engines and (--copy kernel) by a copy kernel on 8 blocks
 #   python   builds the Python module with CUDA for the device's Python (the kit cannot: it is
 #            built here for this machine's Python), then the whole pytest suite, torch CUDA too
 #   gin      the GPU remote path (NCCL GIN) on this one GPU: gin_ring_gpu under mpirun -n 2, each
@@ -50,6 +53,27 @@ part_overlap() {
   for op in ag-gemm gemm-rs; do
     timeout 250 mpirun -n 2 --bind-to none pmoe-bench "$op" --json "$OUT/overlap_$op.json" ||
       return 1
+  done
+}
+
+part_overlap_cuda() {
+  echo "overlap_cuda: ranks share the one GPU, so a rank's 'transfer' is a device-to-device copy"
+  echo "  on the same GPU, competing with the GEMMs for its memory bandwidth (and, for the copy"
+  echo "  engines, with nothing else). Not shown here: NVLink or PCIe transfers between GPUs, one"
+  echo "  GPU's tensor cores busy while another's copy engines move data, copy engines vs copy"
+  echo "  kernels across GPUs. Speedup and comm hidden below are one-GPU figures only."
+  timeout 240 test_cuda_overlap_gpu --gtest_output="json:$OUT/cuda_overlap_tests.json" &&
+    timeout 60 test_cuda_graph_gpu || return 1
+  local op W copy
+  for op in ag-gemm gemm-rs; do
+    for W in 2 4; do
+      for copy in engine kernel; do
+        timeout 120 pmoe-bench "$op" 4096 4096 4096 --dtype float16 --iters 10 --ranks "$W" \
+          --device cuda --copy "$copy" --json "$OUT/overlap_cuda_${op}_${W}_$copy.json" || return 1
+      done
+    done
+    timeout 120 pmoe-bench "$op" 8192 8192 8192 --dtype float16 --iters 10 --ranks 2 \
+      --device cuda --json "$OUT/overlap_cuda_${op}_8192.json" || return 1
   done
 }
 
@@ -101,7 +125,7 @@ part_gin() {
 }
 
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(tests bench overlap python)
+[ ${#parts[@]} -eq 0 ] && parts=(tests bench overlap overlap_cuda python)
 failed=()
 for part in "${parts[@]}"; do
   echo "=== $part"

@@ -18,12 +18,13 @@ MULTIARCH=x86_64-linux-gnu
 
 cmake --preset default >/dev/null
 cmake --build "$BUILD" --target test_cuda_all_to_all_gpu test_cuda_ipc_gpu test_cuda_grid_gpu \
-  pmoe-bench
+  test_cuda_overlap_gpu test_cuda_graph_gpu pmoe-bench
 
 rm -rf "$KIT"
 mkdir -p "$KIT/bin" "$KIT/lib" "$KIT/usr/bin" "$KIT/usr/lib/$MULTIARCH" "$KIT/usr/share"
 cp "$BUILD/tests/test_cuda_all_to_all_gpu" "$BUILD/tests/test_cuda_ipc_gpu" \
    "$BUILD/tests/test_cuda_grid_gpu" "$BUILD/tools/pmoe-bench/pmoe-bench" "$KIT/bin/"
+cp "$BUILD/tests/test_cuda_overlap_gpu" "$BUILD/tests/test_cuda_graph_gpu" "$KIT/bin/"
 # The GIN ring check, where CMake found NCCL's device API (device_checks.sh part gin; libnccl
 # itself is not packed: it is loaded at run time, from the device's own NCCL).
 if cmake --build "$BUILD" --target gin_ring_gpu >/dev/null 2>&1; then

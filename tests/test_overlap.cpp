@@ -167,6 +167,18 @@ TEST_P(OverlapRanks, WithoutTheThreadBothOpsMatchToo) {
   sweep(GetParam(), OverlapKind::gemm_reduce_scatter, /*thread=*/false);
 }
 
+// f16 (11 significant bits, a narrower range than bf16): both ops, both orders, uneven pieces.
+TEST_P(OverlapRanks, F16BothOpsBothOrders) {
+  const int W = GetParam();
+  for (OverlapKind kind : {OverlapKind::all_gather_gemm, OverlapKind::gemm_reduce_scatter})
+    for (OverlapOrder order : {OverlapOrder::all_pairs, OverlapOrder::ring}) {
+      OverlapCase c;
+      c.kind = kind;
+      c.config = make_overlap_config(60, 84, 108, DType::f16, 3 * W, order);
+      expect_case(W, c);
+    }
+}
+
 TEST_P(OverlapRanks, DefaultChunksAndOnePieceOfOneRowEach) {
   const int W = GetParam();
   for (OverlapKind kind : {OverlapKind::all_gather_gemm, OverlapKind::gemm_reduce_scatter})

@@ -122,9 +122,10 @@ TEST(OverlapErrors, RejectsSizesBeyondBlasInt) {
       "GemmReduceScatter: M, N and K must be at most 2^31 - 1 (BLAS takes int sizes)");
 }
 
-TEST(OverlapErrors, RejectsDtypesOtherThanF32AndBf16) {
-  expect_config_rejected<AllGatherGemm>(make_overlap_config(60, 84, 108, DType::f16),
-                                        "AllGatherGemm: dtype must be f32 or bf16, got f16");
+TEST(OverlapErrors, RejectsDtypesOtherThanF32Bf16AndF16) {
+  expect_config_rejected<AllGatherGemm>(
+      make_overlap_config(60, 84, 108, DType::f8e4m3),
+      "AllGatherGemm: dtype must be f32, bf16 or f16, got f8e4m3");
 }
 
 TEST(OverlapErrors, RejectsChunksThatAreNotAMultipleOfW) {
@@ -182,7 +183,7 @@ TEST(OverlapErrors, RejectsConfigsThatDifferBetweenRanks) {
       << errors[1];
 }
 
-TEST(OverlapErrors, RejectsADeviceWithoutBackend) {
+TEST(OverlapErrors, RejectsADeviceOtherThanTheCommunicators) {
   run_ranks(1, [](Communicator& comm) {
     expect_error([&] { GemmReduceScatter op(comm, kGood, Device::cuda(0)); },
                  "GemmReduceScatter: device cuda:0 differs from the communicator's cpu");

@@ -1,6 +1,6 @@
-// Element-wise row work of the CPU overlap ops: bf16 storage is widened to f32 before BLAS,
+// Element-wise row work of the CPU overlap ops: 16-bit storage is widened to f32 before BLAS,
 // f32 results are rounded back once, and partial products are summed in f32. All counts are in
-// elements of contiguous rows. `dtype` is f32 or bf16.
+// elements of contiguous rows. `dtype` is f32, bf16 or f16.
 #pragma once
 
 #include <cstdint>

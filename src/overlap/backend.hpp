@@ -32,5 +32,7 @@ std::unique_ptr<OverlapBackend> make_cpu_gemm_reduce_scatter(Communicator& comm,
 // The device backends (src/cuda/overlap), on the device runtime this process chose.
 std::unique_ptr<OverlapBackend> make_cuda_all_gather_gemm(Communicator& comm,
                                                           const OverlapConfig& config);
+std::unique_ptr<OverlapBackend> make_cuda_gemm_reduce_scatter(Communicator& comm,
+                                                              const OverlapConfig& config);
 
 }  // namespace pmoe::detail

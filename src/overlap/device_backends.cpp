@@ -12,12 +12,16 @@ namespace pmoe::detail {
 #if PMOE_HAVE_CUDA_GPU
 namespace gpu {
 std::unique_ptr<OverlapBackend> make_device_all_gather_gemm(Communicator&, const OverlapConfig&);
-}
+std::unique_ptr<OverlapBackend> make_device_gemm_reduce_scatter(Communicator&,
+                                                                const OverlapConfig&);
+}  // namespace gpu
 #endif
 #if PMOE_HAVE_CUDA_EMULATOR
 namespace emulated {
 std::unique_ptr<OverlapBackend> make_device_all_gather_gemm(Communicator&, const OverlapConfig&);
-}
+std::unique_ptr<OverlapBackend> make_device_gemm_reduce_scatter(Communicator&,
+                                                                const OverlapConfig&);
+}  // namespace emulated
 #endif
 
 namespace {
@@ -33,6 +37,17 @@ std::unique_ptr<OverlapBackend> make_cuda_all_gather_gemm(Communicator& comm,
   if (!emulated_runtime()) return gpu::make_device_all_gather_gemm(comm, config);
 #endif
   throw Error(cat("AllGatherGemm: no ", device_runtime().name(), " backend in this build"));
+}
+
+std::unique_ptr<OverlapBackend> make_cuda_gemm_reduce_scatter(Communicator& comm,
+                                                              const OverlapConfig& config) {
+#if PMOE_HAVE_CUDA_EMULATOR
+  if (emulated_runtime()) return emulated::make_device_gemm_reduce_scatter(comm, config);
+#endif
+#if PMOE_HAVE_CUDA_GPU
+  if (!emulated_runtime()) return gpu::make_device_gemm_reduce_scatter(comm, config);
+#endif
+  throw Error(cat("GemmReduceScatter: no ", device_runtime().name(), " backend in this build"));
 }
 
 }  // namespace pmoe::detail

@@ -15,8 +15,8 @@ void OverlapConfig::validate(const char* op, int world_size) const {
   PMOE_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX, op,
              ": M, N and K must be at most 2^31 - 1 (BLAS takes int sizes), got M = ", m,
              ", N = ", n, ", K = ", k);
-  PMOE_CHECK(dtype == DType::f32 || dtype == DType::bf16, op, ": dtype must be f32 or bf16, got ",
-             dtype_name(dtype));
+  PMOE_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, op,
+             ": dtype must be f32, bf16 or f16, got ", dtype_name(dtype));
   PMOE_CHECK(m % world_size == 0, op, ": M (", m, ") must be divisible by the world size (",
              world_size, "): every rank ", gather ? "holds" : "receives", " M/W rows");
   if (gather) {

@@ -11,6 +11,7 @@ namespace {
 
 double element(const Tensor& t, int64_t r, int64_t c) {
   const int64_t i = r * t.stride(0) + c;
+  if (t.dtype() == DType::f16) return double(to_float(t.data<f16>()[i]));
   return t.dtype() == DType::f32 ? double(t.data<float>()[i]) : double(to_float(t.data<bf16>()[i]));
 }
 
@@ -24,7 +25,11 @@ std::vector<int64_t> all_indices(int64_t n) {
 // magnitudes sum to `abs_products`, plus roundings in `out` of values no larger than `rounded`.
 double allowed_error(DType out, int64_t k, double abs_products, double rounded) {
   const double f32_unit = std::ldexp(1.0, -24);
-  const double rounding_unit = out == DType::f32 ? std::ldexp(1.0, -23) : std::ldexp(1.0, -7);
+  // f32 keeps 24 significant bits, f16 11, bf16 8 (one unit of the last place, twice the
+  // rounding bound, as before).
+  const double rounding_unit = out == DType::f32   ? std::ldexp(1.0, -23)
+                               : out == DType::f16 ? std::ldexp(1.0, -10)
+                                                   : std::ldexp(1.0, -7);
   return f32_unit * double(k / 4 + 8) * abs_products + rounding_unit * rounded;
 }
 
@@ -40,19 +45,23 @@ struct Accumulated {
 float operand_value(uint64_t seed, Operand which, int64_t row, int64_t col, DType dtype) {
   const float v =
       2.0f * uniform(seed, 0x0be7a00 + uint64_t(which), uint64_t(row), uint64_t(col)) - 1.0f;
+  if (dtype == DType::f16) return to_float(to_f16(v));
   return dtype == DType::bf16 ? to_float(to_bf16(v)) : v;
 }
 
 void fill_operand(const Tensor& t, uint64_t seed, Operand which, int64_t row0, int64_t col0) {
-  PMOE_CHECK(t.dim() == 2 && (t.dtype() == DType::f32 || t.dtype() == DType::bf16),
-             "fill_operand: expected a 2-D f32 or bf16 tensor, got ", dtype_name(t.dtype()), " ",
-             t.shape_str());
+  PMOE_CHECK(t.dim() == 2 && (t.dtype() == DType::f32 || t.dtype() == DType::bf16 ||
+                              t.dtype() == DType::f16),
+             "fill_operand: expected a 2-D f32, bf16 or f16 tensor, got ", dtype_name(t.dtype()),
+             " ", t.shape_str());
   for (int64_t r = 0; r < t.size(0); ++r)
     for (int64_t c = 0; c < t.size(1); ++c) {
       const float v = operand_value(seed, which, row0 + r, col0 + c, t.dtype());
       const int64_t i = r * t.stride(0) + c;
       if (t.dtype() == DType::f32)
         t.data<float>()[i] = v;
+      else if (t.dtype() == DType::f16)
+        t.data<f16>()[i] = to_f16(v);
       else
         t.data<bf16>()[i] = to_bf16(v);
     }

@@ -5,7 +5,7 @@
 // function of (seed, operand, row, column): any rank can rebuild any other rank's slices, and a
 // checker can compute any element of C = A . B without the slices.
 //
-// The references compute in double from the operands as stored (bf16 values widened exactly).
+// The references compute in double from the operands as stored (16-bit values widened exactly).
 // Each expected element carries the error the op may make: BLAS's f32 accumulation over K terms,
 // plus one rounding of every value the op stores or sends in its dtype.
 #pragma once
@@ -22,9 +22,10 @@ namespace pmoe::reference {
 
 enum class Operand : uint8_t { a, b };
 
-// Element (row, col) of the global operand: uniform in [-1, 1), rounded to dtype (f32 or bf16).
+// Element (row, col) of the global operand: uniform in [-1, 1), rounded to dtype (f32, bf16 or
+// f16).
 float operand_value(uint64_t seed, Operand which, int64_t row, int64_t col, DType dtype);
-// Fills `t` (2-D, f32 or bf16) with the block of the operand whose top-left is (row0, col0).
+// Fills `t` (2-D, f32, bf16 or f16) with the block of the operand whose top-left is (row0, col0).
 void fill_operand(const Tensor& t, uint64_t seed, Operand which, int64_t row0, int64_t col0);
 
 // One rank's A and B, cut from the global operands.
@@ -58,7 +59,7 @@ Expected sampled_reference(bool gather, const OverlapConfig& config, int world_s
                            uint64_t seed, const std::vector<int64_t>& rows,
                            const std::vector<int64_t>& cols);
 
-// "" when every expected element of `got` (2-D, f32 or bf16) is within its tolerance; else
+// "" when every expected element of `got` (2-D, f32, bf16 or f16) is within its tolerance; else
 // the number of bad elements and the first few, with their position, value and bound.
 std::string compare_close(std::string_view what, const Tensor& got, const Expected& want);
 

@@ -14,9 +14,15 @@
 // Before timing, run() and run_serial() are checked against the reference at sampled elements
 // of every rank's C (the first and last row or column of every piece, plus random ones); run()
 // is checked again after timing. A failed check exits non-zero.
+//
+// --device cuda: the ops on the CUDA backend, the thread ranks sharing GPU 0 (under mpirun, one
+// process per rank on the node's GPUs), A, B and C in device memory, each step timed with events
+// on the rank's stream (run() forks its copy stream from it and joins it back). On the emulated
+// device (no GPU visible) the same checks run and the times are labelled emulation.
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -28,10 +34,13 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "core/device_runtime.hpp"
 #include "cpu/gemm.hpp"
 #include "cpu/overlap_plan.hpp"
 #include "pmoe/error.hpp"
+#include "pmoe/mpi_communicator.hpp"
 #include "pmoe/overlap.hpp"
+#include "pmoe/stream.hpp"
 #include "reference/overlap_reference.hpp"
 #include "reference/workload.hpp"
 #include "report.hpp"
@@ -52,6 +61,8 @@ struct Options {
   int blas_threads = 0;  // 0: automatic, see blas_threads_for()
   int64_t min_overlap_bytes = OverlapConfig{}.min_overlap_bytes;
   uint64_t seed = 1;
+  std::string device = "cpu";  // or "cuda"
+  std::string copy = "engine";  // --device cuda: copy engines, or "kernel" (PMOE_OVERLAP_COPY)
   std::string json_path, csv_path, plot_path;
   bool ranks_given = false;  // --ranks on the command line (under mpirun it must match)
 };
@@ -124,41 +135,95 @@ void agree(Communicator& comm, const std::string& error, const char* what) {
                r == comm.rank() ? ": " + error : " on rank " + std::to_string(r));
 }
 
+// Each step timed with events on the rank's stream, a barrier (after the stream drained)
+// before each; a step's time in an iteration is the slowest rank's. Microseconds.
+std::vector<std::vector<double>> time_on_stream(Communicator& comm, int warmup, int iters,
+                                                const std::vector<std::function<void()>>& steps) {
+  const detail::DeviceRuntime& runtime = detail::device_runtime();
+  const Stream stream = comm.stream();
+  void* start = runtime.create_event();
+  void* stop = runtime.create_event();
+  std::vector<double> mine(steps.size() * size_t(iters));  // [step][iteration]
+  for (int i = -warmup; i < iters; ++i)
+    for (size_t s = 0; s < steps.size(); ++s) {
+      synchronize(stream);
+      comm.barrier();
+      runtime.record_event(start, stream);
+      steps[s]();
+      runtime.record_event(stop, stream);
+      const double ms = runtime.elapsed_ms(start, stop);
+      if (i >= 0) mine[s * size_t(iters) + size_t(i)] = 1e3 * ms;
+    }
+  runtime.destroy_event(start);
+  runtime.destroy_event(stop);
+  const auto all = comm.all_gather(std::as_bytes(std::span(mine)));
+  const auto* t = reinterpret_cast<const double*>(all.data());
+  std::vector<std::vector<double>> slowest(steps.size(), std::vector<double>(size_t(iters), 0.0));
+  for (int r = 0; r < comm.size(); ++r)
+    for (size_t s = 0; s < steps.size(); ++s)
+      for (size_t i = 0; i < size_t(iters); ++i)
+        slowest[s][i] = std::max(slowest[s][i], t[size_t(r) * mine.size() + s * size_t(iters) + i]);
+  return slowest;
+}
+
 template <typename Op>
 Outcome run_on(Communicator& comm, const Options& o) {
   const OverlapConfig cfg = config_of(o);
   const int W = comm.size(), rank = comm.rank();
-  Op op(comm, cfg);
-  const auto in = o.gather ? reference::make_all_gather_gemm_inputs(cfg, W, rank, o.seed)
-                           : reference::make_gemm_reduce_scatter_inputs(cfg, W, rank, o.seed);
-  Buffer C =
+  const Device device = comm.device();
+  const bool on_device = device.kind != Device::Kind::cpu;
+  Op op(comm, cfg, device);
+  const auto host_in = o.gather ? reference::make_all_gather_gemm_inputs(cfg, W, rank, o.seed)
+                                : reference::make_gemm_reduce_scatter_inputs(cfg, W, rank, o.seed);
+  Buffer host_C =
       o.gather ? Buffer(cfg.dtype, {cfg.m, cfg.n / W}) : Buffer(cfg.dtype, {cfg.m / W, cfg.n});
+  // On a device: A, B and C in its memory, C read back (after the stream ran) to be checked.
+  struct {
+    Buffer A, B;
+  } in;
+  Buffer C;
+  if (on_device) {
+    in.A = Buffer::like(host_in.A, device);
+    in.B = Buffer::like(host_in.B, device);
+    copy(in.A, host_in.A);
+    copy(in.B, host_in.B);
+    C = Buffer::like(host_C, device);
+  }
+  const Tensor A = on_device ? Tensor(in.A) : Tensor(host_in.A);
+  const Tensor B = on_device ? Tensor(in.B) : Tensor(host_in.B);
+  const Tensor C_arg = on_device ? Tensor(C) : Tensor(host_C);
 
   std::vector<int64_t> rows, cols;
   sample(o, cfg, W, rank, rows, cols);
   const reference::Expected want =
       reference::sampled_reference(o.gather, cfg, W, rank, o.seed, rows, cols);
   auto check = [&](const char* what, const std::function<void()>& call) {
-    std::memset(C.data<void>(), 0xFF, C.nbytes());  // NaN: an unwritten element fails
+    std::memset(host_C.data<void>(), 0xFF, host_C.nbytes());  // NaN: an unwritten element fails
+    if (on_device) copy(C, host_C);
     call();
-    agree(comm, reference::compare_close(what, C, want), what);
+    if (on_device) {
+      synchronize(comm.stream());
+      copy(host_C, C);
+    }
+    agree(comm, reference::compare_close(what, host_C, want), what);
   };
-  check("run()", [&] { op.run(in.A, in.B, C); });
-  check("run_serial()", [&] { op.run_serial(in.A, in.B, C); });
+  check("run()", [&] { op.run(A, B, C_arg); });
+  check("run_serial()", [&] { op.run_serial(A, B, C_arg); });
 
-  const auto communicate = [&] { op.run_serial(in.A, in.B, C, SerialStep::communicate); };
-  const auto gemm = [&] { op.run_serial(in.A, in.B, C, SerialStep::gemm); };
+  const auto communicate = [&] { op.run_serial(A, B, C_arg, SerialStep::communicate); };
+  const auto gemm = [&] { op.run_serial(A, B, C_arg, SerialStep::gemm); };
   // The collective and the GEMM in the op's order, each step timed on its own.
   std::vector<std::function<void()>> steps;
   if (o.gather)
     steps = {communicate, gemm};
   else
     steps = {gemm, communicate};
-  steps.push_back([&] { op.run_serial(in.A, in.B, C); });
-  steps.push_back([&] { op.run(in.A, in.B, C); });
-  steps.push_back([&] { op.run_gemm_only(in.A, in.B, C); });
-  const auto times = time_steps(comm, o.warmup, o.iters, steps);
-  check("run() after timing", [&] { op.run(in.A, in.B, C); });
+  steps.push_back([&] { op.run_serial(A, B, C_arg); });
+  steps.push_back([&] { op.run(A, B, C_arg); });
+  steps.push_back([&] { op.run_gemm_only(A, B, C_arg); });
+  const auto times = on_device ? time_on_stream(comm, o.warmup, o.iters, steps)
+                               : time_steps(comm, o.warmup, o.iters, steps);
+  check("run() after timing", [&] { op.run(A, B, C_arg); });
 
   Outcome out;
   const int comm_index = o.gather ? 0 : 1, gemm_index = o.gather ? 1 : 0;
@@ -170,19 +235,36 @@ Outcome run_on(Communicator& comm, const Options& o) {
   return out;
 }
 
+// What ran the op, for the header and the JSON: the CPU, a GPU, or the emulated device.
+std::string runtime_of(const Options& o) {
+  if (o.device == "cpu") return "cpu";
+  return cuda_emulated() ? "emulated CUDA (times: emulation, not GPU speed)" : "CUDA GPU";
+}
+
 void report(const Options& o, const OverlapConfig& cfg, int W, int blas, const Outcome& out) {
   const char* name = o.gather ? "AllGatherGemm" : "GemmReduceScatter";
   const double ms = 1e-3;
+  const bool cuda = o.device == "cuda";
+  const std::string how =
+      cuda ? detail::cat("device ", runtime_of(o),
+                         ", GEMMs through cuBLAS on the rank's stream, transfers on its copy "
+                         "stream as ",
+                         o.copy == "kernel" ? "a copy kernel on 8 blocks" : "copy-engine copies",
+                         ", timed with events")
+           : detail::cat("BLAS threads ", blas, " per rank, ",
+                         out.overlaps ? "transfers on a communication thread"
+                                      : "transfers on the rank's own thread (off-node peers)");
   std::printf(
-      "\n%s M=%ld N=%ld K=%ld %s, %d ranks (%s), chunks %d, %s order, BLAS threads %d "
-      "per rank, %s; %d iterations after %d warm-ups; time = slowest rank per "
-      "iteration; workspace %.1f MiB per rank\n\n",
+      "\n%s M=%ld N=%ld K=%ld %s, %d ranks (%s), chunks %d, %s order, %s; %d iterations after %d "
+      "warm-ups; time = slowest rank per iteration; workspace %.1f MiB per rank\n\n",
       name, long(cfg.m), long(cfg.n), long(cfg.k), o.dtype.c_str(), W,
-      launched_by_mpi() ? "MPI processes" : "threads", cfg.chunks_for(W), order_name(cfg.order),
-      blas,
-      out.overlaps ? "transfers on a communication thread"
-                   : "transfers on the rank's own thread (off-node peers)",
-      o.iters, o.warmup, double(out.workspace_bytes) / (1 << 20));
+      launched_by_mpi() ? "MPI processes" : cuda ? "threads sharing GPU 0" : "threads",
+      cfg.chunks_for(W), order_name(cfg.order), how.c_str(), o.iters, o.warmup,
+      double(out.workspace_bytes) / (1 << 20));
+  if (cuda && cuda_emulated())
+    std::printf("CUDA runtime: the emulated device (no GPU visible, or PMOE_CUDA_EMULATE=1): "
+                "checked against the reference as on a GPU; the times are emulation times, not "
+                "GPU speed.\n\n");
 
   nlohmann::json rows = nlohmann::json::array();
   for (size_t s = 0; s < out.steps.size(); ++s) {
@@ -228,6 +310,9 @@ void report(const Options& o, const OverlapConfig& cfg, int W, int blas, const O
       long(out.checked_elements));
 
   const nlohmann::json config = {{"op", o.gather ? "ag-gemm" : "gemm-rs"},
+                                 {"device", o.device},
+                                 {"copy", o.device == "cuda" ? o.copy : "none"},
+                                 {"runtime", runtime_of(o)},
                                  {"m", cfg.m},
                                  {"n", cfg.n},
                                  {"k", cfg.k},
@@ -269,20 +354,43 @@ void run(const Options& o) {
   PMOE_CHECK(o.ranks >= 1, "--ranks must be >= 1, got ", o.ranks);
   PMOE_CHECK(o.blas_threads >= 0, "--blas-threads must be >= 0 (0: automatic), got ",
              o.blas_threads);
+  PMOE_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '",
+             o.device, "'");
+  PMOE_CHECK(o.copy == "engine" || o.copy == "kernel", "--copy must be engine or kernel, got '",
+             o.copy, "'");
+  PMOE_CHECK(o.copy == "engine" || o.device == "cuda", "--copy kernel needs --device cuda");
+  if (o.device == "cuda") setenv("PMOE_OVERLAP_COPY", o.copy.c_str(), 1);  // read by the ops
   const OverlapConfig cfg = config_of(o);
   const int W = rank_counts_to_run(o.ranks_given, {o.ranks})[0];
+  cfg.validate(o.gather ? "AllGatherGemm" : "GemmReduceScatter", W);  // before any rank runs
   const int blas = o.blas_threads > 0 ? o.blas_threads : blas_threads_for(W);
   cpu::set_blas_threads(blas);
 
   std::mutex mutex;
   Outcome outcome;
-  run_on_ranks(launched_by_mpi() ? 0 : W, [&](Communicator& comm) {
+  auto body = [&](Communicator& comm) {
     const Outcome mine =
         o.gather ? run_on<AllGatherGemm>(comm, o) : run_on<GemmReduceScatter>(comm, o);
     if (comm.rank() != 0) return;
     std::lock_guard lock(mutex);
     outcome = mine;
-  });
+  };
+  if (o.device == "cpu") {
+    run_on_ranks(launched_by_mpi() ? 0 : W, body);
+  } else if (launched_by_mpi()) {
+    // One process per rank, spread over the node's GPUs as launchers place them.
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int local_rank = 0;
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_free(&node);
+    const int gpus = detail::device_runtime().device_count();
+    PMOE_CHECK(gpus >= 1, "--device cuda: no CUDA device visible to this process");
+    MpiCommunicator comm(MPI_COMM_WORLD, Device::cuda(local_rank % gpus));
+    body(comm);
+  } else {
+    run_ranks(W, body, Device::cuda(0));
+  }
   if (is_printing_rank()) report(o, cfg, W, blas, outcome);
 }
 
@@ -296,7 +404,9 @@ void add_command(CLI::App& app, bool gather) {
   cmd->add_option("M", o->m, "global rows of A and C")->capture_default_str();
   cmd->add_option("N", o->n, "global columns of B and C")->capture_default_str();
   cmd->add_option("K", o->k, "global contracted dimension")->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "f32 or bf16 (bf16 is multiplied in f32 on the CPU)")
+  cmd->add_option("--dtype", o->dtype,
+                  "f32, bf16 or f16 (or float32, bfloat16, float16); 16-bit types are multiplied "
+                  "with f32 accumulation")
       ->capture_default_str();
   cmd->add_option("--iters", o->iters, "timed iterations")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed warm-up iterations")->capture_default_str();
@@ -315,6 +425,15 @@ void add_command(CLI::App& app, bool gather) {
                   "calls moving fewer bytes per rank keep their transfers on the calling thread")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "input seed")->capture_default_str();
+  cmd->add_option("--device", o->device,
+                  "cpu, or cuda: the CUDA backend, thread ranks sharing GPU 0 (under mpirun one "
+                  "process per rank on the node's GPUs); on the emulated device where no GPU is "
+                  "visible: checked, times labelled emulation")
+      ->capture_default_str();
+  cmd->add_option("--copy", o->copy,
+                  "--device cuda: how pieces move, engine (cudaMemcpyAsync on the copy engines) "
+                  "or kernel (a copy kernel on 8 blocks); sets PMOE_OVERLAP_COPY")
+      ->capture_default_str();
   cmd->add_option("--json", o->json_path, "write the results as JSON to this file");
   cmd->add_option("--csv", o->csv_path, "write the per-step rows as CSV to this file");
   cmd->add_option("--plot", o->plot_path,

@@ -11,6 +11,7 @@
 // - cudaFree waits for every stream of the device, as CUDA's does;
 // - a stream under capture records its work instead of running it; a host synchronisation or a
 //   legacy-stream call from the capturing thread is an error, as in cudaStreamCaptureModeThreadLocal;
+//   other streams join a capture through events, and must be joined back before it ends;
 // - cudaGetLastError is per host thread and clears.
 // docs/emulated-device.md describes the whole model.
 #pragma once
@@ -62,7 +63,11 @@ enum cudaError {
   cudaErrorLaunchFailure = 719,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureUnmatched = 903,
+  cudaErrorStreamCaptureUnjoined = 904,
+  cudaErrorStreamCaptureIsolation = 905,
   cudaErrorStreamCaptureImplicit = 906,
+  cudaErrorCapturedEvent = 907,
   cudaErrorNotSupported = 801,
   cudaErrorUnknown = 999,
 };
@@ -149,7 +154,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
-// Graphs: a capture records one stream's work in order; a launch replays it on a stream.
+// Graphs: a capture records the work of its origin stream and of every stream that joins it by
+// waiting on an event recorded in it (CUDA's cross-stream capture; streams.cpp); a launch
+// replays it on a stream, its branches concurrently.
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,

@@ -2,8 +2,23 @@
 //
 // A stream is an in-order queue of closures run by its own host thread. The legacy stream of a
 // device is one more such queue (created on first use, never destroyed); non-blocking streams do
-// not wait for it, as on CUDA. A capture swaps the stream's queue for a graph's node list; a graph
-// launch enqueues the nodes in capture order.
+// not wait for it, as on CUDA.
+//
+// Graph capture follows CUDA's cross-stream rules. A capture begins on its origin stream; an
+// event recorded on a capturing stream is a point of the capture, and another stream that waits
+// on it joins the capture as a new branch (a stream already in another capture may not: that is
+// an isolation error, as is waiting on an event recorded outside the capture). The capture ends
+// on the origin only once every other branch's last work has been waited on (directly or through
+// other branches) by the origin; else cudaErrorStreamCaptureUnjoined, and the capture is gone.
+//
+//   capture order:   origin: A  rec(e1)  B  wait(e2)  C        a graph node: (branch, work |
+//                    side:          wait(e1) X rec(e2)           record event k | wait event k)
+//
+// A graph keeps its nodes in capture order, which is a topological order of the dependencies.
+// Its launch enqueues them in that order: branch 0 on the launch stream, branch i on the
+// executable's own stream i (made at instantiation, on the hardware queue of the stream captured
+// as branch i), records and waits on the executable's own events, so a launch runs its branches
+// concurrently and in order with what the launch stream holds before and after it.
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -24,8 +39,62 @@ namespace pmoe::emu {
 
 using namespace cuda_api;
 
+struct GraphNode {
+  enum Kind : uint8_t { work, record, wait };
+  int branch = 0;
+  Kind kind = work;
+  std::function<void()> run;  // work
+  int event = -1;             // record, wait: the graph's event number
+};
+
 struct GraphImpl {
-  std::vector<std::function<void()>> nodes;  // one stream's work, in capture order
+  std::vector<GraphNode> nodes;  // capture order
+  int device = 0;
+  std::vector<int> branch_queues;  // hardware queue of the stream captured as each branch
+  int events = 0;
+  // An executable's (cudaGraphInstantiate) streams for branches 1.. and its events.
+  std::vector<std::shared_ptr<StreamImpl>> streams;
+  std::vector<std::shared_ptr<EventImpl>> event_objects;
+  ~GraphImpl();
+};
+
+// A capture in progress (shared by the streams that joined it and the events recorded in it).
+struct CaptureImpl {
+  std::mutex mutex;
+  bool active = true;
+  bool invalidated = false;
+  GraphImpl* graph = new GraphImpl;
+  std::vector<StreamImpl*> branches;  // [0] the origin
+  std::vector<size_t> lengths;        // nodes of each branch so far
+  struct Record {
+    int branch;
+    size_t position;  // the branch's length right after the record
+  };
+  std::vector<Record> records;  // by graph event number
+  struct Wait {
+    int waiter, event;
+  };
+  std::vector<Wait> waits;
+  ~CaptureImpl() { delete graph; }
+
+  // Appends a node to `branch` (mutex held).
+  void add(int branch, GraphNode node) {
+    node.branch = branch;
+    graph->nodes.push_back(std::move(node));
+    ++lengths[size_t(branch)];
+  }
+  // Whether the origin waits, directly or through other branches, on branch b's last node.
+  bool joined(int b, int depth = 0) const {
+    if (b == 0) return true;
+    if (depth > int(branches.size())) return false;
+    for (const Wait& w : waits) {
+      const Record& r = records[size_t(w.event)];
+      if (r.branch == b && r.position == lengths[size_t(b)] && w.waiter != b &&
+          joined(w.waiter, depth + 1))
+        return true;
+    }
+    return false;
+  }
 };
 
 struct StreamImpl;
@@ -70,11 +139,12 @@ struct StreamImpl {
   uint64_t submitted = 0, completed = 0;
   bool stopping = false;
   cudaError_t sticky = cudaSuccess;  // an asynchronous failure, returned by the next sync
-  GraphImpl* capture = nullptr;      // set while the stream is being captured
+  std::shared_ptr<CaptureImpl> capture;  // set while the stream takes part in a capture
+  int branch = 0;                         // its branch in that capture
   std::thread worker;
 
-  explicit StreamImpl(int d)
-      : device(d), hardware_queue(HardwareQueues::of(d).next()), worker([this] { run(); }) {}
+  explicit StreamImpl(int d) : StreamImpl(d, HardwareQueues::of(d).next()) {}
+  StreamImpl(int d, int queue) : device(d), hardware_queue(queue), worker([this] { run(); }) {}
 
   void run() {
     running_stream = this;
@@ -121,6 +191,9 @@ struct EventImpl {
   uint64_t recorded = 0, completed = 0;
   std::chrono::steady_clock::time_point when{};
   bool timing = true;
+  // Its last record was captured: the capture and the graph's event number for that record.
+  std::shared_ptr<CaptureImpl> capture;
+  int capture_event = -1;
 };
 
 namespace {
@@ -167,19 +240,92 @@ cudaError_t note_error(cudaError_t error) {
   return error;
 }
 
+namespace {
+
+// The capture `stream` takes part in (null if none) and its branch there.
+std::pair<std::shared_ptr<CaptureImpl>, int> capture_of(StreamImpl* stream) {
+  std::lock_guard lock(stream->mutex);
+  return {stream->capture, stream->branch};
+}
+
+}  // namespace
+
 cudaError_t enqueue(cudaStream_t handle, std::function<void()> work) {
   if (is_legacy(handle) && captures_on_this_thread > 0) return cudaErrorStreamCaptureImplicit;
   StreamImpl* stream = resolve(handle);
   if (!stream) return cudaErrorInvalidResourceHandle;
-  {
-    std::lock_guard lock(stream->mutex);
-    if (stream->capture) {
-      stream->capture->nodes.push_back(std::move(work));
-      return cudaSuccess;
-    }
+  if (auto [capture, branch] = capture_of(stream); capture) {
+    std::lock_guard lock(capture->mutex);
+    if (capture->invalidated) return cudaErrorStreamCaptureInvalidated;
+    GraphNode node;
+    node.run = std::move(work);
+    capture->add(branch, std::move(node));
+    return cudaSuccess;
   }
   stream->push(std::move(work));
   return cudaSuccess;
+}
+
+namespace {
+
+// A record of `event` on `stream` (not capturing); `Ptr` keeps the event alive while queued
+// (a raw pointer for the caller's events, shared for a graph executable's own).
+template <typename Ptr>
+cudaError_t enqueue_record(cudaStream_t stream, Ptr event) {
+  uint64_t sequence;
+  {
+    std::lock_guard lock(event->mutex);
+    sequence = ++event->recorded;
+  }
+  return enqueue(stream, [event, sequence] {
+    std::lock_guard lock(event->mutex);
+    event->when = std::chrono::steady_clock::now();
+    if (event->completed < sequence) event->completed = sequence;
+    event->changed.notify_all();
+  });
+}
+
+// `stream` waits for the last record of `event` enqueued so far.
+template <typename Ptr>
+cudaError_t enqueue_wait(cudaStream_t stream, Ptr event) {
+  uint64_t target;
+  {
+    std::lock_guard lock(event->mutex);
+    target = event->recorded;
+  }
+  return enqueue(stream, [event, target] {
+    std::unique_lock lock(event->mutex);
+    event->changed.wait(lock, [&] { return event->completed >= target; });
+  });
+}
+
+// Ends a stream's worker once it has run what was enqueued, and forgets the stream.
+void retire_stream(std::shared_ptr<StreamImpl> stream) {
+  {
+    std::lock_guard lock(registry_mutex);
+    live_streams().erase(stream.get());
+  }
+  {
+    std::lock_guard lock(stream->mutex);
+    stream->stopping = true;  // the worker finishes what was enqueued, then returns
+    stream->changed.notify_all();
+  }
+  stream->worker.join();
+}
+
+// The event's capture, if its last record was captured in one still under way.
+std::pair<std::shared_ptr<CaptureImpl>, int> captured_record(EventImpl* event) {
+  std::lock_guard lock(event->mutex);
+  if (!event->capture) return {nullptr, -1};
+  std::lock_guard capture_lock(event->capture->mutex);
+  if (!event->capture->active) return {nullptr, -1};
+  return {event->capture, event->capture_event};
+}
+
+}  // namespace
+
+GraphImpl::~GraphImpl() {
+  for (auto& stream : streams) retire_stream(stream);
 }
 
 cudaError_t wait_stream(cudaStream_t handle) {
@@ -286,6 +432,10 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
     case cudaErrorUnknown: return "cudaErrorUnknown";
   }
@@ -308,6 +458,10 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorStreamCaptureUnmatched: return "the capture was not initiated in this stream";
+    case cudaErrorStreamCaptureUnjoined: return "the capture sequence contains a fork that was not joined to the primary stream";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
     case cudaErrorNotSupported: return "operation not supported";
     case cudaErrorUnknown: return "unknown error";
   }
@@ -331,15 +485,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t handle) {
     std::lock_guard lock(registry_mutex);
     auto it = live_streams().find(handle);
     if (it == live_streams().end()) return note_error(cudaErrorInvalidResourceHandle);
-    stream = std::move(it->second);
-    live_streams().erase(it);
+    stream = it->second;
   }
-  {
-    std::lock_guard lock(stream->mutex);
-    stream->stopping = true;  // the worker finishes what was enqueued, then returns
-    stream->changed.notify_all();
-  }
-  stream->worker.join();
+  retire_stream(std::move(stream));
   return cudaSuccess;
 }
 
@@ -366,23 +514,40 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 
+// On a capturing stream: a point of the capture (a record node), which a wait joins.
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!event) return note_error(cudaErrorInvalidResourceHandle);
-  uint64_t sequence;
+  if (!is_legacy(stream)) {
+    StreamImpl* s = resolve(stream);
+    if (!s) return note_error(cudaErrorInvalidResourceHandle);
+    if (auto [capture, branch] = capture_of(s); capture) {
+      int number;
+      {
+        std::lock_guard lock(capture->mutex);
+        if (capture->invalidated) return note_error(cudaErrorStreamCaptureInvalidated);
+        number = capture->graph->events++;
+        GraphNode node;
+        node.kind = GraphNode::record;
+        node.event = number;
+        capture->add(branch, std::move(node));
+        capture->records.push_back({branch, capture->lengths[size_t(branch)]});
+      }
+      std::lock_guard event_lock(event->mutex);  // not under the capture's: captured_record()
+      event->capture = capture;                  // takes the event's mutex first
+      event->capture_event = number;
+      return cudaSuccess;
+    }
+  }
   {
     std::lock_guard lock(event->mutex);
-    sequence = ++event->recorded;
+    event->capture.reset();
   }
-  return note_error(enqueue(stream, [event, sequence] {
-    std::lock_guard lock(event->mutex);
-    event->when = std::chrono::steady_clock::now();
-    if (event->completed < sequence) event->completed = sequence;
-    event->changed.notify_all();
-  }));
+  return note_error(enqueue_record(stream, event));
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!event) return note_error(cudaErrorInvalidResourceHandle);
+  if (captured_record(event).first) return note_error(cudaErrorCapturedEvent);
   std::unique_lock lock(event->mutex);
   const uint64_t target = event->recorded;
   event->changed.wait(lock, [&] { return event->completed >= target; });
@@ -391,6 +556,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!event) return note_error(cudaErrorInvalidResourceHandle);
+  if (captured_record(event).first) return note_error(cudaErrorCapturedEvent);
   std::lock_guard lock(event->mutex);
   return event->completed >= event->recorded ? cudaSuccess : cudaErrorNotReady;
 }
@@ -405,17 +571,46 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   return cudaSuccess;
 }
 
+// A wait on an event recorded in a capture: a wait node of that capture; a stream not capturing
+// joins the capture with it. A capturing stream may wait only on events of its own capture.
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   if (!event) return note_error(cudaErrorInvalidResourceHandle);
-  uint64_t target;
-  {
-    std::lock_guard lock(event->mutex);
-    target = event->recorded;
+  StreamImpl* s = is_legacy(stream) ? nullptr : resolve(stream);
+  if (!is_legacy(stream) && !s) return note_error(cudaErrorInvalidResourceHandle);
+  auto [stream_capture, branch] =
+      s ? capture_of(s) : std::pair<std::shared_ptr<CaptureImpl>, int>{nullptr, 0};
+  auto [event_capture, event_number] = captured_record(event);
+  if (event_capture) {
+    if (!s) return note_error(cudaErrorStreamCaptureImplicit);
+    if (stream_capture && stream_capture != event_capture) {
+      std::lock_guard lock(stream_capture->mutex);
+      stream_capture->invalidated = true;
+      return note_error(cudaErrorStreamCaptureIsolation);
+    }
+    std::lock_guard lock(event_capture->mutex);
+    if (event_capture->invalidated) return note_error(cudaErrorStreamCaptureInvalidated);
+    if (!stream_capture) {  // s joins the capture as a new branch
+      branch = int(event_capture->branches.size());
+      event_capture->branches.push_back(s);
+      event_capture->lengths.push_back(0);
+      event_capture->graph->branch_queues.push_back(s->hardware_queue);
+      std::lock_guard stream_lock(s->mutex);
+      s->capture = event_capture;
+      s->branch = branch;
+    }
+    GraphNode node;
+    node.kind = GraphNode::wait;
+    node.event = event_number;
+    event_capture->add(branch, std::move(node));
+    event_capture->waits.push_back({branch, event_number});
+    return cudaSuccess;
   }
-  return note_error(enqueue(stream, [event, target] {
-    std::unique_lock lock(event->mutex);
-    event->changed.wait(lock, [&] { return event->completed >= target; });
-  }));
+  if (stream_capture) {
+    std::lock_guard lock(stream_capture->mutex);
+    stream_capture->invalidated = true;  // an event from outside the capture
+    return note_error(cudaErrorStreamCaptureIsolation);
+  }
+  return note_error(enqueue_wait(stream, event));
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t handle, cudaStreamCaptureMode) {
@@ -424,38 +619,88 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t handle, cudaStreamCaptureMode) {
   if (!stream) return note_error(cudaErrorInvalidResourceHandle);
   std::lock_guard lock(stream->mutex);
   if (stream->capture) return note_error(cudaErrorInvalidValue);
-  stream->capture = new GraphImpl;
+  auto capture = std::make_shared<CaptureImpl>();
+  capture->branches = {stream};
+  capture->lengths = {0};
+  capture->graph->device = stream->device;
+  capture->graph->branch_queues = {stream->hardware_queue};
+  stream->capture = std::move(capture);
+  stream->branch = 0;
   ++captures_on_this_thread;
   return cudaSuccess;
 }
 
+// Every stream of the capture leaves it, whether the graph comes out or not.
 cudaError_t cudaStreamEndCapture(cudaStream_t handle, cudaGraph_t* graph) {
   StreamImpl* stream = resolve(handle);
   if (!stream) return note_error(cudaErrorInvalidResourceHandle);
-  std::lock_guard lock(stream->mutex);
-  if (!stream->capture) return note_error(cudaErrorInvalidValue);
-  *graph = std::exchange(stream->capture, nullptr);
+  auto [capture, branch] = capture_of(stream);
+  if (!capture) return note_error(cudaErrorInvalidValue);
+  if (branch != 0) return note_error(cudaErrorStreamCaptureUnmatched);
+  std::lock_guard lock(capture->mutex);
+  for (StreamImpl* member : capture->branches) {
+    std::lock_guard member_lock(member->mutex);
+    member->capture.reset();
+    member->branch = 0;
+  }
+  capture->active = false;
   --captures_on_this_thread;
+  *graph = nullptr;
+  if (capture->invalidated) return note_error(cudaErrorStreamCaptureInvalidated);
+  for (int b = 1; b < int(capture->branches.size()); ++b)
+    if (!capture->joined(b)) return note_error(cudaErrorStreamCaptureUnjoined);
+  *graph = std::exchange(capture->graph, nullptr);
   return cudaSuccess;
 }
 
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
   if (!graph) return note_error(cudaErrorInvalidValue);
-  *exec = new GraphImpl(*graph);
+  auto* made = new GraphImpl;
+  made->nodes = graph->nodes;
+  made->device = graph->device;
+  made->branch_queues = graph->branch_queues;
+  made->events = graph->events;
+  for (size_t b = 1; b < made->branch_queues.size(); ++b) {
+    auto branch = std::make_shared<StreamImpl>(made->device, made->branch_queues[b]);
+    std::lock_guard lock(registry_mutex);  // device-wide waits see it
+    live_streams().emplace(branch.get(), branch);
+    made->streams.push_back(std::move(branch));
+  }
+  for (int e = 0; e < made->events; ++e) {
+    made->event_objects.push_back(std::make_shared<EventImpl>());
+    made->event_objects.back()->timing = false;
+  }
+  *exec = made;
   return cudaSuccess;
 }
 
+// Records and waits inside one branch order nothing that stream order does not: a graph of one
+// branch replays its work alone, so it can also be launched into another capture.
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (!exec) return note_error(cudaErrorInvalidValue);
-  for (const auto& node : exec->nodes) {
-    const cudaError_t status = enqueue(stream, node);
+  const bool branches = !exec->streams.empty();
+  if (branches && !is_legacy(stream)) {
+    StreamImpl* s = resolve(stream);
+    if (!s) return note_error(cudaErrorInvalidResourceHandle);
+    if (capture_of(s).first) return note_error(cudaErrorStreamCaptureUnsupported);
+  }
+  for (const GraphNode& node : exec->nodes) {
+    const cudaStream_t target =
+        node.branch == 0 ? stream : exec->streams[size_t(node.branch - 1)].get();
+    cudaError_t status = cudaSuccess;
+    if (node.kind == GraphNode::work)
+      status = enqueue(target, node.run);
+    else if (branches && node.kind == GraphNode::record)
+      status = enqueue_record(target, exec->event_objects[size_t(node.event)]);
+    else if (branches)
+      status = enqueue_wait(target, exec->event_objects[size_t(node.event)]);
     if (status != cudaSuccess) return note_error(status);
   }
   return cudaSuccess;
 }
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
-  delete exec;  // queued nodes are copies: a replay in flight keeps running
+  delete exec;  // its streams run what they hold first; queued nodes are copies
   return cudaSuccess;
 }
 

@@ -1,11 +1,14 @@
 // AllGatherGemm on a device: rank r multiplies the gathered A piece by piece on its compute
 // stream (comm.stream(), cuBLAS) while its copy stream pulls the next pieces from the peers'
-// symmetric memory with cudaMemcpyAsync (copy engines on a GPU: no SM is taken from the GEMMs).
+// symmetric memory with cudaMemcpyAsync (copy engines on a GPU: no SM is taken from the GEMMs;
+// PMOE_OVERLAP_COPY=kernel copies with a kernel on a few blocks instead, overlap_stream.hpp).
 //
 //   symmetric region of rank r:  | block 0 | block 1 | ... | block W-1 |   (M x K, config.dtype)
 //   signals of rank r:           landed[b * P + p] = e  (piece p of block b is here, call e)
 //                                done = e               (r has pulled everything of call e)
+//                                call = e               (this op's calls so far; r's own)
 //
+//   compute stream: call += 1 | fork
 //   copy stream:    fork <- compute | wait every peer's done >= e-1 | A -> block r | landed(r,*)
 //                   then for each step j = 1..W-1, block b = r + j, piece p:
 //                   wait source's landed(b,p) >= e | pull piece | landed(b,p) = e | event(b,p)
@@ -15,8 +18,9 @@
 // The source of a pull: all-pairs, the block's owner b; ring, rank r+1 (which got block b one
 // step earlier), so every rank reads only its right neighbour. Pulls rather than pushes: a rank
 // writes only its own memory, and the only cross-rank hazard, a peer overwriting a block another
-// still reads, is closed by the done words. Nothing here waits on the host, so run() returns
-// at once; the caller sees C in stream order on comm.stream().
+// still reads, is closed by the done words. Nothing here waits on the host and the call number
+// e is read from device memory, so run() returns at once and can be captured in a CUDA graph;
+// the caller sees C in stream order on comm.stream().
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,7 +48,7 @@ class CudaAllGatherGemm final : public OverlapBackend {
         layout_(config.m, comm.size(), config.chunks),
         elem_(dtype_size(config.dtype)),
         streams_(comm, config.chunks) {
-    memory_ = comm.alloc_symmetric(size_t(config.m * config.k) * elem_, config.chunks + 1);
+    memory_ = comm.alloc_symmetric(size_t(config.m * config.k) * elem_, config.chunks + 2);
     comm.barrier();  // every rank's streams and memory exist before any peer's first wait
   }
 
@@ -89,10 +93,12 @@ class CudaAllGatherGemm final : public OverlapBackend {
   }
 
  private:
+  // The call's number, counted on the compute stream: the copy stream reads it after the fork.
   void begin_call() {
     streams_.throw_if_faulted("AllGatherGemm", rank_);
-    ++call_;
+    cuda::count_call(call_word(), streams_.compute());
   }
+  uint64_t* call_word() const { return memory_->signal_word(rank_, config_.chunks + 1); }
 
   std::byte* block_at(std::byte* region, int b, int p) const {
     return region + size_t(layout_.row(b, p) * config_.k) * elem_;
@@ -105,26 +111,24 @@ class CudaAllGatherGemm final : public OverlapBackend {
   // piece, each announced on this rank's landed word (and by its event, when `record`).
   void gather(const OverlapArgs& a, cudaStream_t stream, bool record) {
     const int P = layout_.pieces();
-    const uint64_t e = call_;
+    const uint64_t* e = call_word();
     const uint64_t timeout = streams_.timeout_ns();
     // A peer may still be reading this rank's memory for call e - 1.
     for (int q = 0; q < W_; ++q)
       if (q != rank_)
-        cuda::wait_for_signal(memory_->signal_word(q, done_slot()), e - 1, timeout, q,
+        cuda::wait_for_signal(memory_->signal_word(q, done_slot()), e, 1, timeout, q,
                               cuda::kWaitDone, streams_.fault(), stream);
-    PMOE_CUDA_CHECK(cudaMemcpyAsync(block_at(memory_->local(), rank_, 0), a.A.data(),
-                                    a.A.nbytes(), cudaMemcpyDefault, stream));
+    streams_.copy_piece(block_at(memory_->local(), rank_, 0), a.A.data(), a.A.nbytes(), stream);
     for (int p = 0; p < P; ++p)
       cuda::raise_signal(memory_->signal_word(rank_, landed_slot(rank_, p)), e, stream);
     for (int step = 1; step < W_; ++step) {
       const int b = (rank_ + step) % W_;
       const int source = config_.order == OverlapOrder::ring ? (rank_ + 1) % W_ : b;
       for (int p = 0; p < P; ++p) {
-        cuda::wait_for_signal(memory_->signal_word(source, landed_slot(b, p)), e, timeout, source,
-                              cuda::kWaitPiece, streams_.fault(), stream);
-        PMOE_CUDA_CHECK(cudaMemcpyAsync(block_at(memory_->local(), b, p),
-                                        block_at(memory_->peer(source), b, p), piece_bytes(p),
-                                        cudaMemcpyDefault, stream));
+        cuda::wait_for_signal(memory_->signal_word(source, landed_slot(b, p)), e, 0, timeout,
+                              source, cuda::kWaitPiece, streams_.fault(), stream);
+        streams_.copy_piece(block_at(memory_->local(), b, p),
+                            block_at(memory_->peer(source), b, p), piece_bytes(p), stream);
         cuda::raise_signal(memory_->signal_word(rank_, landed_slot(b, p)), e, stream);
         if (record) PMOE_CUDA_CHECK(cudaEventRecord(streams_.piece_event(landed_slot(b, p)), stream));
       }
@@ -133,7 +137,7 @@ class CudaAllGatherGemm final : public OverlapBackend {
   }
 
   void raise_done(cudaStream_t stream) {
-    cuda::raise_signal(memory_->signal_word(rank_, done_slot()), call_, stream);
+    cuda::raise_signal(memory_->signal_word(rank_, done_slot()), call_word(), stream);
   }
 
   void gemm_piece(const OverlapArgs& a, int b, int p) {
@@ -157,7 +161,6 @@ class CudaAllGatherGemm final : public OverlapBackend {
   size_t elem_;
   OverlapStreams streams_;
   std::unique_ptr<SymmetricMemory> memory_;
-  uint64_t call_ = 0;
 };
 
 }  // namespace

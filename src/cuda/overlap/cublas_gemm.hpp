@@ -40,4 +40,17 @@ inline void gemm_row_major(cublasHandle_t handle, DType dtype, int m, int n, int
                                  CUBLAS_GEMM_DEFAULT));
 }
 
+// As gemm_row_major, with C in f32 (not rounded to the operands' dtype): for partial products
+// that are summed before their one rounding.
+inline void gemm_row_major_f32_out(cublasHandle_t handle, DType dtype, int m, int n, int k,
+                                   const void* A, int lda, const void* B, int ldb, float* C,
+                                   int ldc) {
+  if (m == 0 || n == 0) return;
+  const float alpha = 1.0f, beta = 0.0f;
+  const cudaDataType type = cublas_type(dtype);
+  PMOE_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, B, type, ldb, A,
+                                 type, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

@@ -1,12 +1,17 @@
-// The overlap ops' cross-rank signals on a device: one-thread kernels that raise a rank's own
-// signal word, or wait (bounded) for a peer's, enqueued on the stream whose work they order.
+// The overlap ops' cross-rank signals on a device: one-thread kernels that count the op's calls,
+// raise a rank's own signal word, or wait (bounded) for a peer's, enqueued on the stream whose
+// work they order.
 //
-//   copy stream of rank r:  [wait peer's word >= e] [cudaMemcpyAsync piece] [raise own word = e]
+//   compute stream of rank r:  [call += 1] -> fork
+//   copy stream of rank r:     [wait peer's word >= call - behind] [cudaMemcpyAsync piece]
+//                              [raise own word = call]
 //
-// A wait that times out writes the peer into the op's fault word (host-mapped memory the host
-// reads at the next call's entry) and returns; the rest of the call then runs on whatever the
-// buffers hold, and the next call throws. Stream order on one rank, system-scope release and
-// acquire between ranks.
+// The call number lives in device memory (a word of the op's own signal array, which no peer
+// reads) and is bumped by a kernel at the start of every call, so nothing the host passes
+// changes from call to call: a captured run() replays with the right numbers. A wait that times
+// out writes the peer into the op's fault word (host-mapped memory the host reads at the next
+// call's entry) and returns; the rest of the call then runs on whatever the buffers hold, and the
+// next call throws. Stream order on one rank, system-scope release and acquire between ranks.
 #pragma once
 
 #include <cstdint>
@@ -25,9 +30,13 @@ struct OverlapFault {
 
 enum OverlapWait : int32_t { kWaitPiece = 1, kWaitDone = 2 };
 
-void raise_signal(uint64_t* word, uint64_t value, cudaStream_t stream);
-// Waits until *word >= value; `peer` and `what` name the wait in the fault word on timeout.
-void wait_for_signal(uint64_t* word, uint64_t value, uint64_t timeout_ns, int peer,
-                     OverlapWait what, OverlapFault* fault, cudaStream_t stream);
+// *call += 1: the number of the call that the work enqueued after it belongs to.
+void count_call(uint64_t* call, cudaStream_t stream);
+// *word = *call, with release (everything before it on `stream` is visible to an acquirer).
+void raise_signal(uint64_t* word, const uint64_t* call, cudaStream_t stream);
+// Waits until *word >= *call - behind (behind 1: the previous call's value); `peer` and `what`
+// name the wait in the fault word on timeout.
+void wait_for_signal(uint64_t* word, const uint64_t* call, uint64_t behind, uint64_t timeout_ns,
+                     int peer, OverlapWait what, OverlapFault* fault, cudaStream_t stream);
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR
