@@ -38,7 +38,8 @@ std::string describe(const MoeCase& c, int world_size) {
   return detail::cat(variant_name(c.variant), " W=", world_size, " H=", m.feature_dim,
                      " F=", m.ffn_dim, " O=", m.out_dim(), " E=", m.num_experts, " k=", m.top_k,
                      " ", activation_name(m.act), " ", dtype_name(m.dtype), " batch=", c.batch,
-                     " micro_batches=", c.micro_batches, " calls=", c.calls);
+                     " micro_batches=", c.micro_batches, " calls=", c.calls, " on ",
+                     c.device.str());
 }
 
 namespace {
@@ -68,7 +69,9 @@ MoeCaseResult run_moe_case(Communicator& comm, const MoeCase& c) {
   std::unique_ptr<EpMoe> ep;
   switch (c.variant) {
     case MoeVariant::simple:
-      simple = std::make_unique<SimpleMoe>(c.config, c.batch);
+      simple = c.device.kind == Device::Kind::cpu
+                   ? std::make_unique<SimpleMoe>(c.config, c.batch)
+                   : std::make_unique<SimpleMoe>(c.config, c.batch, c.device, comm.stream());
       break;
     case MoeVariant::tp:
       tp = std::make_unique<TpMoe>(comm, c.config, c.batch);
@@ -86,10 +89,23 @@ MoeCaseResult run_moe_case(Communicator& comm, const MoeCase& c) {
     if (c.variant == MoeVariant::ep) mine = shard_rows(batch, W, rank);
     Buffer y(c.config.dtype, {mine.size(), O});
     std::memset(y.data<void>(), 0xA5, y.nbytes());  // a forward that skips a row shows up
-    const Tensor x_mine = rows_of(x, mine.begin, mine.size());
-    if (simple) simple->forward(x_mine, y);
-    if (tp) tp->forward(x_mine, y);
-    if (ep) ep->forward(x_mine, y);
+    Tensor x_mine = rows_of(x, mine.begin, mine.size()), y_out = y;
+    Buffer x_device, y_device;
+    if (c.device.kind != Device::Kind::cpu) {
+      x_device = Buffer(c.config.dtype, {mine.size(), c.config.feature_dim}, c.device);
+      y_device = Buffer(c.config.dtype, {mine.size(), O}, c.device);
+      copy(x_device, x_mine);
+      copy(y_device, y);
+      x_mine = x_device;
+      y_out = y_device;
+    }
+    if (simple) simple->forward(x_mine, y_out);
+    if (tp) tp->forward(x_mine, y_out);
+    if (ep) ep->forward(x_mine, y_out);
+    if (c.device.kind != Device::Kind::cpu) {
+      synchronize(comm.stream());
+      copy(y, y_device);
+    }
 
     std::vector<int> rows;
     for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);

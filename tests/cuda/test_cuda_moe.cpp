@@ -1,0 +1,130 @@
+// The MoE layers on one CUDA device shared by W thread ranks (W in {1, 2, 3, 4}), each rank with
+// its own stream: SimpleMoe, TpMoe and EpMoe against the plain reference and against the CPU
+// backend, every activation, f32 and bf16, uneven expert loads, ranks with no tokens, output
+// width != feature width, many calls on one layer; bad input named before any kernel runs.
+// Built for the emulated device and for a GPU (tests/cuda/cuda_test_flavor.hpp).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cpu/gemm.hpp"
+#include "cuda/cuda_test_flavor.hpp"
+#include "moe_cases.hpp"
+#include "pmoe/comm.hpp"
+#include "pmoe/error.hpp"
+#include "reference/moe_reference.hpp"
+
+namespace pmoe::testing {
+namespace {
+
+constexpr Activation kActivations[] = {Activation::relu, Activation::gelu, Activation::swiglu};
+
+// Runs `c` on W thread ranks of `device`; every rank must match the reference. Returns each
+// rank's output of the last call.
+std::vector<std::vector<float>> expect_case(MoeCase c, int W, Device device) {
+  cpu::set_blas_threads(1);  // thread ranks call BLAS at once (the CPU layers and cuBLAS's shim)
+  c.device = device;
+  std::vector<MoeCaseResult> results(static_cast<size_t>(W));
+  run_ranks(W, [&](Communicator& comm) { results[size_t(comm.rank())] = run_moe_case(comm, c); },
+            device);
+  std::vector<std::vector<float>> outputs;
+  int compared = 0;
+  for (const MoeCaseResult& r : results) {
+    EXPECT_EQ(r.error, "") << describe(c, W);
+    compared += r.compared;
+    outputs.push_back(r.y);
+  }
+  if (c.batch > 0) {
+    EXPECT_GT(compared, 0) << describe(c, W);
+  }
+  return outputs;
+}
+
+// The case on the device, then on the CPU: both match the reference, and each other within the
+// dtype's tolerance (relative to the largest output).
+void expect_device_matches_cpu(const MoeCase& c, int W) {
+  const auto device = expect_case(c, W, Device::cuda(0));
+  const auto cpu = expect_case(c, W, Device::cpu());
+  ASSERT_EQ(device.size(), cpu.size());
+  for (size_t r = 0; r < cpu.size(); ++r) {
+    ASSERT_EQ(device[r].size(), cpu[r].size()) << describe(c, W);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < cpu[r].size(); ++i) {
+      worst = std::max(worst, double(std::abs(device[r][i] - cpu[r][i])));
+      scale = std::max(scale, double(std::abs(cpu[r][i])));
+    }
+    EXPECT_LE(worst, reference::moe_tolerance(c.config.dtype) * scale)
+        << describe(c, W) << " rank " << r;
+  }
+}
+
+MoeCase base_case(MoeVariant v, int W, Activation act, DType dtype) {
+  MoeCase c;
+  // Two experts per rank; ffn divisible by 1..4 for TP; a batch no W > 1 divides.
+  c.config = make_moe_config(/*feature=*/24, /*ffn=*/36, /*experts=*/2 * W, /*top_k=*/2, act, dtype);
+  c.variant = v;
+  c.batch = 4 * W + 3;
+  return c;
+}
+
+class MoeCuda : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { PMOE_REQUIRE_CUDA_RUNTIME(); }
+};
+
+TEST_P(MoeCuda, SimpleMatchesReferenceAndCpu) {
+  const int W = GetParam();
+  for (Activation act : kActivations)
+    for (DType dtype : {DType::f32, DType::bf16})
+      expect_device_matches_cpu(base_case(MoeVariant::simple, W, act, dtype), W);
+}
+
+INSTANTIATE_TEST_SUITE_P(W, MoeCuda, ::testing::Values(1, 2, 3, 4));
+
+// Shapes the base case does not reach, on 4 ranks: output width above and below the feature
+// width, top-k = E, and batches of 2, 1 and 0 tokens (ranks with none).
+TEST(MoeCudaShapes, SimpleOddShapes) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  for (int out : {64, 16}) {
+    MoeCase c;
+    c.config = make_moe_config(32, 128, 4, 2, Activation::relu, DType::bf16, out);
+    c.batch = 19;
+    expect_device_matches_cpu(c, 2);
+  }
+  MoeCase all = base_case(MoeVariant::simple, 2, Activation::gelu, DType::f32);
+  all.config.top_k = all.config.num_experts;
+  expect_device_matches_cpu(all, 2);
+  MoeCase tiny = base_case(MoeVariant::simple, 4, Activation::relu, DType::f32);
+  tiny.batch = 2;
+  tiny.calls = 6;
+  expect_case(tiny, 4, Device::cuda(0));
+}
+
+// A tensor on the wrong device, a wrong dtype or shape: named, before anything is launched; the
+// layer stays usable.
+TEST(MoeCudaInput, BadTensorsAreNamed) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const MoeConfig cfg = make_moe_config(8, 16, 4, 2);
+  SimpleMoe layer(cfg, 4, Device::cuda(0));
+  Buffer x(DType::f32, {4, 8}, Device::cuda(0)), y(DType::f32, {4, 8}, Device::cuda(0));
+  Buffer host_x(DType::f32, {4, 8}), bf16_y(DType::bf16, {4, 8}, Device::cuda(0));
+  Buffer short_y(DType::f32, {3, 8}, Device::cuda(0));
+  auto expect_error = [&](const Tensor& xa, const Tensor& ya, const std::string& words) {
+    try {
+      layer.forward(xa, ya);
+      ADD_FAILURE() << "accepted: " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  expect_error(host_x, y, "`x` must be on cuda:0, got cpu");
+  expect_error(x, bf16_y, "`y` must be f32");
+  expect_error(x, short_y, "`y` must have shape [4, 8]");
+  layer.forward(x, y);  // still usable
+  synchronize(Stream());
+}
+
+}  // namespace
+}  // namespace pmoe::testing
