@@ -60,8 +60,10 @@ std::unique_ptr<DeviceMoe> make_device_simple_moe(const MoeConfig& config, int m
 std::unique_ptr<DeviceMoe> make_device_tp_moe(Communicator&, const MoeConfig&, int) {
   throw Error("TpMoe: not on a CUDA device yet");
 }
-std::unique_ptr<DeviceMoe> make_device_ep_moe(Communicator&, const MoeConfig&, int, int) {
-  throw Error("EpMoe: not on a CUDA device yet");
+std::unique_ptr<DeviceMoe> make_device_ep_moe(Communicator& comm, const MoeConfig& config,
+                                              int max_tokens, int micro_batches) {
+  return pick("EpMoe", PMOE_EMULATED(make_ep(comm, config, max_tokens, micro_batches)),
+              PMOE_GPU(make_ep(comm, config, max_tokens, micro_batches)));
 }
 
 }  // namespace pmoe::detail

@@ -81,18 +81,64 @@ TEST_P(MoeCuda, SimpleMatchesReferenceAndCpu) {
       expect_device_matches_cpu(base_case(MoeVariant::simple, W, act, dtype), W);
 }
 
+TEST_P(MoeCuda, EpMatchesReferenceAndCpu) {
+  const int W = GetParam();
+  for (int mb : {1, 2})
+    for (Activation act : kActivations)
+      for (DType dtype : {DType::f32, DType::bf16}) {
+        MoeCase c = base_case(MoeVariant::ep, W, act, dtype);
+        c.micro_batches = mb;
+        expect_device_matches_cpu(c, W);
+      }
+}
+
+// Uneven expert loads: one token's worth of routing skewed by a batch of 1-3 tokens on W ranks
+// (ranks with none), 1 and 5 experts per rank, top-k = E, 12 calls on one layer (buffers and
+// epochs reused, m changing).
+TEST_P(MoeCuda, EpUnevenLoadsAndEmptyRanks) {
+  const int W = GetParam();
+  for (int mb : {1, 2}) {
+    MoeCase tiny = base_case(MoeVariant::ep, W, Activation::relu, DType::bf16);
+    tiny.micro_batches = mb;
+    tiny.batch = 2;  // calls run 2, 1, 0, 2, ... tokens
+    tiny.calls = 6;
+    expect_case(tiny, W, Device::cuda(0));
+    for (int per_rank : {1, 5}) {
+      MoeCase c = base_case(MoeVariant::ep, W, Activation::swiglu, DType::f32);
+      c.micro_batches = mb;
+      c.config.num_experts = W * per_rank;
+      c.config.top_k = std::min(3, c.config.num_experts);
+      c.calls = 12;
+      expect_device_matches_cpu(c, W);
+    }
+    MoeCase all = base_case(MoeVariant::ep, W, Activation::gelu, DType::f32);
+    all.micro_batches = mb;
+    all.config.top_k = all.config.num_experts;
+    expect_device_matches_cpu(all, W);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(W, MoeCuda, ::testing::Values(1, 2, 3, 4));
 
 // Shapes the base case does not reach, on 4 ranks: output width above and below the feature
 // width, top-k = E, and batches of 2, 1 and 0 tokens (ranks with none).
+TEST(MoeCudaShapes, OutputWidthDiffersFromFeatureWidth) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  for (int out : {64, 16})
+    for (MoeVariant v : {MoeVariant::simple, MoeVariant::ep})
+      for (int mb : {1, 2}) {
+        if (v != MoeVariant::ep && mb == 2) continue;
+        MoeCase c;
+        c.config = make_moe_config(32, 128, 4, 2, Activation::relu, DType::bf16, out);
+        c.variant = v;
+        c.micro_batches = mb;
+        c.batch = 19;
+        expect_device_matches_cpu(c, 4);
+      }
+}
+
 TEST(MoeCudaShapes, SimpleOddShapes) {
   PMOE_REQUIRE_CUDA_RUNTIME();
-  for (int out : {64, 16}) {
-    MoeCase c;
-    c.config = make_moe_config(32, 128, 4, 2, Activation::relu, DType::bf16, out);
-    c.batch = 19;
-    expect_device_matches_cpu(c, 2);
-  }
   MoeCase all = base_case(MoeVariant::simple, 2, Activation::gelu, DType::f32);
   all.config.top_k = all.config.num_experts;
   expect_device_matches_cpu(all, 2);
