@@ -57,8 +57,10 @@ std::unique_ptr<DeviceMoe> make_device_simple_moe(const MoeConfig& config, int m
   return pick("SimpleMoe", PMOE_EMULATED(make_simple(config, max_tokens, device, stream)),
               PMOE_GPU(make_simple(config, max_tokens, device, stream)));
 }
-std::unique_ptr<DeviceMoe> make_device_tp_moe(Communicator&, const MoeConfig&, int) {
-  throw Error("TpMoe: not on a CUDA device yet");
+std::unique_ptr<DeviceMoe> make_device_tp_moe(Communicator& comm, const MoeConfig& config,
+                                              int max_tokens) {
+  return pick("TpMoe", PMOE_EMULATED(make_tp(comm, config, max_tokens)),
+              PMOE_GPU(make_tp(comm, config, max_tokens)));
 }
 std::unique_ptr<DeviceMoe> make_device_ep_moe(Communicator& comm, const MoeConfig& config,
                                               int max_tokens, int micro_batches) {

@@ -81,6 +81,19 @@ TEST_P(MoeCuda, SimpleMatchesReferenceAndCpu) {
       expect_device_matches_cpu(base_case(MoeVariant::simple, W, act, dtype), W);
 }
 
+// Every rank's output has the same bits (run_moe_case checks it for TP).
+TEST_P(MoeCuda, TpMatchesReferenceAndCpu) {
+  const int W = GetParam();
+  for (Activation act : kActivations)
+    for (DType dtype : {DType::f32, DType::bf16})
+      expect_device_matches_cpu(base_case(MoeVariant::tp, W, act, dtype), W);
+  MoeCase many = base_case(MoeVariant::tp, W, Activation::swiglu, DType::bf16);
+  many.config.num_experts = 5 * W;
+  many.config.top_k = 3;
+  many.calls = 12;  // 11, 10, 9, ... tokens: the done words guard the regions' reuse
+  expect_device_matches_cpu(many, W);
+}
+
 TEST_P(MoeCuda, EpMatchesReferenceAndCpu) {
   const int W = GetParam();
   for (int mb : {1, 2})
@@ -125,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(W, MoeCuda, ::testing::Values(1, 2, 3, 4));
 TEST(MoeCudaShapes, OutputWidthDiffersFromFeatureWidth) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   for (int out : {64, 16})
-    for (MoeVariant v : {MoeVariant::simple, MoeVariant::ep})
+    for (MoeVariant v : {MoeVariant::simple, MoeVariant::tp, MoeVariant::ep})
       for (int mb : {1, 2}) {
         if (v != MoeVariant::ep && mb == 2) continue;
         MoeCase c;
@@ -142,10 +155,12 @@ TEST(MoeCudaShapes, SimpleOddShapes) {
   MoeCase all = base_case(MoeVariant::simple, 2, Activation::gelu, DType::f32);
   all.config.top_k = all.config.num_experts;
   expect_device_matches_cpu(all, 2);
-  MoeCase tiny = base_case(MoeVariant::simple, 4, Activation::relu, DType::f32);
-  tiny.batch = 2;
-  tiny.calls = 6;
-  expect_case(tiny, 4, Device::cuda(0));
+  for (MoeVariant v : {MoeVariant::simple, MoeVariant::tp}) {
+    MoeCase tiny = base_case(v, 4, Activation::relu, DType::f32);
+    tiny.batch = 2;  // 2, 1, 0, 2, ... tokens
+    tiny.calls = 6;
+    expect_case(tiny, 4, Device::cuda(0));
+  }
 }
 
 // A tensor on the wrong device, a wrong dtype or shape: named, before anything is launched; the
