@@ -5,9 +5,12 @@
 // Built for the emulated device and for a GPU (tests/cuda/cuda_test_flavor.hpp).
 #include <gtest/gtest.h>
 
+// After the standard headers: the emulated device's defines qualifiers such as __noinline__.
 #include <cmath>
 #include <string>
 #include <vector>
+
+#include <cuda_runtime.h>
 
 #include "cpu/gemm.hpp"
 #include "cuda/cuda_test_flavor.hpp"
@@ -185,6 +188,66 @@ TEST(MoeCudaInput, BadTensorsAreNamed) {
   expect_error(x, short_y, "`y` must have shape [4, 8]");
   layer.forward(x, y);  // still usable
   synchronize(Stream());
+}
+
+// A whole forward captured into a CUDA graph on each rank (EpMoe with both micro-batch counts:
+// two streams, AllToAll, cuBLAS, the kernels; TpMoe: its signal words) and replayed with new
+// inputs written into the captured x: every replay matches the reference.
+TEST(MoeCudaGraph, ForwardCapturedAndReplayedWithNewInputs) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  cpu::set_blas_threads(1);
+  for (MoeVariant v : {MoeVariant::ep, MoeVariant::tp})
+    for (int mb : {1, 2}) {
+      if (v == MoeVariant::tp && mb == 2) continue;
+      const int W = 3, batch = 4 * W + 2;
+      const MoeConfig cfg = base_case(v, W, Activation::swiglu, DType::bf16).config;
+      std::vector<std::string> errors(W);
+      run_ranks(W, [&](Communicator& comm) {
+        const RowRange mine = v == MoeVariant::ep ? shard_rows(batch, W, comm.rank())
+                                                  : RowRange{0, batch};
+        std::unique_ptr<EpMoe> ep;
+        std::unique_ptr<TpMoe> tp;
+        if (v == MoeVariant::ep)
+          ep = std::make_unique<EpMoe>(comm, cfg, shard_rows(batch, W, 0).size(), mb);
+        else
+          tp = std::make_unique<TpMoe>(comm, cfg, batch);
+        const int H = cfg.feature_dim, O = cfg.out_dim();
+        Buffer x(cfg.dtype, {mine.size(), H}, Device::cuda(0));
+        Buffer y(cfg.dtype, {mine.size(), O}, Device::cuda(0));
+        Buffer y_host(cfg.dtype, {mine.size(), O});
+        auto stream = static_cast<cudaStream_t>(comm.stream().handle);
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        std::string& error = errors[size_t(comm.rank())];
+        if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+          error = "begin capture failed";
+        if (ep) ep->forward(x, y);
+        if (tp) tp->forward(x, y);
+        if (cudaStreamEndCapture(stream, &graph) != cudaSuccess ||
+            cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+          error = "end capture or instantiate failed";
+        for (int replay = 0; replay < 3 && error.empty(); ++replay) {
+          const Buffer input = reference::make_moe_input(cfg, batch, 100 + uint64_t(replay));
+          const size_t row = size_t(H) * dtype_size(cfg.dtype);
+          copy(x, Tensor(input.data<std::byte>() + size_t(mine.begin) * row, cfg.dtype,
+                         {mine.size(), H}));
+          if (cudaGraphLaunch(exec, stream) != cudaSuccess) error = "launch failed";
+          synchronize(comm.stream());
+          copy(y_host, y);
+          std::vector<int> rows;
+          for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);
+          const auto cmp = reference::compare_moe(cfg, reference::reference_moe(cfg, input, rows),
+                                                  y_host, mine.begin,
+                                                  reference::moe_tolerance(cfg.dtype));
+          if (!cmp.error.empty()) error = detail::cat("replay ", replay, ": ", cmp.error);
+          if (cmp.compared == 0 && mine.size() > 0) error = "nothing compared";
+        }
+        if (exec) cudaGraphExecDestroy(exec);
+        if (graph) cudaGraphDestroy(graph);
+      }, Device::cuda(0));
+      for (int r = 0; r < W; ++r)
+        EXPECT_EQ(errors[size_t(r)], "") << variant_name(v) << " micro_batches " << mb << " rank " << r;
+    }
 }
 
 }  // namespace
