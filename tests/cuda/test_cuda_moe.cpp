@@ -7,6 +7,7 @@
 
 // After the standard headers: the emulated device's defines qualifiers such as __noinline__.
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -188,6 +189,32 @@ TEST(MoeCudaInput, BadTensorsAreNamed) {
   expect_error(x, short_y, "`y` must have shape [4, 8]");
   layer.forward(x, y);  // still usable
   synchronize(Stream());
+}
+
+// The collective layers: every rank passes a host x (or a bf16 y for an f32 model), every rank
+// throws naming it, and the layer still runs a correct call afterwards.
+TEST(MoeCudaInput, CollectiveLayersNameBadTensorsAndStayUsable) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const MoeConfig cfg = make_moe_config(8, 16, 4, 2);
+  run_ranks(2, [&](Communicator& comm) {
+    EpMoe ep(comm, cfg, 4, 2);
+    TpMoe tp(comm, cfg, 4);
+    Buffer x(DType::f32, {4, 8}, Device::cuda(0)), y(DType::f32, {4, 8}, Device::cuda(0));
+    Buffer host_x(DType::f32, {4, 8}), bf16_y(DType::bf16, {4, 8}, Device::cuda(0));
+    auto expect_error = [](const std::function<void()>& call, const std::string& words) {
+      try {
+        call();
+        ADD_FAILURE() << "accepted: " << words;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+      }
+    };
+    expect_error([&] { ep.forward(host_x, y); }, "EpMoe::forward: `x` must be on cuda:0, got cpu");
+    expect_error([&] { tp.forward(x, bf16_y); }, "TpMoe::forward: `y` must be f32");
+    ep.forward(x, y);
+    tp.forward(x, y);
+    synchronize(comm.stream());
+  }, Device::cuda(0));
 }
 
 // A whole forward captured into a CUDA graph on each rank (EpMoe with both micro-batch counts:
