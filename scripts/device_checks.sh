@@ -12,7 +12,8 @@
 #   bench    pmoe-bench all-to-all --device cuda, EP 2, 4, 8 sharing the GPU, 1 and 128 tokens
 #   overlap  mpirun -n 2 pmoe-bench ag-gemm and gemm-rs, 8 of the 16 cores per rank
 #   overlap_cuda  the overlap ops on the GPU: test_cuda_overlap_gpu and test_cuda_graph_gpu, then
-#            pmoe-bench ag-gemm / gemm-rs --device cuda, f16, 2 and 4 thread ranks sharing the GPU
+#            pmoe-bench ag-gemm / gemm-rs --device cuda, f16, 2 and 4 thread ranks sharing the GPU,
+#            pieces moved by the copy engines and (--copy kernel) by a copy kernel on 8 blocks
 #   python   builds the Python module with CUDA for the device's Python (the kit cannot: it is
 #            built here for this machine's Python), then the whole pytest suite, torch CUDA too
 #   gin      the GPU remote path (NCCL GIN) on this one GPU: gin_ring_gpu under mpirun -n 2, each
@@ -63,11 +64,13 @@ part_overlap_cuda() {
   echo "  kernels across GPUs. Speedup and comm hidden below are one-GPU figures only."
   timeout 240 test_cuda_overlap_gpu --gtest_output="json:$OUT/cuda_overlap_tests.json" &&
     timeout 60 test_cuda_graph_gpu || return 1
-  local op W
+  local op W copy
   for op in ag-gemm gemm-rs; do
     for W in 2 4; do
-      timeout 120 pmoe-bench "$op" 4096 4096 4096 --dtype float16 --iters 10 --ranks "$W" \
-        --device cuda --json "$OUT/overlap_cuda_${op}_$W.json" || return 1
+      for copy in engine kernel; do
+        timeout 120 pmoe-bench "$op" 4096 4096 4096 --dtype float16 --iters 10 --ranks "$W" \
+          --device cuda --copy "$copy" --json "$OUT/overlap_cuda_${op}_${W}_$copy.json" || return 1
+      done
     done
     timeout 120 pmoe-bench "$op" 8192 8192 8192 --dtype float16 --iters 10 --ranks 2 \
       --device cuda --json "$OUT/overlap_cuda_${op}_8192.json" || return 1

@@ -123,8 +123,9 @@ TEST(OverlapErrors, RejectsSizesBeyondBlasInt) {
 }
 
 TEST(OverlapErrors, RejectsDtypesOtherThanF32Bf16AndF16) {
-  expect_config_rejected<AllGatherGemm>(make_overlap_config(60, 84, 108, DType::f8e4m3),
-                                        "AllGatherGemm: dtype must be f32, bf16 or f16, got f8e4m3");
+  expect_config_rejected<AllGatherGemm>(
+      make_overlap_config(60, 84, 108, DType::f8e4m3),
+      "AllGatherGemm: dtype must be f32, bf16 or f16, got f8e4m3");
 }
 
 TEST(OverlapErrors, RejectsChunksThatAreNotAMultipleOfW) {

@@ -12,7 +12,10 @@
 // the GEMM of a piece reads only its slice of B; BLAS packs its B operand anew in every call).
 // run() multiplies piece after piece while the communication of the next piece is under way: on
 // the CPU backend a communication thread of the rank moves piece i+1 while BLAS multiplies piece
-// i. run_serial() is the baseline: the whole collective, then one GEMM (or the other way round).
+// i; on a CUDA device (device = Device::cuda(i), the communicator's) cuBLAS multiplies on
+// comm.stream() while a copy stream pulls the next pieces, and run() returns once the work is
+// enqueued (C is ready in stream order on comm.stream(); run() can be captured in a CUDA graph).
+// run_serial() is the baseline: the whole collective, then one GEMM (or the other way round).
 //
 // Every call is collective: every rank makes the same call (run, or run_serial with the same
 // step) with the same config. Arguments are validated before a byte leaves the rank; a rejected
@@ -97,9 +100,11 @@ class AllGatherGemm {
   // True when run() moves data on a communication thread: every peer is load/store reachable
   // and a call moves at least config.min_overlap_bytes. False when some peer is off-node (MPI
   // calls must stay on the rank's own thread) or the call is too small to gain: then run()
-  // moves the pieces itself, between its GEMMs, in the same order.
+  // moves the pieces itself, between its GEMMs, in the same order. On a CUDA device: W > 1 (the
+  // copy stream).
   bool overlaps() const;
-  // Bytes this op allocated per rank: symmetric buffer, signals, f32 staging for bf16.
+  // Bytes this op allocated per rank: symmetric buffer, signals, f32 staging for 16-bit dtypes
+  // (CPU), f32 partial products (GemmReduceScatter on a device).
   size_t workspace_bytes() const;
   const OverlapConfig& config() const;
 

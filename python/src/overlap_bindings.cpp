@@ -44,14 +44,15 @@ void bind_op(nb::module_& m, const char* name, const char* doc) {
              int64_t min_overlap_bytes) {
             const OverlapConfig c = make_config(m_, n, k, dtype, chunks, order, min_overlap_bytes);
             nb::gil_scoped_release release;
-            new (self) Op(comm, c);
+            new (self) Op(comm, c, comm.device());
           },
           nb::arg("comm"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::kw_only(),
           nb::arg("dtype") = "bf16", nb::arg("chunks") = 0, nb::arg("order") = "all_pairs",
           nb::arg("min_overlap_bytes") = int64_t(1) << 20, nb::keep_alive<1, 2>(),
-          "Collective. m, n, k: the global sizes; dtype f32 or bf16 (uint16 bits in NumPy); "
+          "Collective. m, n, k: the global sizes; dtype f32, f16 or bf16 (uint16 bits in NumPy); "
           "chunks: pieces in the pipeline, a multiple of the ranks (0: one per rank); order: "
-          "'all_pairs' or 'ring'.")
+          "'all_pairs' or 'ring'. On a CUDA communicator the op runs on its device: arrays "
+          "there, C ready after comm.synchronize(); keep A, B and C alive until then.")
       .def(
           "run",
           [](Op& self, nb::handle a, nb::handle b, nb::handle c) {

@@ -85,3 +85,41 @@ def test_cpu_array_on_a_cuda_rank_is_rejected():
 def test_bad_device_name_is_rejected():
     with pytest.raises(pmoe.Error, match="cuda:N"):
         pmoe.zeros([2], "f32", "cuda:x")
+
+
+@pytest.mark.parametrize("order", ["all_pairs", "ring"])
+def test_overlap_ops_on_device_arrays(order):
+    """AllGatherGemm and GemmReduceScatter on a CUDA communicator, against NumPy's A @ B."""
+    world_size, m, n, k = 2, 8, 6, 4
+    rng = np.random.default_rng(5)
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    outcome = {}
+
+    def rank_main(comm):
+        r, w, device = comm.rank, comm.size, comm.device
+        rows, cols = slice(r * m // w, (r + 1) * m // w), slice(r * n // w, (r + 1) * n // w)
+        depth = slice(r * k // w, (r + 1) * k // w)
+        # Device arrays live until the stream has run: freeing one waits for every stream of the
+        # device, the peer's too, which may be waiting for this rank's next call.
+        a_ag, b_ag = on_device(a[rows], device), on_device(b[:, cols], device)
+        a_rs, b_rs = on_device(a[:, depth], device), on_device(b[depth], device)
+        c = pmoe.zeros([m, n // w], "f32", device)
+        c2 = pmoe.zeros([m // w, n], "f32", device)
+        ag = pmoe.AllGatherGemm(comm, m, n, k, dtype="f32", chunks=2 * w, order=order,
+                                min_overlap_bytes=0)
+        rs = pmoe.GemmReduceScatter(comm, m, n, k, dtype="f32", chunks=2 * w, order=order,
+                                    min_overlap_bytes=0)
+        ag.run(a_ag, b_ag, c)
+        rs.run(a_rs, b_rs, c2)
+        comm.synchronize()
+        outcome[r] = (to_host(c, (m, n // w), np.float32), to_host(c2, (m // w, n), np.float32))
+
+    pmoe.run_ranks(world_size, rank_main, device="cuda:0")
+    full = a.astype(np.float64) @ b.astype(np.float64)
+    w = world_size
+    for r in range(w):
+        np.testing.assert_allclose(outcome[r][0], full[:, r * n // w:(r + 1) * n // w],
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(outcome[r][1], full[r * m // w:(r + 1) * m // w],
+                                   rtol=1e-5, atol=1e-5)

@@ -8,8 +8,8 @@
 //
 // run(): the worker puts pieces (overlap_plan.hpp: all_gather_sends) and signals each; this
 // thread multiplies its own block (one GEMM), then the other pieces in all_gather_steps order,
-// waiting for each one's signal. Private f32 staging exists for bf16 only: widened A rows, the
-// widened B, and C before rounding.
+// waiting for each one's signal. Private f32 staging exists for 16-bit dtypes only: widened A
+// rows, the widened B, and C before rounding.
 #include <cstring>
 #include <vector>
 
@@ -184,7 +184,7 @@ class CpuAllGatherGemm final : public CpuOverlapBase {
   int64_t n_local_;  // N / W: columns of B_r and C_r
   std::vector<PieceStep> steps_;
   std::vector<GatherSend> sends_;
-  std::vector<float> a32_, b32_, c32_;  // bf16 only: f32 staging
+  std::vector<float> a32_, b32_, c32_;  // 16-bit dtypes only: f32 staging
 };
 
 }  // namespace

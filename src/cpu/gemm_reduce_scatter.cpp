@@ -260,7 +260,7 @@ class CpuGemmReduceScatter final : public CpuOverlapBase {
   std::vector<float> partial_;      // [M, N] row-major: A_r . B_r
   std::vector<float> sum_;          // [M/W x N] piece-major: running sums of this rank's pieces
   std::vector<std::byte> staging_;  // [M/W x N] in dtype: a piece rounded for an MPI put
-  std::vector<float> a32_, b32_;    // bf16 only: widened A_r and B_r
+  std::vector<float> a32_, b32_;    // 16-bit dtypes only: widened A_r, B_r
 };
 
 }  // namespace

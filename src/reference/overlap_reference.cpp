@@ -52,8 +52,8 @@ float operand_value(uint64_t seed, Operand which, int64_t row, int64_t col, DTyp
 void fill_operand(const Tensor& t, uint64_t seed, Operand which, int64_t row0, int64_t col0) {
   PMOE_CHECK(t.dim() == 2 && (t.dtype() == DType::f32 || t.dtype() == DType::bf16 ||
                               t.dtype() == DType::f16),
-             "fill_operand: expected a 2-D f32, bf16 or f16 tensor, got ", dtype_name(t.dtype()), " ",
-             t.shape_str());
+             "fill_operand: expected a 2-D f32, bf16 or f16 tensor, got ", dtype_name(t.dtype()),
+             " ", t.shape_str());
   for (int64_t r = 0; r < t.size(0); ++r)
     for (int64_t c = 0; c < t.size(1); ++c) {
       const float v = operand_value(seed, which, row0 + r, col0 + c, t.dtype());

@@ -22,7 +22,8 @@ namespace pmoe::reference {
 
 enum class Operand : uint8_t { a, b };
 
-// Element (row, col) of the global operand: uniform in [-1, 1), rounded to dtype (f32, bf16 or f16).
+// Element (row, col) of the global operand: uniform in [-1, 1), rounded to dtype (f32, bf16 or
+// f16).
 float operand_value(uint64_t seed, Operand which, int64_t row, int64_t col, DType dtype);
 // Fills `t` (2-D, f32, bf16 or f16) with the block of the operand whose top-left is (row0, col0).
 void fill_operand(const Tensor& t, uint64_t seed, Operand which, int64_t row0, int64_t col0);

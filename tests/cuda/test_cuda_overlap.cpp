@@ -9,7 +9,9 @@
 
 #include <array>
 #include <memory>
+#include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/cuda_test_flavor.hpp"
@@ -117,7 +119,8 @@ void expect_captured_run_replays(int W, OverlapKind kind, OverlapOrder order) {
     };
     reference::OverlapInputs first = inputs_for(rank, 100);
     Buffer A = Buffer::like(first.A, comm.device()), B = Buffer::like(first.B, comm.device());
-    Buffer C = gather ? Buffer(cfg.dtype, {cfg.m, cfg.n / W}) : Buffer(cfg.dtype, {cfg.m / W, cfg.n});
+    Buffer C = gather ? Buffer(cfg.dtype, {cfg.m, cfg.n / W})
+                      : Buffer(cfg.dtype, {cfg.m / W, cfg.n});
     Buffer device_C = Buffer::like(C, comm.device());
     std::unique_ptr<AllGatherGemm> ag;
     std::unique_ptr<GemmReduceScatter> rs;
@@ -146,25 +149,29 @@ void expect_captured_run_replays(int W, OverlapKind kind, OverlapOrder order) {
         b_parts.push_back(in.B);
       }
       const auto& mine = all[size_t(rank)];
-      expect_cuda(cudaMemcpyAsync(A.data<void>(), mine.A.data<void>(), A.nbytes(), cudaMemcpyHostToDevice, stream),
-                  "upload A");
-      expect_cuda(cudaMemcpyAsync(B.data<void>(), mine.B.data<void>(), B.nbytes(), cudaMemcpyHostToDevice, stream),
-                  "upload B");
-      expect_cuda(cudaMemsetAsync(device_C.data<void>(), 0xFF, device_C.nbytes(), stream), "poison C");
+      auto upload = [&](const Buffer& to, const Buffer& from) {
+        return cudaMemcpyAsync(to.data<void>(), from.data<void>(), to.nbytes(),
+                               cudaMemcpyHostToDevice, stream);
+      };
+      expect_cuda(upload(A, mine.A), "upload A");
+      expect_cuda(upload(B, mine.B), "upload B");
+      expect_cuda(cudaMemsetAsync(device_C.data<void>(), 0xFF, device_C.nbytes(), stream),
+                  "poison C");
       if (call < 3 && exec) {
         expect_cuda(cudaGraphLaunch(exec, stream), "launch");
       } else {
         run();  // after the replays, a plain call
       }
-      expect_cuda(cudaMemcpyAsync(C.data<void>(), device_C.data<void>(), C.nbytes(), cudaMemcpyDeviceToHost,
-                                  stream), "download C");
+      expect_cuda(cudaMemcpyAsync(C.data<void>(), device_C.data<void>(), C.nbytes(),
+                                  cudaMemcpyDeviceToHost, stream),
+                  "download C");
       expect_cuda(cudaStreamSynchronize(stream), "synchronize");
       const reference::Expected want =
           gather ? reference::all_gather_gemm_reference(a_parts, mine.B, cfg.dtype)
                  : reference::gemm_reduce_scatter_reference(a_parts, b_parts, rank, cfg.dtype);
       const std::string diff =
-          reference::compare_close(detail::cat(call < 3 ? "replay " : "call ", call, " rank ", rank),
-                                   C, want);
+          reference::compare_close(
+              detail::cat(call < 3 ? "replay " : "call ", call, " rank ", rank), C, want);
       if (error.empty()) error = diff;
     }
     if (exec) expect_cuda(cudaGraphExecDestroy(exec), "destroy exec");
@@ -180,6 +187,24 @@ TEST_P(OverlapCuda, CapturedRunReplaysWithNewInputs) {
   for (OverlapKind kind : {OverlapKind::all_gather_gemm, OverlapKind::gemm_reduce_scatter})
     for (OverlapOrder order : {OverlapOrder::all_pairs, OverlapOrder::ring})
       expect_captured_run_replays(GetParam(), kind, order);
+}
+
+// PMOE_OVERLAP_COPY=kernel: the pieces copied by a kernel on a few blocks instead of the copy
+// engines; both ops, both orders, even and uneven pieces, every entry point, and a capture.
+TEST_P(OverlapCuda, CopyKernelsInsteadOfCopyEngines) {
+  const int W = GetParam();
+  setenv("PMOE_OVERLAP_COPY", "kernel", 1);
+  for (OverlapKind kind : {OverlapKind::all_gather_gemm, OverlapKind::gemm_reduce_scatter})
+    for (OverlapOrder order : {OverlapOrder::all_pairs, OverlapOrder::ring})
+      for (int per_rank : {1, 5}) {
+        OverlapCase c;
+        c.kind = kind;
+        c.config = make_overlap_config(60, 84, 108, per_rank == 1 ? DType::f32 : DType::bf16,
+                                       per_rank * W, order);
+        expect_case_on_device(W, c);
+      }
+  expect_captured_run_replays(W, OverlapKind::gemm_reduce_scatter, OverlapOrder::ring);
+  unsetenv("PMOE_OVERLAP_COPY");
 }
 
 INSTANTIATE_TEST_SUITE_P(W, OverlapCuda, ::testing::Values(1, 2, 3, 4));
@@ -213,6 +238,65 @@ TEST(OverlapCudaInput, AHostTensorIsNamed) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   expect_host_b_named<AllGatherGemm>({4, 6}, {6, 2}, {8, 2});
   expect_host_b_named<GemmReduceScatter>({8, 3}, {3, 4}, {4, 4});
+}
+
+// A rank that builds the op and never calls it: rank 0's wait kernels give up after
+// PMOE_TIMEOUT_S and write the fault word; rank 0's next call names rank 1 before it launches
+// anything, and the op is retired (the call after says so).
+template <typename Op>
+void expect_absent_rank_named(const char* op_name) {
+  setenv("PMOE_TIMEOUT_S", "0.3", 1);
+  const OverlapConfig cfg = make_overlap_config(8, 4, 6, DType::f32, 2);
+  std::vector<std::string> second(2), third(2);
+  run_ranks(2, [&](Communicator& comm) {
+    Op op(comm, cfg, Device::cuda(0));
+    if (comm.rank() == 1) return;  // builds the op, never calls it
+    constexpr bool gather = std::is_same_v<Op, AllGatherGemm>;
+    Buffer A(DType::f32, {gather ? 4 : 8, gather ? 6 : 3}, Device::cuda(0));
+    Buffer B(DType::f32, {gather ? 6 : 3, gather ? 2 : 4}, Device::cuda(0));
+    Buffer C(DType::f32, {gather ? 8 : 4, gather ? 2 : 4}, Device::cuda(0));
+    op.run(A, B, C);               // enqueued; its wait for rank 1 gives up on the device
+    synchronize(comm.stream());    // bounded by the timeout
+    const uint64_t launched = kernels_launched();
+    for (std::string* message : {&second[0], &third[0]}) {
+      try {
+        op.run(A, B, C);
+      } catch (const Error& e) {
+        *message = e.what();
+      }
+    }
+    EXPECT_EQ(kernels_launched(), launched) << "a call after the timeout launched a kernel";
+  }, Device::cuda(0));
+  unsetenv("PMOE_TIMEOUT_S");
+  EXPECT_NE(second[0].find(std::string(op_name) + " on rank 0 (cuda:0): rank 1 did not deliver a "
+                           "piece within 0.3 s"),
+            std::string::npos)
+      << second[0];
+  EXPECT_NE(third[0].find("is unusable since an earlier call failed"), std::string::npos)
+      << third[0];
+}
+
+TEST(OverlapCudaInput, AnUnknownCopyModeIsNamed) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  setenv("PMOE_OVERLAP_COPY", "dma", 1);
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](Communicator& comm) {
+    try {
+      GemmReduceScatter op(comm, make_overlap_config(8, 4, 6, DType::f32), Device::cuda(0));
+    } catch (const Error& e) {
+      errors[size_t(comm.rank())] = e.what();
+    }
+  }, Device::cuda(0));
+  unsetenv("PMOE_OVERLAP_COPY");
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("PMOE_OVERLAP_COPY must be engine or kernel, got 'dma'"), std::string::npos)
+        << e;
+}
+
+TEST(OverlapCudaInput, ARankThatNeverCallsIsNamed) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  expect_absent_rank_named<AllGatherGemm>("AllGatherGemm");
+  expect_absent_rank_named<GemmReduceScatter>("GemmReduceScatter");
 }
 
 }  // namespace

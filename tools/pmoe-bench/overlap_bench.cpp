@@ -22,6 +22,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -61,6 +62,7 @@ struct Options {
   int64_t min_overlap_bytes = OverlapConfig{}.min_overlap_bytes;
   uint64_t seed = 1;
   std::string device = "cpu";  // or "cuda"
+  std::string copy = "engine";  // --device cuda: copy engines, or "kernel" (PMOE_OVERLAP_COPY)
   std::string json_path, csv_path, plot_path;
   bool ranks_given = false;  // --ranks on the command line (under mpirun it must match)
 };
@@ -245,8 +247,10 @@ void report(const Options& o, const OverlapConfig& cfg, int W, int blas, const O
   const bool cuda = o.device == "cuda";
   const std::string how =
       cuda ? detail::cat("device ", runtime_of(o),
-                         ", GEMMs through cuBLAS on the rank's stream, transfers as copies on "
-                         "its copy stream, timed with events")
+                         ", GEMMs through cuBLAS on the rank's stream, transfers on its copy "
+                         "stream as ",
+                         o.copy == "kernel" ? "a copy kernel on 8 blocks" : "copy-engine copies",
+                         ", timed with events")
            : detail::cat("BLAS threads ", blas, " per rank, ",
                          out.overlaps ? "transfers on a communication thread"
                                       : "transfers on the rank's own thread (off-node peers)");
@@ -307,6 +311,7 @@ void report(const Options& o, const OverlapConfig& cfg, int W, int blas, const O
 
   const nlohmann::json config = {{"op", o.gather ? "ag-gemm" : "gemm-rs"},
                                  {"device", o.device},
+                                 {"copy", o.device == "cuda" ? o.copy : "none"},
                                  {"runtime", runtime_of(o)},
                                  {"m", cfg.m},
                                  {"n", cfg.n},
@@ -351,6 +356,10 @@ void run(const Options& o) {
              o.blas_threads);
   PMOE_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '",
              o.device, "'");
+  PMOE_CHECK(o.copy == "engine" || o.copy == "kernel", "--copy must be engine or kernel, got '",
+             o.copy, "'");
+  PMOE_CHECK(o.copy == "engine" || o.device == "cuda", "--copy kernel needs --device cuda");
+  if (o.device == "cuda") setenv("PMOE_OVERLAP_COPY", o.copy.c_str(), 1);  // read by the ops
   const OverlapConfig cfg = config_of(o);
   const int W = rank_counts_to_run(o.ranks_given, {o.ranks})[0];
   cfg.validate(o.gather ? "AllGatherGemm" : "GemmReduceScatter", W);  // before any rank runs
@@ -420,6 +429,10 @@ void add_command(CLI::App& app, bool gather) {
                   "cpu, or cuda: the CUDA backend, thread ranks sharing GPU 0 (under mpirun one "
                   "process per rank on the node's GPUs); on the emulated device where no GPU is "
                   "visible: checked, times labelled emulation")
+      ->capture_default_str();
+  cmd->add_option("--copy", o->copy,
+                  "--device cuda: how pieces move, engine (cudaMemcpyAsync on the copy engines) "
+                  "or kernel (a copy kernel on 8 blocks); sets PMOE_OVERLAP_COPY")
       ->capture_default_str();
   cmd->add_option("--json", o->json_path, "write the results as JSON to this file");
   cmd->add_option("--csv", o->csv_path, "write the per-step rows as CSV to this file");

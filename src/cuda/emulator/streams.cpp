@@ -685,7 +685,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     if (capture_of(s).first) return note_error(cudaErrorStreamCaptureUnsupported);
   }
   for (const GraphNode& node : exec->nodes) {
-    const cudaStream_t target = node.branch == 0 ? stream : exec->streams[size_t(node.branch - 1)].get();
+    const cudaStream_t target =
+        node.branch == 0 ? stream : exec->streams[size_t(node.branch - 1)].get();
     cudaError_t status = cudaSuccess;
     if (node.kind == GraphNode::work)
       status = enqueue(target, node.run);

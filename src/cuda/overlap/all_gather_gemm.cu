@@ -1,6 +1,7 @@
 // AllGatherGemm on a device: rank r multiplies the gathered A piece by piece on its compute
 // stream (comm.stream(), cuBLAS) while its copy stream pulls the next pieces from the peers'
-// symmetric memory with cudaMemcpyAsync (copy engines on a GPU: no SM is taken from the GEMMs).
+// symmetric memory with cudaMemcpyAsync (copy engines on a GPU: no SM is taken from the GEMMs;
+// PMOE_OVERLAP_COPY=kernel copies with a kernel on a few blocks instead, overlap_stream.hpp).
 //
 //   symmetric region of rank r:  | block 0 | block 1 | ... | block W-1 |   (M x K, config.dtype)
 //   signals of rank r:           landed[b * P + p] = e  (piece p of block b is here, call e)
@@ -117,8 +118,7 @@ class CudaAllGatherGemm final : public OverlapBackend {
       if (q != rank_)
         cuda::wait_for_signal(memory_->signal_word(q, done_slot()), e, 1, timeout, q,
                               cuda::kWaitDone, streams_.fault(), stream);
-    PMOE_CUDA_CHECK(cudaMemcpyAsync(block_at(memory_->local(), rank_, 0), a.A.data(),
-                                    a.A.nbytes(), cudaMemcpyDefault, stream));
+    streams_.copy_piece(block_at(memory_->local(), rank_, 0), a.A.data(), a.A.nbytes(), stream);
     for (int p = 0; p < P; ++p)
       cuda::raise_signal(memory_->signal_word(rank_, landed_slot(rank_, p)), e, stream);
     for (int step = 1; step < W_; ++step) {
@@ -127,9 +127,8 @@ class CudaAllGatherGemm final : public OverlapBackend {
       for (int p = 0; p < P; ++p) {
         cuda::wait_for_signal(memory_->signal_word(source, landed_slot(b, p)), e, 0, timeout,
                               source, cuda::kWaitPiece, streams_.fault(), stream);
-        PMOE_CUDA_CHECK(cudaMemcpyAsync(block_at(memory_->local(), b, p),
-                                        block_at(memory_->peer(source), b, p), piece_bytes(p),
-                                        cudaMemcpyDefault, stream));
+        streams_.copy_piece(block_at(memory_->local(), b, p),
+                            block_at(memory_->peer(source), b, p), piece_bytes(p), stream);
         cuda::raise_signal(memory_->signal_word(rank_, landed_slot(b, p)), e, stream);
         if (record) PMOE_CUDA_CHECK(cudaEventRecord(streams_.piece_event(landed_slot(b, p)), stream));
       }

@@ -1,7 +1,8 @@
 // GemmReduceScatter on a device: rank r multiplies its partial products piece by piece on its
 // compute stream (comm.stream(), cuBLAS, f32 out) while its copy stream rounds the finished
 // pieces for their peers, pulls the peers' pieces from their symmetric memory with
-// cudaMemcpyAsync (copy engines on a GPU) and sums them (piece_sum.cu).
+// cudaMemcpyAsync (copy engines on a GPU; or a copy kernel, PMOE_OVERLAP_COPY=kernel) and sums
+// them (piece_sum.cu).
 //
 // Pieces are of columns, as on the CPU (docs/design.md): block b (rows [b M/W, (b+1) M/W) of the
 // product) is cut into P = chunks / W pieces of N, piece p [M/W, w_p] stored contiguous.
@@ -150,7 +151,8 @@ class CudaGemmReduceScatter final : public OverlapBackend {
     cuda::gemm_row_major_f32_out(
         streams_.cublas(), config_.dtype, int(rows_), int(width), int(k_local_),
         static_cast<const std::byte*>(a.A.data()) + size_t(b * rows_ * k_local_) * elem_,
-        int(k_local_), static_cast<const std::byte*>(a.B.data()) + size_t(columns_.begin(p)) * elem_,
+        int(k_local_),
+        static_cast<const std::byte*>(a.B.data()) + size_t(columns_.begin(p)) * elem_,
         int(config_.n), partial_piece(b, p), int(width));
   }
 
@@ -173,10 +175,9 @@ class CudaGemmReduceScatter final : public OverlapBackend {
     cuda::wait_for_signal(memory_->signal_word(source, ready_slot(block, p)), call_word(), 0,
                           streams_.timeout_ns(), source, cuda::kWaitPiece, streams_.fault(),
                           stream);
-    PMOE_CUDA_CHECK(cudaMemcpyAsync(area(memory_->local(), true, into_slot, p),
-                                    area(memory_->peer(source), false, block, p),
-                                    size_t(rows_ * columns_.size(p)) * elem_, cudaMemcpyDefault,
-                                    stream));
+    streams_.copy_piece(area(memory_->local(), true, into_slot, p),
+                        area(memory_->peer(source), false, block, p),
+                        size_t(rows_ * columns_.size(p)) * elem_, stream);
   }
 
   // Piece p of block b: `arrivals` received pieces plus this rank's partial, rounded into the
@@ -227,10 +228,9 @@ class CudaGemmReduceScatter final : public OverlapBackend {
       const int q = ring_index(rank_ - i, W_);
       cuda::wait_for_signal(memory_->signal_word(q, ready_slot(rank_, 0)), call_word(), 0,
                             streams_.timeout_ns(), q, cuda::kWaitPiece, streams_.fault(), stream);
-      PMOE_CUDA_CHECK(cudaMemcpyAsync(area(memory_->local(), true, q, 0),
-                                      area(memory_->peer(q), false, rank_, 0),
-                                      size_t(rows_ * config_.n) * elem_, cudaMemcpyDefault,
-                                      stream));
+      streams_.copy_piece(area(memory_->local(), true, q, 0),
+                          area(memory_->peer(q), false, rank_, 0),
+                          size_t(rows_ * config_.n) * elem_, stream);
     }
     sum.inputs = area(memory_->local(), true, 0, 0);
     sum.input_stride = rows_ * config_.n;

@@ -1,28 +1,44 @@
 // What a device overlap op holds besides its symmetric memory: the rank's compute stream (the
-// communicator's stream()) and copy stream (its side_stream()), one event per piece (copy -> compute), fork and
-// join events, a cuBLAS handle bound to the compute stream, and the host-mapped fault word that
-// the signal waits write on a timeout (signals.cuh).
+// communicator's stream()) and copy stream (its side_stream()), one event per piece (between
+// the two), fork and join events, a cuBLAS handle bound to the compute stream, the host-mapped
+// fault word that the signal waits write on a timeout (signals.cuh), and how pieces are copied:
+// by the copy engines (cudaMemcpyAsync, the default) or, with PMOE_OVERLAP_COPY=kernel, by a
+// copy kernel on kCopyBlocks blocks (copy_kernel.cuh), so that a GPU can measure both.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
+#include "cuda/overlap/copy_kernel.cuh"
 #include "cuda/overlap/cublas_gemm.hpp"
 #include "cuda/overlap/signals.cuh"
 #include "pmoe/comm.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
+// How the overlap ops copy a piece; PMOE_OVERLAP_COPY names it ("engine", the default, or
+// "kernel"), read when an op is built. Throws pmoe::Error for another value.
+inline bool copy_by_kernel_from_env() {
+  const char* text = std::getenv("PMOE_OVERLAP_COPY");
+  const std::string_view value = text ? text : "";
+  PMOE_CHECK(value.empty() || value == "engine" || value == "kernel",
+             "PMOE_OVERLAP_COPY must be engine or kernel, got '", value, "'");
+  return value == "kernel";
+}
+
 class OverlapStreams {
  public:
   OverlapStreams(Communicator& comm, int events)
       : device_(comm.device()),
         compute_(static_cast<cudaStream_t>(comm.stream().handle)),
-        timeout_ns_(uint64_t(comm.timeout_s() * 1e9)) {
+        timeout_ns_(uint64_t(comm.timeout_s() * 1e9)),
+        copy_by_kernel_(copy_by_kernel_from_env()) {
     detail::set_device(device_);
     copy_ = static_cast<cudaStream_t>(comm.side_stream().handle);
     events_.resize(size_t(events));
@@ -58,6 +74,16 @@ class OverlapStreams {
   OverlapFault* fault() const { return fault_device_; }
   uint64_t timeout_ns() const { return timeout_ns_; }
   int blocks() const { return blocks_; }  // grid of an element-wise kernel over the device
+
+  // A piece from `src` (a peer's symmetric memory, or local) to `dst` on `stream`: a
+  // copy-engine copy, or the copy kernel (PMOE_OVERLAP_COPY=kernel).
+  void copy_piece(void* dst, const void* src, size_t bytes, cudaStream_t stream) const {
+    if (copy_by_kernel_)
+      copy_with_kernel(dst, src, bytes, stream);
+    else
+      PMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+  }
+  bool copies_by_kernel() const { return copy_by_kernel_; }
   size_t bytes() const { return sizeof(OverlapFault); }
 
   // The copy stream starts after what the compute stream holds (the caller's A and B).
@@ -94,6 +120,7 @@ class OverlapStreams {
   OverlapFault* fault_device_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   uint64_t timeout_ns_;
+  bool copy_by_kernel_;
   int blocks_ = 1;
 };
 

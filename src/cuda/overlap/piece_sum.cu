@@ -56,7 +56,8 @@ __global__ void __launch_bounds__(kBlockThreads) piece_sum_kernel(const PieceSum
 void launch_piece_sum(const PieceSum& sum, DType dtype, int max_blocks, cudaStream_t stream) {
   const int64_t elements = sum.rows * sum.width;
   if (elements == 0) return;
-  const int blocks = int(std::min<int64_t>(max_blocks, (elements + kBlockThreads - 1) / kBlockThreads));
+  const int blocks =
+      int(std::min<int64_t>(max_blocks, (elements + kBlockThreads - 1) / kBlockThreads));
   switch (dtype) {
     case DType::f32: launch(piece_sum_kernel<float>, blocks, stream, sum); break;
     case DType::bf16: launch(piece_sum_kernel<__nv_bfloat16>, blocks, stream, sum); break;
