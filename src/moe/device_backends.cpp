@@ -8,9 +8,9 @@
 
 namespace pmoe::detail {
 
-#define PMOE_MOE_FACTORIES                                                                        \
-  std::unique_ptr<DeviceMoe> make_simple(const MoeConfig&, int, Device, Stream);                  \
-  std::unique_ptr<DeviceMoe> make_tp(Communicator&, const MoeConfig&, int);                       \
+#define PMOE_MOE_FACTORIES                                                       \
+  std::unique_ptr<DeviceMoe> make_simple(const MoeConfig&, int, Device, Stream); \
+  std::unique_ptr<DeviceMoe> make_tp(Communicator&, const MoeConfig&, int);      \
   std::unique_ptr<DeviceMoe> make_ep(Communicator&, const MoeConfig&, int, int);
 #if PMOE_HAVE_CUDA_GPU
 namespace gpu::moe {

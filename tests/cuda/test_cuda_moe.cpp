@@ -31,8 +31,8 @@ std::vector<std::vector<float>> expect_case(MoeCase c, int W, Device device) {
   cpu::set_blas_threads(1);  // thread ranks call BLAS at once (the CPU layers and cuBLAS's shim)
   c.device = device;
   std::vector<MoeCaseResult> results(static_cast<size_t>(W));
-  run_ranks(W, [&](Communicator& comm) { results[size_t(comm.rank())] = run_moe_case(comm, c); },
-            device);
+  run_ranks(
+      W, [&](Communicator& comm) { results[size_t(comm.rank())] = run_moe_case(comm, c); }, device);
   std::vector<std::vector<float>> outputs;
   int compared = 0;
   for (const MoeCaseResult& r : results) {
@@ -67,7 +67,8 @@ void expect_device_matches_cpu(const MoeCase& c, int W) {
 MoeCase base_case(MoeVariant v, int W, Activation act, DType dtype) {
   MoeCase c;
   // Two experts per rank; ffn divisible by 1..4 for TP; a batch no W > 1 divides.
-  c.config = make_moe_config(/*feature=*/24, /*ffn=*/36, /*experts=*/2 * W, /*top_k=*/2, act, dtype);
+  c.config =
+      make_moe_config(/*feature=*/24, /*ffn=*/36, /*experts=*/2 * W, /*top_k=*/2, act, dtype);
   c.variant = v;
   c.batch = 4 * W + 3;
   return c;
@@ -196,25 +197,29 @@ TEST(MoeCudaInput, BadTensorsAreNamed) {
 TEST(MoeCudaInput, CollectiveLayersNameBadTensorsAndStayUsable) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   const MoeConfig cfg = make_moe_config(8, 16, 4, 2);
-  run_ranks(2, [&](Communicator& comm) {
-    EpMoe ep(comm, cfg, 4, 2);
-    TpMoe tp(comm, cfg, 4);
-    Buffer x(DType::f32, {4, 8}, Device::cuda(0)), y(DType::f32, {4, 8}, Device::cuda(0));
-    Buffer host_x(DType::f32, {4, 8}), bf16_y(DType::bf16, {4, 8}, Device::cuda(0));
-    auto expect_error = [](const std::function<void()>& call, const std::string& words) {
-      try {
-        call();
-        ADD_FAILURE() << "accepted: " << words;
-      } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-      }
-    };
-    expect_error([&] { ep.forward(host_x, y); }, "EpMoe::forward: `x` must be on cuda:0, got cpu");
-    expect_error([&] { tp.forward(x, bf16_y); }, "TpMoe::forward: `y` must be f32");
-    ep.forward(x, y);
-    tp.forward(x, y);
-    synchronize(comm.stream());
-  }, Device::cuda(0));
+  run_ranks(
+      2,
+      [&](Communicator& comm) {
+        EpMoe ep(comm, cfg, 4, 2);
+        TpMoe tp(comm, cfg, 4);
+        Buffer x(DType::f32, {4, 8}, Device::cuda(0)), y(DType::f32, {4, 8}, Device::cuda(0));
+        Buffer host_x(DType::f32, {4, 8}), bf16_y(DType::bf16, {4, 8}, Device::cuda(0));
+        auto expect_error = [](const std::function<void()>& call, const std::string& words) {
+          try {
+            call();
+            ADD_FAILURE() << "accepted: " << words;
+          } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+          }
+        };
+        expect_error([&] { ep.forward(host_x, y); },
+                     "EpMoe::forward: `x` must be on cuda:0, got cpu");
+        expect_error([&] { tp.forward(x, bf16_y); }, "TpMoe::forward: `y` must be f32");
+        ep.forward(x, y);
+        tp.forward(x, y);
+        synchronize(comm.stream());
+      },
+      Device::cuda(0));
 }
 
 // A whole forward captured into a CUDA graph on each rank (EpMoe with both micro-batch counts:
@@ -229,51 +234,55 @@ TEST(MoeCudaGraph, ForwardCapturedAndReplayedWithNewInputs) {
       const int W = 3, batch = 4 * W + 2;
       const MoeConfig cfg = base_case(v, W, Activation::swiglu, DType::bf16).config;
       std::vector<std::string> errors(W);
-      run_ranks(W, [&](Communicator& comm) {
-        const RowRange mine = v == MoeVariant::ep ? shard_rows(batch, W, comm.rank())
-                                                  : RowRange{0, batch};
-        std::unique_ptr<EpMoe> ep;
-        std::unique_ptr<TpMoe> tp;
-        if (v == MoeVariant::ep)
-          ep = std::make_unique<EpMoe>(comm, cfg, shard_rows(batch, W, 0).size(), mb);
-        else
-          tp = std::make_unique<TpMoe>(comm, cfg, batch);
-        const int H = cfg.feature_dim, O = cfg.out_dim();
-        Buffer x(cfg.dtype, {mine.size(), H}, Device::cuda(0));
-        Buffer y(cfg.dtype, {mine.size(), O}, Device::cuda(0));
-        Buffer y_host(cfg.dtype, {mine.size(), O});
-        auto stream = static_cast<cudaStream_t>(comm.stream().handle);
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        std::string& error = errors[size_t(comm.rank())];
-        if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
-          error = "begin capture failed";
-        if (ep) ep->forward(x, y);
-        if (tp) tp->forward(x, y);
-        if (cudaStreamEndCapture(stream, &graph) != cudaSuccess ||
-            cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
-          error = "end capture or instantiate failed";
-        for (int replay = 0; replay < 3 && error.empty(); ++replay) {
-          const Buffer input = reference::make_moe_input(cfg, batch, 100 + uint64_t(replay));
-          const size_t row = size_t(H) * dtype_size(cfg.dtype);
-          copy(x, Tensor(input.data<std::byte>() + size_t(mine.begin) * row, cfg.dtype,
-                         {mine.size(), H}));
-          if (cudaGraphLaunch(exec, stream) != cudaSuccess) error = "launch failed";
-          synchronize(comm.stream());
-          copy(y_host, y);
-          std::vector<int> rows;
-          for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);
-          const auto cmp = reference::compare_moe(cfg, reference::reference_moe(cfg, input, rows),
-                                                  y_host, mine.begin,
-                                                  reference::moe_tolerance(cfg.dtype));
-          if (!cmp.error.empty()) error = detail::cat("replay ", replay, ": ", cmp.error);
-          if (cmp.compared == 0 && mine.size() > 0) error = "nothing compared";
-        }
-        if (exec) cudaGraphExecDestroy(exec);
-        if (graph) cudaGraphDestroy(graph);
-      }, Device::cuda(0));
+      run_ranks(
+          W,
+          [&](Communicator& comm) {
+            const RowRange mine =
+                v == MoeVariant::ep ? shard_rows(batch, W, comm.rank()) : RowRange{0, batch};
+            std::unique_ptr<EpMoe> ep;
+            std::unique_ptr<TpMoe> tp;
+            if (v == MoeVariant::ep)
+              ep = std::make_unique<EpMoe>(comm, cfg, shard_rows(batch, W, 0).size(), mb);
+            else
+              tp = std::make_unique<TpMoe>(comm, cfg, batch);
+            const int H = cfg.feature_dim, O = cfg.out_dim();
+            Buffer x(cfg.dtype, {mine.size(), H}, Device::cuda(0));
+            Buffer y(cfg.dtype, {mine.size(), O}, Device::cuda(0));
+            Buffer y_host(cfg.dtype, {mine.size(), O});
+            auto stream = static_cast<cudaStream_t>(comm.stream().handle);
+            cudaGraph_t graph = nullptr;
+            cudaGraphExec_t exec = nullptr;
+            std::string& error = errors[size_t(comm.rank())];
+            if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+              error = "begin capture failed";
+            if (ep) ep->forward(x, y);
+            if (tp) tp->forward(x, y);
+            if (cudaStreamEndCapture(stream, &graph) != cudaSuccess ||
+                cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+              error = "end capture or instantiate failed";
+            for (int replay = 0; replay < 3 && error.empty(); ++replay) {
+              const Buffer input = reference::make_moe_input(cfg, batch, 100 + uint64_t(replay));
+              const size_t row = size_t(H) * dtype_size(cfg.dtype);
+              copy(x, Tensor(input.data<std::byte>() + size_t(mine.begin) * row, cfg.dtype,
+                             {mine.size(), H}));
+              if (cudaGraphLaunch(exec, stream) != cudaSuccess) error = "launch failed";
+              synchronize(comm.stream());
+              copy(y_host, y);
+              std::vector<int> rows;
+              for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);
+              const auto cmp =
+                  reference::compare_moe(cfg, reference::reference_moe(cfg, input, rows), y_host,
+                                         mine.begin, reference::moe_tolerance(cfg.dtype));
+              if (!cmp.error.empty()) error = detail::cat("replay ", replay, ": ", cmp.error);
+              if (cmp.compared == 0 && mine.size() > 0) error = "nothing compared";
+            }
+            if (exec) cudaGraphExecDestroy(exec);
+            if (graph) cudaGraphDestroy(graph);
+          },
+          Device::cuda(0));
       for (int r = 0; r < W; ++r)
-        EXPECT_EQ(errors[size_t(r)], "") << variant_name(v) << " micro_batches " << mb << " rank " << r;
+        EXPECT_EQ(errors[size_t(r)], "")
+            << variant_name(v) << " micro_batches " << mb << " rank " << r;
     }
 }
 

@@ -17,10 +17,10 @@ inline void gemm_batched_row_major(cublasHandle_t handle, int m, int n, int k, c
                                    int batch) {
   if (m == 0 || n == 0 || batch == 0) return;
   const float alpha = 1.0f, beta = 0.0f;
-  PMOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, B, CUDA_R_32F, ldb, stride_b, A,
-      CUDA_R_32F, lda, stride_a, &beta, C, CUDA_R_32F, ldc, stride_c, batch, CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
+  PMOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, B,
+                                               CUDA_R_32F, ldb, stride_b, A, CUDA_R_32F, lda,
+                                               stride_a, &beta, C, CUDA_R_32F, ldc, stride_c, batch,
+                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

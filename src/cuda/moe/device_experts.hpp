@@ -37,8 +37,8 @@ class DeviceExperts {
       float* a = w1.data() + size_t(local) * H * ld1;
       detail::fill_weights(config, MoeTensor::w1, first + local, 0, H, ffn_begin, ffn_end, a, ld1);
       if (halves_ == 2)
-        detail::fill_weights(config, MoeTensor::w1_linear, first + local, 0, H, ffn_begin,
-                             ffn_end, a + width_, ld1);
+        detail::fill_weights(config, MoeTensor::w1_linear, first + local, 0, H, ffn_begin, ffn_end,
+                             a + width_, ld1);
       detail::fill_weights(config, MoeTensor::w2, first + local, ffn_begin, ffn_end, 0, O,
                            w2.data() + size_t(local) * width_ * O, O);
     }
@@ -51,7 +51,8 @@ class DeviceExperts {
   int hidden_ld() const { return halves_ * width_; }
   size_t weight_bytes() const { return w1_.nbytes() + w2_.nbytes(); }
   double flops(int64_t rows) const {
-    return 2.0 * double(rows) * width_ * (double(halves_) * config_.feature_dim + config_.out_dim());
+    return 2.0 * double(rows) * width_ *
+           (double(halves_) * config_.feature_dim + config_.out_dim());
   }
 
   // out = act(x . W1) . W2 for every expert's C slots; `counts` (device, [count]) bounds the
@@ -70,9 +71,8 @@ class DeviceExperts {
     a.row_limits = counts;
     a.group_rows = C;
     launch_activate(a, stream);
-    gemm_batched_row_major(handle, C, O, width_, hidden, ld1, int64_t(C) * ld1,
-                           w2_.data<float>(), O, int64_t(width_) * O, out, O, int64_t(C) * O,
-                           count_);
+    gemm_batched_row_major(handle, C, O, width_, hidden, ld1, int64_t(C) * ld1, w2_.data<float>(),
+                           O, int64_t(width_) * O, out, O, int64_t(C) * O, count_);
   }
 
  private:

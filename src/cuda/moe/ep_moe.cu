@@ -192,8 +192,7 @@ class DeviceEpMoe final : public DeviceMoe {
     const int n = end - begin, k = config_.top_k;
     const size_t row_bytes = size_t(wire_) * dtype_size(config_.dtype);
     const Device device = indices_.tensor().device();
-    return {index,
-            Tensor(x_send + size_t(begin) * row_bytes, config_.dtype, {n, wire_}, device),
+    return {index, Tensor(x_send + size_t(begin) * row_bytes, config_.dtype, {n, wire_}, device),
             Tensor(indices_.data<int32_t>() + int64_t(begin) * k, DType::i32, {n, k}, device),
             Tensor(weights_.data<float>() + int64_t(begin) * k, DType::f32, {n, k}, device),
             Tensor(y_recv + size_t(begin) * row_bytes, config_.dtype, {n, wire_}, device)};
@@ -201,9 +200,9 @@ class DeviceEpMoe final : public DeviceMoe {
 
   void dispatch(const Batch& b, Phase phase) {
     const Device device = indices_.tensor().device();
-    exchanges_[size_t(b.index)]->dispatch(
-        b.x, Tensor(), b.indices, Tensor(batch_counts(b), DType::i32, {num_local_}, device),
-        expert_x_[size_t(b.index)], Tensor(), phase);
+    exchanges_[size_t(b.index)]->dispatch(b.x, Tensor(), b.indices,
+                                          Tensor(batch_counts(b), DType::i32, {num_local_}, device),
+                                          expert_x_[size_t(b.index)], Tensor(), phase);
   }
 
   void combine(const Batch& b, Phase phase) {

@@ -24,8 +24,8 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
 class DeviceLocalMoe {
  public:
-  DeviceLocalMoe(const MoeConfig& config, int max_tokens, int ffn_begin, int ffn_end,
-                 Device device, cudaStream_t stream)
+  DeviceLocalMoe(const MoeConfig& config, int max_tokens, int ffn_begin, int ffn_end, Device device,
+                 cudaStream_t stream)
       : config_(config),
         stream_(stream),
         router_(config, max_tokens, device),
@@ -110,8 +110,8 @@ class DeviceLocalMoe {
   size_t weight_bytes() const { return router_.weight_bytes() + experts_.weight_bytes(); }
   size_t workspace_bytes() const {
     return router_.workspace_bytes() + x_f32_.nbytes() + indices_.nbytes() + weights_.nbytes() +
-           counts_.nbytes() + token_of_row_.nbytes() + row_of_pair_.nbytes() +
-           gathered_.nbytes() + hidden_.nbytes() + out_.nbytes();
+           counts_.nbytes() + token_of_row_.nbytes() + row_of_pair_.nbytes() + gathered_.nbytes() +
+           hidden_.nbytes() + out_.nbytes();
   }
 
  private:
@@ -120,8 +120,7 @@ class DeviceLocalMoe {
   cublasHandle_t cublas_ = nullptr;
   DeviceRouter router_;
   DeviceExperts experts_;
-  Buffer x_f32_, indices_, weights_, counts_, token_of_row_, row_of_pair_, gathered_, hidden_,
-      out_;
+  Buffer x_f32_, indices_, weights_, counts_, token_of_row_, row_of_pair_, gathered_, hidden_, out_;
 };
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

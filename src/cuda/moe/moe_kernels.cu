@@ -26,8 +26,8 @@ namespace {
 constexpr int kMaxBlocks = 64;  // element-wise kernels: enough blocks to fill a device
 
 int blocks_for(int64_t elements) {
-  return int(std::max<int64_t>(1, std::min<int64_t>(kMaxBlocks, (elements + kBlockThreads - 1) /
-                                                                     kBlockThreads)));
+  return int(std::max<int64_t>(
+      1, std::min<int64_t>(kMaxBlocks, (elements + kBlockThreads - 1) / kBlockThreads)));
 }
 
 __device__ __forceinline__ int64_t first_index() {
@@ -37,9 +37,14 @@ __device__ __forceinline__ int64_t grid_step() { return int64_t(gridDim.x) * blo
 
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T narrow(float v);
-template <> __device__ __forceinline__ float narrow<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) {
+template <typename T>
+__device__ __forceinline__ T narrow(float v);
+template <>
+__device__ __forceinline__ float narrow<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
@@ -175,16 +180,33 @@ __global__ void __launch_bounds__(kBlockThreads) sum_partials_kernel(const SumPa
 template <template <typename> class Kernel, typename Args>
 void launch_typed(const char* what, DType dtype, int blocks, cudaStream_t stream, const Args& a) {
   switch (dtype) {
-    case DType::f32: launch(Kernel<float>::fn, blocks, stream, a); return;
-    case DType::bf16: launch(Kernel<__nv_bfloat16>::fn, blocks, stream, a); return;
-    default: throw Error(detail::cat(what, ": no kernel for ", dtype_name(dtype)));
+    case DType::f32:
+      launch(Kernel<float>::fn, blocks, stream, a);
+      return;
+    case DType::bf16:
+      launch(Kernel<__nv_bfloat16>::fn, blocks, stream, a);
+      return;
+    default:
+      throw Error(detail::cat(what, ": no kernel for ", dtype_name(dtype)));
   }
 }
 
-template <typename T> struct Widen { static constexpr auto fn = widen_rows_kernel<T>; };
-template <typename T> struct Narrow { static constexpr auto fn = narrow_rows_kernel<T>; };
-template <typename T> struct Weighted { static constexpr auto fn = weighted_sum_kernel<T>; };
-template <typename T> struct SumParts { static constexpr auto fn = sum_partials_kernel<T>; };
+template <typename T>
+struct Widen {
+  static constexpr auto fn = widen_rows_kernel<T>;
+};
+template <typename T>
+struct Narrow {
+  static constexpr auto fn = narrow_rows_kernel<T>;
+};
+template <typename T>
+struct Weighted {
+  static constexpr auto fn = weighted_sum_kernel<T>;
+};
+template <typename T>
+struct SumParts {
+  static constexpr auto fn = sum_partials_kernel<T>;
+};
 
 }  // namespace
 
@@ -203,9 +225,14 @@ void launch_copy_rows(const CopyRows& c, int elem, cudaStream_t stream) {
   const int64_t elements = c.rows * c.dst_cols;
   if (elements == 0) return;
   switch (elem) {
-    case 4: launch(copy_rows_kernel<uint32_t>, blocks_for(elements), stream, c); return;
-    case 2: launch(copy_rows_kernel<uint16_t>, blocks_for(elements), stream, c); return;
-    default: throw Error(detail::cat("MoE copy_rows: no kernel for ", elem, "-byte elements"));
+    case 4:
+      launch(copy_rows_kernel<uint32_t>, blocks_for(elements), stream, c);
+      return;
+    case 2:
+      launch(copy_rows_kernel<uint16_t>, blocks_for(elements), stream, c);
+      return;
+    default:
+      throw Error(detail::cat("MoE copy_rows: no kernel for ", elem, "-byte elements"));
   }
 }
 

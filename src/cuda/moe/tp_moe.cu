@@ -78,8 +78,8 @@ class DeviceTpMoe final : public DeviceMoe {
     raise_signal(memory_->signal_word(rank_, kLandedSlot), call, stream_);
     for (int q = 0; q < world_; ++q)
       if (q != rank_)
-        wait_for_signal(memory_->signal_word(q, kLandedSlot), call, 0, timeout_ns_, q,
-                        kWaitPiece, fault_device_, stream_);
+        wait_for_signal(memory_->signal_word(q, kLandedSlot), call, 0, timeout_ns_, q, kWaitPiece,
+                        fault_device_, stream_);
     SumPartials sum;
     sum.parts = parts_.data<const float*>();
     sum.world = world_;
