@@ -38,7 +38,8 @@ std::string describe(const MoeCase& c, int world_size) {
   return detail::cat(variant_name(c.variant), " W=", world_size, " H=", m.feature_dim,
                      " F=", m.ffn_dim, " O=", m.out_dim(), " E=", m.num_experts, " k=", m.top_k,
                      " ", activation_name(m.act), " ", dtype_name(m.dtype), " batch=", c.batch,
-                     " micro_batches=", c.micro_batches, " calls=", c.calls);
+                     " micro_batches=", c.micro_batches, " calls=", c.calls, " on ",
+                     c.device.str());
 }
 
 namespace {
@@ -48,7 +49,7 @@ Tensor rows_of(const Buffer& x, int begin, int rows) {
   const Tensor t = x;
   const size_t row_bytes = size_t(t.size(1)) * dtype_size(t.dtype());
   return Tensor(static_cast<std::byte*>(t.data()) + size_t(begin) * row_bytes, t.dtype(),
-                {rows, t.size(1)});
+                {rows, t.size(1)}, t.device());
 }
 
 std::vector<float> as_floats(const Tensor& y) {
@@ -68,7 +69,9 @@ MoeCaseResult run_moe_case(Communicator& comm, const MoeCase& c) {
   std::unique_ptr<EpMoe> ep;
   switch (c.variant) {
     case MoeVariant::simple:
-      simple = std::make_unique<SimpleMoe>(c.config, c.batch);
+      simple = c.device.kind == Device::Kind::cpu
+                   ? std::make_unique<SimpleMoe>(c.config, c.batch)
+                   : std::make_unique<SimpleMoe>(c.config, c.batch, c.device, comm.stream());
       break;
     case MoeVariant::tp:
       tp = std::make_unique<TpMoe>(comm, c.config, c.batch);
@@ -78,6 +81,15 @@ MoeCaseResult run_moe_case(Communicator& comm, const MoeCase& c) {
       break;
   }
 
+  // Device inputs and outputs are allocated once: an allocation may wait for the whole device,
+  // where a peer's kernel can be waiting for this rank's next call.
+  const bool on_device = c.device.kind != Device::Kind::cpu;
+  const int rows = c.variant == MoeVariant::ep ? std::max(1, most.size()) : std::max(1, c.batch);
+  Buffer x_device, y_device;
+  if (on_device) {
+    x_device = Buffer(c.config.dtype, {rows, c.config.feature_dim}, c.device);
+    y_device = Buffer(c.config.dtype, {rows, O}, c.device);
+  }
   MoeCaseResult result;
   for (int call = 0; call < c.calls; ++call) {
     const int batch = std::max(0, c.batch - call % 3);
@@ -86,10 +98,21 @@ MoeCaseResult run_moe_case(Communicator& comm, const MoeCase& c) {
     if (c.variant == MoeVariant::ep) mine = shard_rows(batch, W, rank);
     Buffer y(c.config.dtype, {mine.size(), O});
     std::memset(y.data<void>(), 0xA5, y.nbytes());  // a forward that skips a row shows up
-    const Tensor x_mine = rows_of(x, mine.begin, mine.size());
-    if (simple) simple->forward(x_mine, y);
-    if (tp) tp->forward(x_mine, y);
-    if (ep) ep->forward(x_mine, y);
+    Tensor x_mine = rows_of(x, mine.begin, mine.size()), y_out = y;
+    if (on_device) {
+      const Tensor x_here = rows_of(x_device, 0, mine.size());
+      y_out = rows_of(y_device, 0, mine.size());
+      copy(x_here, x_mine);
+      copy(y_out, y);
+      x_mine = x_here;
+    }
+    if (simple) simple->forward(x_mine, y_out);
+    if (tp) tp->forward(x_mine, y_out);
+    if (ep) ep->forward(x_mine, y_out);
+    if (on_device) {
+      synchronize(comm.stream());
+      copy(y, y_out);
+    }
 
     std::vector<int> rows;
     for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);

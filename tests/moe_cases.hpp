@@ -21,6 +21,9 @@ struct MoeCase {
   int micro_batches = 1;  // EpMoe only
   int calls = 1;          // forwards on one layer; call i runs batch - (i % 3) tokens (>= 0)
   uint64_t input_seed = 7;
+  // Where the layer runs: the CPU, or the communicator's CUDA device (x and y are copied there
+  // and back around each forward, which runs on comm.stream()).
+  Device device = Device::cpu();
 };
 
 // A small config: H = feature, F = ffn, E experts, top-k, the given activation and dtype.

@@ -147,14 +147,19 @@ class Experts {
 
 class SimpleMoe {
  public:
-  // The whole model on this rank, for up to max_tokens tokens per forward.
+  // The whole model on this rank, for up to max_tokens tokens per forward, on the CPU.
   SimpleMoe(const MoeConfig& config, int max_tokens);
+  // The same on `device`; on a CUDA device, forward() enqueues its work on `stream` (the null
+  // Stream: the device's legacy default stream) and returns: y is ready in stream order.
+  SimpleMoe(const MoeConfig& config, int max_tokens, Device device, Stream stream = Stream());
   ~SimpleMoe();
 
-  // x [m, feature_dim] config.dtype, 0 <= m <= max_tokens; y [m, out_dim] config.dtype (out).
+  // x [m, feature_dim] config.dtype, 0 <= m <= max_tokens; y [m, out_dim] config.dtype (out);
+  // both contiguous and on the layer's device (pmoe::Error naming the tensor otherwise).
   void forward(const Tensor& x, const Tensor& y);
 
   const MoeConfig& config() const;
+  Device device() const;
   size_t weight_bytes() const;     // router and experts
   size_t workspace_bytes() const;  // everything else this layer holds
   const MoeStats& last_stats() const;

@@ -19,7 +19,9 @@
 // Halves use expert_x / expert_y one after the other, so they share them.
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
+#include "moe/device_moe.hpp"
 #include "moe/layer_args.hpp"
 #include "pmoe/all_to_all.hpp"
 
@@ -69,8 +71,13 @@ struct EpMoe::Impl {
         num_local(config.num_experts / comm.size()),
         wire_dim(std::max(config.feature_dim, config.out_dim())),
         per_batch((max_tokens + micro_batches - 1) / micro_batches),
-        router(config),
-        experts(config, comm.rank() * num_local, num_local, 0, config.ffn_dim) {
+        device(comm.device()) {
+    if (device.kind != Device::Kind::cpu) {  // src/cuda/moe/ep_moe.cu
+      on_device = detail::make_device_ep_moe(comm, config, max_tokens, micro_batches);
+      return;
+    }
+    router.emplace(config);
+    experts.emplace(config, comm.rank() * num_local, num_local, 0, config.ffn_dim);
     const int H = config.feature_dim, O = config.out_dim(), k = config.top_k;
     if (config.dtype != DType::f32) x_f32 = Buffer(DType::f32, {max_tokens, H});
     if (H < wire_dim) x_wire = Buffer(config.dtype, {max_tokens, wire_dim});
@@ -141,7 +148,7 @@ struct EpMoe::Impl {
       if (received[e] == 0) continue;
       auto* in = static_cast<std::byte*>(expert_x.data<void>()) + size_t(e) * expert_bytes;
       auto* out = static_cast<std::byte*>(expert_y.data<void>()) + size_t(e) * expert_bytes;
-      experts.forward(e, detail::row_view(in, config.dtype, received[e], H, wire_dim),
+      experts->forward(e, detail::row_view(in, config.dtype, received[e], H, wire_dim),
                       detail::row_view(out, config.dtype, received[e], O, wire_dim));
       stats.expert_rows += received[e];
     }
@@ -170,8 +177,10 @@ struct EpMoe::Impl {
 
   MoeConfig config;
   int max_tokens, micro_batches, rank, world_size, num_local, wire_dim, per_batch;
-  Router router;
-  Experts experts;
+  Device device;
+  std::unique_ptr<detail::DeviceMoe> on_device;  // on a CUDA device; the rest is the CPU's
+  std::optional<Router> router;
+  std::optional<Experts> experts;
   std::vector<std::unique_ptr<AllToAll>> exchanges;  // one per micro-batch
   Buffer x_f32;     // [max_tokens, H] f32: the router's input when dtype is bf16
   Buffer x_wire;    // [max_tokens, wire] dtype, when H < wire
@@ -193,9 +202,13 @@ EpMoe::~EpMoe() = default;
 void EpMoe::forward(const Tensor& x, const Tensor& y) {
   Impl& p = *impl_;
   const MoeConfig& c = p.config;
-  detail::check_forward("EpMoe::forward", c, p.max_tokens, x, y);
+  detail::check_forward("EpMoe::forward", c, p.max_tokens, x, y, p.device);
   const int m = int(x.size(0)), H = c.feature_dim, O = c.out_dim(), k = c.top_k;
   p.stats = MoeStats();
+  if (p.on_device) {
+    p.on_device->forward(x, y, p.stats);
+    return;
+  }
   p.stats.tokens = m;
 
   // Route, and stage the tokens at the wire width.
@@ -203,7 +216,7 @@ void EpMoe::forward(const Tensor& x, const Tensor& y) {
   const Tensor x_f32 =
       c.dtype == DType::f32 ? x : detail::row_view(p.x_f32.data<float>(), DType::f32, m, H, H);
   if (c.dtype != DType::f32) detail::rows_to_f32(x, x_f32.data<float>(), H);
-  p.router.route(x_f32, detail::row_view(p.indices.data<int32_t>(), DType::i32, m, k, k),
+  p.router->route(x_f32, detail::row_view(p.indices.data<int32_t>(), DType::i32, m, k, k),
                  detail::row_view(p.weights.data<float>(), DType::f32, m, k, k));
   Tensor x_send = x, y_recv = y;
   if (H < p.wire_dim) {
@@ -215,7 +228,7 @@ void EpMoe::forward(const Tensor& x, const Tensor& y) {
     x_send = Tensor(staged, c.dtype, {m, p.wire_dim});
   }
   if (O < p.wire_dim) y_recv = Tensor(p.y_wire.data<void>(), c.dtype, {m, p.wire_dim});
-  p.stats.router_flops = p.router.flops(m);
+  p.stats.router_flops = p.router->flops(m);
   p.stats.bytes_moved = p.bytes_moved(m);
   p.stats.route_s = seconds_since(start);
 
@@ -246,17 +259,19 @@ void EpMoe::forward(const Tensor& x, const Tensor& y) {
       std::copy_n(p.y_wire.data<std::byte>() + size_t(t) * p.wire_dim * elem, O * elem,
                   static_cast<std::byte*>(y.data()) + size_t(t) * O * elem);
   }
-  p.stats.expert_flops = p.experts.flops(p.stats.expert_rows);
+  p.stats.expert_flops = p.experts->flops(p.stats.expert_rows);
 }
 
 const MoeConfig& EpMoe::config() const { return impl_->config; }
 int EpMoe::micro_batches() const { return impl_->micro_batches; }
 size_t EpMoe::weight_bytes() const {
-  return impl_->router.weight_bytes() + impl_->experts.weight_bytes();
+  if (impl_->on_device) return impl_->on_device->weight_bytes();
+  return impl_->router->weight_bytes() + impl_->experts->weight_bytes();
 }
 size_t EpMoe::workspace_bytes() const {
   const Impl& p = *impl_;
-  size_t bytes = p.router.workspace_bytes() + p.experts.workspace_bytes() + p.x_f32.nbytes() +
+  if (p.on_device) return p.on_device->workspace_bytes();
+  size_t bytes = p.router->workspace_bytes() + p.experts->workspace_bytes() + p.x_f32.nbytes() +
                  p.x_wire.nbytes() + p.y_wire.nbytes() + p.indices.nbytes() + p.weights.nbytes() +
                  p.counts.nbytes() + p.expert_x.nbytes() + p.expert_y.nbytes();
   for (const auto& exchange : p.exchanges) bytes += exchange->workspace_bytes();

@@ -39,13 +39,14 @@ inline void agree_on_layer(Communicator& comm, const char* layer, const MoeConfi
   agree.check(comm, validate);
 }
 
-// x [m, feature_dim] and y [m, out_dim], both config.dtype and contiguous, m <= max_tokens.
+// x [m, feature_dim] and y [m, out_dim], both config.dtype, contiguous and on the layer's
+// device, m <= max_tokens.
 inline void check_forward(const char* op, const MoeConfig& config, int max_tokens, const Tensor& x,
-                          const Tensor& y) {
-  check_rows(op, "x", x, -1, config.feature_dim, {config.dtype}, true);
+                          const Tensor& y, Device device = Device::cpu()) {
+  check_rows(op, "x", x, -1, config.feature_dim, {config.dtype}, true, device);
   PMOE_CHECK(x.size(0) <= max_tokens, op, ": x has ", x.size(0), " tokens, more than the ",
              max_tokens, " this layer was built for; build it with a larger max_tokens");
-  check_rows(op, "y", y, x.size(0), config.out_dim(), {config.dtype}, true);
+  check_rows(op, "y", y, x.size(0), config.out_dim(), {config.dtype}, true, device);
 }
 
 }  // namespace pmoe::detail

@@ -10,11 +10,12 @@
 
 namespace pmoe::detail {
 
-// Throws pmoe::Error unless `t` is a 2-D cpu tensor of one of `dtypes`, with `cols` columns and
+// Throws pmoe::Error unless `t` is a 2-D tensor on `device` of one of `dtypes`, with `cols` columns and
 // (rows >= 0) exactly `rows` rows, unit stride in its last dimension and rows that do not
 // overlap; `contiguous` also requires row-major contiguity.
 void check_rows(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t cols,
-                std::initializer_list<DType> dtypes, bool contiguous);
+                std::initializer_list<DType> dtypes, bool contiguous,
+                Device device = Device::cpu());
 
 // dst[r, c] = float(src[r, c]) for a 2-D f32 or bf16 tensor; dst has leading dimension ld.
 void rows_to_f32(const Tensor& src, float* dst, int64_t ld);

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "cpu/all_reduce.hpp"
+#include "moe/device_moe.hpp"
 #include "moe/layer_args.hpp"
 #include "moe/local_moe.hpp"
 
@@ -36,17 +37,26 @@ const MoeConfig& validated(Communicator& comm, const MoeConfig& config, int max_
 }  // namespace
 
 struct TpMoe::Impl {
-  Impl(Communicator& comm, const MoeConfig& config, int max_tokens)
-      : config(validated(comm, config, max_tokens)),
+  Impl(Communicator& comm, const MoeConfig& config_in, int max_tokens)
+      : config(validated(comm, config_in, max_tokens)),
         max_tokens(max_tokens),
-        moe(config, max_tokens, comm.rank() * (config.ffn_dim / comm.size()),
-            (comm.rank() + 1) * (config.ffn_dim / comm.size())),
-        all_reduce(comm, int64_t(max_tokens) * config.out_dim()),
-        partial(DType::f32, {max_tokens, config.out_dim()}) {}
+        device(comm.device()) {
+    if (device.kind != Device::Kind::cpu) {  // src/cuda/moe/tp_moe.cu
+      on_device = detail::make_device_tp_moe(comm, config, max_tokens);
+      return;
+    }
+    moe = std::make_unique<detail::LocalMoe>(config, max_tokens,
+                                             comm.rank() * (config.ffn_dim / comm.size()),
+                                             (comm.rank() + 1) * (config.ffn_dim / comm.size()));
+    all_reduce = std::make_unique<cpu::AllReduceSum>(comm, int64_t(max_tokens) * config.out_dim());
+    partial = Buffer(DType::f32, {max_tokens, config.out_dim()});
+  }
   MoeConfig config;
   int max_tokens;
-  detail::LocalMoe moe;
-  cpu::AllReduceSum all_reduce;
+  Device device;
+  std::unique_ptr<detail::DeviceMoe> on_device;  // on a CUDA device; the rest is the CPU's
+  std::unique_ptr<detail::LocalMoe> moe;
+  std::unique_ptr<cpu::AllReduceSum> all_reduce;
   Buffer partial;  // [max_tokens, O] f32
   MoeStats stats;
 };
@@ -58,23 +68,30 @@ TpMoe::~TpMoe() = default;
 
 void TpMoe::forward(const Tensor& x, const Tensor& y) {
   Impl& p = *impl_;
-  detail::check_forward("TpMoe::forward", p.config, p.max_tokens, x, y);
+  detail::check_forward("TpMoe::forward", p.config, p.max_tokens, x, y, p.device);
   p.stats = MoeStats();
+  if (p.on_device) {
+    p.on_device->forward(x, y, p.stats);
+    return;
+  }
   const int64_t n = x.size(0) * p.config.out_dim();
   float* partial = p.config.dtype == DType::f32 ? y.data<float>() : p.partial.data<float>();
-  p.moe.forward(x, partial, p.stats);
+  p.moe->forward(x, partial, p.stats);
   const auto start = std::chrono::steady_clock::now();
-  p.all_reduce.run(partial, n, "TpMoe::forward");
+  p.all_reduce->run(partial, n, "TpMoe::forward");
   p.stats.reduce_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  p.stats.bytes_moved = p.all_reduce.bytes_sent(n);
+  p.stats.bytes_moved = p.all_reduce->bytes_sent(n);
   if (p.config.dtype != DType::f32) detail::rows_from_f32(partial, p.config.out_dim(), y);
 }
 
 const MoeConfig& TpMoe::config() const { return impl_->config; }
-size_t TpMoe::weight_bytes() const { return impl_->moe.weight_bytes(); }
+size_t TpMoe::weight_bytes() const {
+  return impl_->on_device ? impl_->on_device->weight_bytes() : impl_->moe->weight_bytes();
+}
 size_t TpMoe::workspace_bytes() const {
-  return impl_->moe.workspace_bytes() + impl_->all_reduce.workspace_bytes() +
+  if (impl_->on_device) return impl_->on_device->workspace_bytes();
+  return impl_->moe->workspace_bytes() + impl_->all_reduce->workspace_bytes() +
          impl_->partial.nbytes();
 }
 const MoeStats& TpMoe::last_stats() const { return impl_->stats; }

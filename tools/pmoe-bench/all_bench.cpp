@@ -40,7 +40,7 @@ void run(const Options& o) {
   const std::string on = " --device " + o.device;
   const std::vector<std::pair<std::string, std::string>> parts = {
       {"all-to-all", "all-to-all --ranks 2 --tokens 1,128 --json " + dir + "/all_to_all.json" + on},
-      {"moe", "moe --benchmark_type batch_size --json " + dir + "/moe_batch_size.json"},
+      {"moe", "moe --benchmark_type batch_size --json " + dir + "/moe_batch_size.json" + on},
       {"ag-gemm", "ag-gemm --ranks 2 --json " + dir + "/ag_gemm.json" + on},
       {"gemm-rs", "gemm-rs --ranks 2 --json " + dir + "/gemm_rs.json" + on},
   };

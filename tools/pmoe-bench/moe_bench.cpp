@@ -52,6 +52,7 @@ struct Options {
   uint64_t seed = 1;
   bool gemm_rate = false;
   std::string json_path, csv_path, plot_path;
+  std::string device = "cpu";  // or "cuda"
 };
 
 const Preset& find_preset(const std::string& name) {
@@ -152,6 +153,10 @@ void run(Options o, const CLI::App& cmd) {
              "--benchmark_type must be batch_size, topk or feature_dim, got '", o.benchmark_type,
              "'");
   PMOE_CHECK(o.iters >= 1 && o.warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
+  PMOE_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '",
+             o.device, "'");
+  PMOE_CHECK(o.device == "cpu" || cuda_device_count() > 0,
+             "--device cuda: this build or machine has no CUDA device (GPU or emulated)");
   std::string preset_note;
   if (!o.preset.empty()) {
     const Preset& p = find_preset(o.preset);
@@ -173,6 +178,10 @@ void run(Options o, const CLI::App& cmd) {
   const std::vector<int> values =
       parse_int_list(o.values.empty() ? default_values(o) : o.values, "--values");
 
+  const std::string runtime_label =
+      o.device == "cpu"  ? "cpu"
+      : cuda_emulated() ? "emulated CUDA (times: emulation, not GPU speed)"
+                        : "CUDA GPU";
   nlohmann::json rows = nlohmann::json::array(), rates = nlohmann::json::array();
   std::vector<std::pair<int, MoeRunResult>> ep_results;
   for (int value : values) {
@@ -200,6 +209,7 @@ void run(Options o, const CLI::App& cmd) {
       spec.warmup = o.warmup;
       spec.gemm_rate = o.gemm_rate;
       spec.blas_threads = o.blas_threads;
+      spec.device = o.device == "cuda" ? Device::cuda(0) : Device::cpu();
       const MoeRunResult r = run_moe_variant(spec, x, expected);
       rows.push_back(row_json(variant_key(v), c, batch, o.benchmark_type, value, r));
       for (const GemmRate& g : r.gemm_rates)
@@ -228,7 +238,9 @@ void run(Options o, const CLI::App& cmd) {
                                  {"iters", o.iters},
                                  {"warmup", o.warmup},
                                  {"seed", o.seed},
-                                 {"launcher", launched_by_mpi() ? "mpirun" : "threads"}};
+                                 {"launcher", launched_by_mpi() ? "mpirun" : "threads"},
+                                 {"device", o.device},
+                                 {"runtime", runtime_label}};
   std::printf(
       "\nMoE layers, %s sweep: %s; ranks=%d experts=%d feature=%s hidden=%d output=%s "
       "batch=%s top-k=%s %s %s, micro_batches=%d; %d iterations after %d warm-ups, "
@@ -240,6 +252,11 @@ void run(Options o, const CLI::App& cmd) {
       o.benchmark_type == "topk" ? "swept" : std::to_string(o.topk).c_str(), o.act.c_str(),
       o.dtype.c_str(), o.micro_batches, o.iters, o.warmup);
   if (!preset_note.empty()) std::printf("%s\n", preset_note.c_str());
+  if (o.device == "cuda")
+    std::printf("Device: %s. Thread ranks share GPU 0, one stream each; a forward is timed to the "
+                "end of its stream; phase columns are 0 on a device (one stream of kernels, not "
+                "timed apart); Max Memory is the layer's device weights + workspace + x and y.\n",
+                runtime_label.c_str());
   std::printf("\n");
   const std::string key = o.benchmark_type;
   print_markdown({column("variant", "variant"), column(key, key),
@@ -330,6 +347,10 @@ void add_moe_command(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "weights and input seed")->capture_default_str();
   cmd->add_flag("--gemm-rate", o->gemm_rate,
                 "EP: also time dense GEMMs of the same FLOPs per rank (on with --preset)");
+  cmd->add_option("--device", o->device,
+                  "cpu, or cuda: the layers on the CUDA backend (the emulated device where no GPU "
+                  "is visible: checked, times labelled emulation)")
+      ->capture_default_str();
   cmd->add_option("--json", o->json_path, "write {machine, commit, config, rows} to this file");
   cmd->add_option("--csv", o->csv_path, "write the rows as CSV to this file");
   cmd->add_option("--plot", o->plot_path, "draw median time over the sweep into this PNG");

@@ -26,6 +26,9 @@ struct MoeRunSpec {
   int iters = 20, warmup = 3;
   bool gemm_rate = false;  // EP: also time dense GEMMs of the same FLOPs on every rank
   int blas_threads = 0;    // per rank; 0: Simple all cores, TP and EP cores / ranks (>= 1)
+  // The CPU, or a CUDA device: thread ranks share GPU 0 (the emulated device where none is
+  // visible), x and y live there, and a forward is timed up to its stream's end.
+  Device device = Device::cpu();
 };
 
 // One rank's expert-stage rate against a dense BLAS GEMM of the same FLOPs, both measured on all

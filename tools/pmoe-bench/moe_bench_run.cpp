@@ -7,6 +7,12 @@
 // oversubscribe the machine by accident; with 4 thread ranks on 2 cores each rank has 1 thread
 // and the OS shares the cores between them.
 //
+// On a CUDA device (--device cuda) the ranks are threads sharing GPU 0, each on its own stream;
+// x and y are in device memory, a forward's time runs from its launch to the end of its stream
+// (synchronize), and the layer's phases are not timed apart (MoeStats' times stay 0: the
+// forward is one stream of kernels). Memory is what the layer holds on the device (weights and
+// workspace, its own accounting) plus x and y, not an allocator's peak.
+//
 // The GEMM rate (EP, --gemm-rate): after the layer is timed and freed, every rank times a dense
 // GEMM pair over as many rows as its experts computed ([rows, H] x [H, g F], then [rows, F] x
 // [F, O]: the same FLOPs, one expert's weight shapes), with all ranks running at once after a
@@ -119,6 +125,7 @@ void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
   const MoeConfig& c = spec.config;
   const int W = comm.size(), rank = comm.rank();
   const bool ep = spec.variant == MoeVariantKind::ep;
+  const bool on_device = spec.device.kind != Device::Kind::cpu;
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   if (launched_by_mpi()) {
     const int local = int(comm.node_ranks().size());
@@ -134,7 +141,10 @@ void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
   Layer layer;
   switch (spec.variant) {
     case MoeVariantKind::simple:
-      if (rank == 0) layer.simple = std::make_unique<SimpleMoe>(c, std::max(1, spec.batch));
+      if (rank == 0)
+        layer.simple = on_device ? std::make_unique<SimpleMoe>(c, std::max(1, spec.batch),
+                                                               spec.device, comm.stream())
+                                 : std::make_unique<SimpleMoe>(c, std::max(1, spec.batch));
       break;
     case MoeVariantKind::tp:
       layer.tp = std::make_unique<TpMoe>(comm, c, std::max(1, spec.batch));
@@ -144,14 +154,28 @@ void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
                                          spec.micro_batches);
       break;
   }
-  const Tensor x_mine = rows_of(x, mine.begin, mine.size());
-  Buffer y(c.dtype, {layer.active() ? mine.size() : 0, c.out_dim()});
+  const Tensor x_host = rows_of(x, mine.begin, mine.size());
+  const int y_rows = layer.active() ? mine.size() : 0;
+  Buffer y(c.dtype, {y_rows, c.out_dim()});
+  Buffer x_device, y_device;  // --device cuda: the layer's input and output live there
+  if (on_device) {
+    x_device = Buffer(c.dtype, {mine.size(), c.feature_dim}, spec.device);
+    y_device = Buffer(c.dtype, {y_rows, c.out_dim()}, spec.device);
+    copy(x_device, x_host);
+  }
+  const Tensor x_mine = on_device ? Tensor(x_device) : x_host;
+  const Tensor y_out = on_device ? Tensor(y_device) : Tensor(y);
+  auto forward_once = [&] {
+    layer.forward(x_mine, y_out);
+    if (on_device) synchronize(comm.stream());
+  };
 
   // The check: the first forward must match the reference on every rank.
   RankReport report{};
   std::string error;
   if (layer.active()) {
-    layer.forward(x_mine, y);
+    forward_once();
+    if (on_device) copy(y, y_device);
     const auto cmp =
         reference::compare_moe(c, expected, y, mine.begin, reference::moe_tolerance(c.dtype));
     error = cmp.error;
@@ -168,13 +192,16 @@ void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
   std::vector<MoeStats> per_iteration;
   auto forward = [&] {
     if (!layer.active()) return;
-    layer.forward(x_mine, y);
+    forward_once();
     per_iteration.push_back(layer.stats());
   };
   iteration_ms = time_steps(comm, spec.warmup, spec.iters, {forward})[0];
   for (double& t : iteration_ms) t /= 1000.0;  // µs -> ms
 
   report.peak_bytes = double(thread_memory().peak_bytes - base);
+  if (on_device && layer.active())
+    report.peak_bytes = double(layer.weight_bytes() + layer.workspace_bytes() +
+                               x_device.nbytes() + y_device.nbytes());
   if (layer.active()) {
     const std::vector<MoeStats> timed(per_iteration.end() - spec.iters, per_iteration.end());
     auto phase_ms = [&](double MoeStats::*field) {
@@ -197,7 +224,7 @@ void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
     report.grouped_ms = report.experts_ms;
   }
   layer = Layer();  // free the model before the dense GEMMs allocate theirs
-  if (ep && spec.gemm_rate) report.dense_ms = time_dense_gemms(comm, spec, int64_t(report.rows));
+  if (ep && spec.gemm_rate && !on_device) report.dense_ms = time_dense_gemms(comm, spec, int64_t(report.rows));
   report.rss_bytes = double(peak_rss_bytes());
 
   const auto all = comm.all_gather(std::as_bytes(std::span(&report, 1)));
@@ -221,7 +248,7 @@ MoeRunResult run_moe_variant(const MoeRunSpec& spec, const Tensor& x,
   }
   MoeRunResult result;
   std::mutex mutex;
-  run_on_ranks(mpi ? 0 : W, [&](Communicator& comm) {
+  auto body = [&](Communicator& comm) {
     std::vector<RankReport> reports;
     std::vector<double> iteration_ms;
     run_rank(comm, spec, x, expected, reports, iteration_ms);
@@ -250,7 +277,14 @@ MoeRunResult run_moe_variant(const MoeRunSpec& spec, const Tensor& x,
         result.gemm_rates.push_back(
             {r, int64_t(p.rows), E_local, p.gemm_flops / 1e9, p.grouped_ms, p.dense_ms});
     }
-  });
+  };
+  if (spec.device.kind == Device::Kind::cpu) {
+    run_on_ranks(mpi ? 0 : W, body);
+  } else {
+    PMOE_CHECK(!mpi, "pmoe-bench moe --device cuda runs thread ranks on GPU 0; under mpirun, "
+               "use --device cpu");
+    run_ranks(W, body, spec.device);
+  }
   return result;
 }
 

@@ -1,0 +1,26 @@
+// Row-major f32 GEMMs through cuBLAS for the MoE layers on a device: one matrix, or a batch of
+// equal-sized ones at fixed strides (cublasGemmStridedBatchedEx; on the emulated device the shim
+// in src/cuda/emulator/cublas.cpp). Row-major C = A . B is column-major C^T = B^T . A^T, so
+// cuBLAS is called with B first and m, n swapped.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/overlap/cublas_gemm.hpp"
+
+namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
+
+// For b < batch: C_b [m, n] = A_b [m, k] . B_b [k, n], A_b = A + b * stride_a (elements), ...
+inline void gemm_batched_row_major(cublasHandle_t handle, int m, int n, int k, const float* A,
+                                   int lda, int64_t stride_a, const float* B, int ldb,
+                                   int64_t stride_b, float* C, int ldc, int64_t stride_c,
+                                   int batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  const float alpha = 1.0f, beta = 0.0f;
+  PMOE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, B,
+                                               CUDA_R_32F, ldb, stride_b, A, CUDA_R_32F, lda,
+                                               stride_a, &beta, C, CUDA_R_32F, ldc, stride_c, batch,
+                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

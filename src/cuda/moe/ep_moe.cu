@@ -1,0 +1,274 @@
+// EpMoe on a device: route on the rank's stream, AllToAll dispatch, the local experts as batched
+// GEMMs over every received slot, AllToAll combine. Nothing reads the counts on the host.
+//
+// Buffers per rank (C = tokens per micro-batch, R = W * C slots per local expert, wire =
+// max(H, O) as on the CPU):
+//
+//   x_wire / y_wire   [max_tokens, wire] dtype   staging, only where H or O < wire
+//   expert_x[b]       [E_local, R, wire] dtype   dispatch's output for micro-batch b
+//   expert_y[b]       [E_local, R, wire] dtype   the experts' outputs, cols [0, O)
+//   x_f32             [E_local, R, H] f32        expert_x widened, shared by the batches
+//   hidden, out       [E_local, R, gF] / [E_local, R, O] f32, shared by the batches
+//
+// micro_batches = 2 puts the experts on a second stream (the communicator's side_stream()) so
+// that one half's exchange runs beside the other half's GEMMs:
+//
+//   main:    route | d(A).send d(B).send d(A).recv -ev-> d(B).recv  <-ev- c(A).send -ev->
+//            c(A).recv <-ev- c(B).send c(B).recv
+//   experts:                    experts(A) ----------^            experts(B) ---^
+//
+// Each half has its own expert_x / expert_y (d(B).recv writes while experts(A) reads); the f32
+// workspace is shared, since the expert stream runs the halves one after the other.
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "core/device_runtime.hpp"
+#include "cuda/check.hpp"
+#include "cuda/flavor.hpp"
+#include "cuda/moe/device_experts.hpp"
+#include "cuda/moe/device_router.hpp"
+#include "moe/device_moe.hpp"
+#include "pmoe/all_to_all.hpp"
+
+namespace pmoe::detail::inline PMOE_CUDA_FLAVOR::moe {
+namespace {
+
+using namespace ::pmoe::cuda;
+
+class DeviceEpMoe final : public DeviceMoe {
+ public:
+  DeviceEpMoe(Communicator& comm, const MoeConfig& config, int max_tokens, int micro_batches)
+      : config_(config),
+        world_(comm.size()),
+        num_local_(config.num_experts / comm.size()),
+        wire_(std::max(config.feature_dim, config.out_dim())),
+        per_batch_((max_tokens + micro_batches - 1) / micro_batches),
+        micro_batches_(micro_batches),
+        main_((set_device(comm.device()), static_cast<cudaStream_t>(comm.stream().handle))),
+        experts_stream_(micro_batches == 2 ? static_cast<cudaStream_t>(comm.side_stream().handle)
+                                           : main_),
+        router_(config, max_tokens, comm.device()),
+        experts_(config, comm.rank() * num_local_, num_local_, 0, config.ffn_dim, comm.device()) {
+    const Device device = comm.device();
+    const int H = config.feature_dim, O = config.out_dim(), k = config.top_k;
+    const int64_t R = slots();
+    if (config.dtype != DType::f32) x_f32_ = Buffer(DType::f32, {max_tokens, H}, device);
+    if (H < wire_) x_wire_ = Buffer(config.dtype, {max_tokens, wire_}, device);
+    if (O < wire_) y_wire_ = Buffer(config.dtype, {max_tokens, wire_}, device);
+    indices_ = Buffer(DType::i32, {max_tokens, k}, device);
+    weights_ = Buffer(DType::f32, {max_tokens, k}, device);
+    counts_ = Buffer(DType::i32, {micro_batches, num_local_}, device);
+    for (int b = 0; b < micro_batches; ++b) {
+      expert_x_.emplace_back(config.dtype, std::initializer_list<int64_t>{num_local_, R, wire_},
+                             device);
+      expert_y_.emplace_back(config.dtype, std::initializer_list<int64_t>{num_local_, R, wire_},
+                             device);
+    }
+    rows_f32_ = Buffer(DType::f32, {num_local_, R, H}, device);
+    hidden_ = Buffer(DType::f32, {num_local_, R, experts_.hidden_ld()}, device);
+    out_ = Buffer(DType::f32, {num_local_, R, O}, device);
+    AllToAllConfig a2a;
+    a2a.max_num_tokens = per_batch_;
+    a2a.num_experts = config.num_experts;
+    a2a.experts_per_token = k;
+    a2a.hidden_dim = wire_;
+    a2a.in_dtype = config.dtype;
+    a2a.out_dtype = config.dtype;
+    for (int b = 0; b < micro_batches; ++b)
+      exchanges_.push_back(std::make_unique<AllToAll>(comm, a2a));
+    PMOE_CUBLAS_CHECK(cublasCreate(&router_blas_));
+    PMOE_CUBLAS_CHECK(cublasSetStream(router_blas_, main_));
+    PMOE_CUBLAS_CHECK(cublasCreate(&experts_blas_));
+    PMOE_CUBLAS_CHECK(cublasSetStream(experts_blas_, experts_stream_));
+    for (cudaEvent_t* e : {&to_experts_[0], &to_experts_[1], &from_experts_[0], &from_experts_[1]})
+      PMOE_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
+  ~DeviceEpMoe() override {
+    (void)cudaStreamSynchronize(experts_stream_);
+    (void)cudaStreamSynchronize(main_);
+    (void)cublasDestroy(router_blas_);
+    (void)cublasDestroy(experts_blas_);
+    for (cudaEvent_t e : {to_experts_[0], to_experts_[1], from_experts_[0], from_experts_[1]})
+      (void)cudaEventDestroy(e);
+  }
+
+  void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override {
+    const int m = int(x.size(0)), H = config_.feature_dim, O = config_.out_dim();
+    const size_t elem = dtype_size(config_.dtype);
+    stats.tokens = m;
+    stats.router_flops = router_.flops(m);
+    stats.expert_rows = int64_t(micro_batches_) * num_local_ * slots();  // every slot computed
+    stats.expert_flops = experts_.flops(stats.expert_rows);
+
+    // Route, and stage the tokens at the wire width.
+    const float* xf = x.data<float>();
+    if (config_.dtype != DType::f32 && m > 0) {
+      WidenRows w;
+      w.src = x.data();
+      w.src_ld = H;
+      w.dst = x_f32_.data<float>();
+      w.dst_ld = H;
+      w.rows = m;
+      w.cols = H;
+      launch_widen_rows(w, config_.dtype, main_);
+      xf = x_f32_.data<float>();
+    }
+    router_.route(router_blas_, main_, m, xf, indices_.data<int32_t>(), weights_.data<float>());
+    std::byte* x_send = static_cast<std::byte*>(x.data());
+    std::byte* y_recv = static_cast<std::byte*>(y.data());
+    if (H < wire_) {
+      CopyRows c;
+      c.src = x.data();
+      c.src_ld = H;
+      c.dst = x_wire_.data<void>();
+      c.dst_ld = wire_;
+      c.rows = m;
+      c.copy_cols = H;
+      c.dst_cols = wire_;
+      launch_copy_rows(c, int(elem), main_);
+      x_send = x_wire_.data<std::byte>();
+    }
+    if (O < wire_) y_recv = y_wire_.data<std::byte>();
+
+    if (micro_batches_ == 1) {
+      const Batch all = batch(0, 0, m, x_send, y_recv);
+      dispatch(all, Phase::both);
+      run_experts(all);
+      combine(all, Phase::both);
+    } else {
+      const int half = (m + 1) / 2;
+      const Batch a = batch(0, 0, half, x_send, y_recv), b = batch(1, half, m, x_send, y_recv);
+      dispatch(a, Phase::send);
+      dispatch(b, Phase::send);
+      dispatch(a, Phase::recv);
+      start_experts(a);
+      dispatch(b, Phase::recv);
+      finish_experts(a);
+      combine(a, Phase::send);
+      start_experts(b);
+      combine(a, Phase::recv);
+      finish_experts(b);
+      combine(b, Phase::send);
+      combine(b, Phase::recv);
+    }
+
+    if (O < wire_ && m > 0) {
+      CopyRows c;
+      c.src = y_wire_.data<void>();
+      c.src_ld = wire_;
+      c.dst = y.data();
+      c.dst_ld = O;
+      c.rows = m;
+      c.copy_cols = O;
+      c.dst_cols = O;
+      launch_copy_rows(c, int(elem), main_);
+    }
+  }
+
+  size_t weight_bytes() const override { return router_.weight_bytes() + experts_.weight_bytes(); }
+  size_t workspace_bytes() const override {
+    size_t bytes = router_.workspace_bytes() + x_f32_.nbytes() + x_wire_.nbytes() +
+                   y_wire_.nbytes() + indices_.nbytes() + weights_.nbytes() + counts_.nbytes() +
+                   rows_f32_.nbytes() + hidden_.nbytes() + out_.nbytes();
+    for (const Buffer& b : expert_x_) bytes += b.nbytes();
+    for (const Buffer& b : expert_y_) bytes += b.nbytes();
+    for (const auto& exchange : exchanges_) bytes += exchange->workspace_bytes();
+    return bytes;
+  }
+
+ private:
+  struct Batch {
+    int index;
+    Tensor x, indices, weights, y;  // the batch's rows of the wire input, routing and output
+  };
+
+  int64_t slots() const { return int64_t(world_) * per_batch_; }
+  int32_t* batch_counts(const Batch& b) const {
+    return counts_.data<int32_t>() + b.index * num_local_;
+  }
+
+  Batch batch(int index, int begin, int end, std::byte* x_send, std::byte* y_recv) const {
+    const int n = end - begin, k = config_.top_k;
+    const size_t row_bytes = size_t(wire_) * dtype_size(config_.dtype);
+    const Device device = indices_.tensor().device();
+    return {index, Tensor(x_send + size_t(begin) * row_bytes, config_.dtype, {n, wire_}, device),
+            Tensor(indices_.data<int32_t>() + int64_t(begin) * k, DType::i32, {n, k}, device),
+            Tensor(weights_.data<float>() + int64_t(begin) * k, DType::f32, {n, k}, device),
+            Tensor(y_recv + size_t(begin) * row_bytes, config_.dtype, {n, wire_}, device)};
+  }
+
+  void dispatch(const Batch& b, Phase phase) {
+    const Device device = indices_.tensor().device();
+    exchanges_[size_t(b.index)]->dispatch(b.x, Tensor(), b.indices,
+                                          Tensor(batch_counts(b), DType::i32, {num_local_}, device),
+                                          expert_x_[size_t(b.index)], Tensor(), phase);
+  }
+
+  void combine(const Batch& b, Phase phase) {
+    exchanges_[size_t(b.index)]->combine(expert_y_[size_t(b.index)], b.indices, b.weights, b.y,
+                                         phase);
+  }
+
+  // The experts of batch b on the expert stream, after what the main stream holds (its
+  // dispatch(recv)).
+  void start_experts(const Batch& b) {
+    PMOE_CUDA_CHECK(cudaEventRecord(to_experts_[b.index], main_));
+    PMOE_CUDA_CHECK(cudaStreamWaitEvent(experts_stream_, to_experts_[b.index], 0));
+    run_experts(b);
+    PMOE_CUDA_CHECK(cudaEventRecord(from_experts_[b.index], experts_stream_));
+  }
+  // The main stream goes on (to batch b's combine) once its experts are done.
+  void finish_experts(const Batch& b) {
+    PMOE_CUDA_CHECK(cudaStreamWaitEvent(main_, from_experts_[b.index], 0));
+  }
+
+  // Every local expert over all R slots of batch b, on the expert stream.
+  void run_experts(const Batch& b) {
+    const int H = config_.feature_dim, O = config_.out_dim();
+    const int64_t R = slots();
+    const int32_t* counts = batch_counts(b);
+    WidenRows w;
+    w.src = expert_x_[size_t(b.index)].data<void>();
+    w.src_ld = wire_;
+    w.dst = rows_f32_.data<float>();
+    w.dst_ld = H;
+    w.rows = num_local_ * R;
+    w.cols = H;
+    w.row_limits = counts;
+    w.group_rows = R;
+    launch_widen_rows(w, config_.dtype, experts_stream_);
+    experts_.run(experts_blas_, experts_stream_, int(R), rows_f32_.data<float>(),
+                 hidden_.data<float>(), out_.data<float>(), counts);
+    NarrowRows n;
+    n.src = out_.data<float>();
+    n.src_ld = O;
+    n.dst = expert_y_[size_t(b.index)].data<void>();
+    n.dst_ld = wire_;
+    n.rows = num_local_ * R;
+    n.cols = O;
+    n.row_limits = counts;
+    n.group_rows = R;
+    launch_narrow_rows(n, config_.dtype, experts_stream_);
+  }
+
+  MoeConfig config_;
+  int world_, num_local_, wire_, per_batch_, micro_batches_;
+  cudaStream_t main_, experts_stream_;
+  cublasHandle_t router_blas_ = nullptr, experts_blas_ = nullptr;
+  cudaEvent_t to_experts_[2] = {}, from_experts_[2] = {};
+  DeviceRouter router_;
+  DeviceExperts experts_;
+  std::vector<std::unique_ptr<AllToAll>> exchanges_;  // one per micro-batch
+  Buffer x_f32_, x_wire_, y_wire_, indices_, weights_, counts_, rows_f32_, hidden_, out_;
+  std::vector<Buffer> expert_x_, expert_y_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceMoe> make_ep(Communicator& comm, const MoeConfig& config, int max_tokens,
+                                   int micro_batches) {
+  return std::make_unique<DeviceEpMoe>(comm, config, max_tokens, micro_batches);
+}
+
+}  // namespace pmoe::detail::inline PMOE_CUDA_FLAVOR::moe

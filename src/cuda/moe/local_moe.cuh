@@ -1,0 +1,126 @@
+// SimpleMoe's and TpMoe's computation on a device (the CPU's LocalMoe): route, group the
+// (token, slot) pairs by expert into slots of capacity m (an expert gets each token at most
+// once), gather, both expert GEMMs batched over all E experts, then the gating sum. Everything is
+// enqueued on one stream; the counts stay on the device.
+//
+//   x_f32        [max_tokens, H] f32        x widened (bf16 models), else x itself
+//   indices      [max_tokens, k] i32        weights [max_tokens, k] f32
+//   counts       [E] i32                    token_of_row [E, m] i32, row_of_pair [m, k] i32
+//   gathered     [E, m, H] f32              hidden [E, m, g F'] f32, out [E, m, O] f32
+//
+// The batched GEMMs cost E m rows where the CPU computes k m: E / k times the FLOPs of the rows
+// in use (docs/gpu.md), the price of sizes the host never reads.
+#pragma once
+
+#include <chrono>
+
+#include "cuda/check.hpp"
+#include "cuda/flavor.hpp"
+#include "cuda/moe/device_experts.hpp"
+#include "cuda/moe/device_router.hpp"
+#include "pmoe/moe.hpp"
+
+namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
+
+class DeviceLocalMoe {
+ public:
+  DeviceLocalMoe(const MoeConfig& config, int max_tokens, int ffn_begin, int ffn_end, Device device,
+                 cudaStream_t stream)
+      : config_(config),
+        stream_(stream),
+        router_(config, max_tokens, device),
+        experts_(config, 0, config.num_experts, ffn_begin, ffn_end, device) {
+    const int H = config.feature_dim, E = config.num_experts, k = config.top_k;
+    const int O = config.out_dim();
+    if (config.dtype != DType::f32) x_f32_ = Buffer(DType::f32, {max_tokens, H}, device);
+    indices_ = Buffer(DType::i32, {max_tokens, k}, device);
+    weights_ = Buffer(DType::f32, {max_tokens, k}, device);
+    counts_ = Buffer(DType::i32, {E}, device);
+    token_of_row_ = Buffer(DType::i32, {E, max_tokens}, device);
+    row_of_pair_ = Buffer(DType::i32, {max_tokens, k}, device);
+    gathered_ = Buffer(DType::f32, {E, max_tokens, H}, device);
+    hidden_ = Buffer(DType::f32, {E, max_tokens, experts_.hidden_ld()}, device);
+    out_ = Buffer(DType::f32, {E, max_tokens, O}, device);
+    PMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
+    PMOE_CUBLAS_CHECK(cublasSetStream(cublas_, stream));
+  }
+  ~DeviceLocalMoe() {
+    (void)cudaStreamSynchronize(stream_);
+    if (cublas_) (void)cublasDestroy(cublas_);
+  }
+  DeviceLocalMoe(const DeviceLocalMoe&) = delete;
+  DeviceLocalMoe& operator=(const DeviceLocalMoe&) = delete;
+
+  // y (device, [m, O], `y_dtype`: config.dtype, or f32 for TP's partials) = the layer over x.
+  void forward(const Tensor& x, void* y, DType y_dtype, MoeStats& stats) {
+    const int m = int(x.size(0)), H = config_.feature_dim, E = config_.num_experts;
+    const int k = config_.top_k, O = config_.out_dim();
+    stats.tokens = m;
+    stats.router_flops = router_.flops(m);
+    stats.expert_rows = int64_t(E) * m;  // every slot is computed
+    stats.expert_flops = experts_.flops(stats.expert_rows);
+    if (m == 0) return;
+    const float* xf = x.data<float>();
+    if (config_.dtype != DType::f32) {
+      WidenRows w;
+      w.src = x.data();
+      w.src_ld = H;
+      w.dst = x_f32_.data<float>();
+      w.dst_ld = H;
+      w.rows = m;
+      w.cols = H;
+      launch_widen_rows(w, config_.dtype, stream_);
+      xf = x_f32_.data<float>();
+    }
+    router_.route(cublas_, stream_, m, xf, indices_.data<int32_t>(), weights_.data<float>());
+
+    GroupPairs g;
+    g.indices = indices_.data<int32_t>();
+    g.counts = counts_.data<int32_t>();
+    g.token_of_row = token_of_row_.data<int32_t>();
+    g.row_of_pair = row_of_pair_.data<int32_t>();
+    g.m = m;
+    g.num_experts = E;
+    g.top_k = k;
+    g.capacity = m;
+    launch_group_pairs(g, stream_);
+    GatherRows gather;
+    gather.x = xf;
+    gather.counts = counts_.data<int32_t>();
+    gather.token_of_row = token_of_row_.data<int32_t>();
+    gather.gathered = gathered_.data<float>();
+    gather.num_experts = E;
+    gather.capacity = m;
+    gather.H = H;
+    launch_gather_rows(gather, stream_);
+    experts_.run(cublas_, stream_, m, gathered_.data<float>(), hidden_.data<float>(),
+                 out_.data<float>(), counts_.data<int32_t>());
+
+    WeightedSum w;
+    w.rows = out_.data<float>();
+    w.row_of_pair = row_of_pair_.data<int32_t>();
+    w.weights = weights_.data<float>();
+    w.y = y;
+    w.m = m;
+    w.top_k = k;
+    w.O = O;
+    launch_weighted_sum(w, y_dtype, stream_);
+  }
+
+  size_t weight_bytes() const { return router_.weight_bytes() + experts_.weight_bytes(); }
+  size_t workspace_bytes() const {
+    return router_.workspace_bytes() + x_f32_.nbytes() + indices_.nbytes() + weights_.nbytes() +
+           counts_.nbytes() + token_of_row_.nbytes() + row_of_pair_.nbytes() + gathered_.nbytes() +
+           hidden_.nbytes() + out_.nbytes();
+  }
+
+ private:
+  MoeConfig config_;
+  cudaStream_t stream_;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceRouter router_;
+  DeviceExperts experts_;
+  Buffer x_f32_, indices_, weights_, counts_, token_of_row_, row_of_pair_, gathered_, hidden_, out_;
+};
+
+}  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

@@ -1,0 +1,121 @@
+// The MoE layers' small kernels on a device (moe_kernels.cu): everything between the cuBLAS
+// GEMMs. Each takes its pointers and sizes in one struct and runs on the given stream; none
+// reads anything back to the host, so a forward made of them can be captured in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/flavor.hpp"
+#include "pmoe/dtype.hpp"
+
+namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
+
+// Rows of `dtype` (f32 or bf16) widened to f32: dst[r, c] = src[r, c] for c < cols. With
+// `row_limits` (per group of `group_rows` rows, the rows in use), rows past a group's limit are
+// skipped.
+struct WidenRows {
+  const void* src = nullptr;
+  int64_t src_ld = 0;
+  float* dst = nullptr;
+  int64_t dst_ld = 0;
+  int64_t rows = 0, cols = 0;
+  const int32_t* row_limits = nullptr;
+  int64_t group_rows = 0;
+};
+void launch_widen_rows(const WidenRows& w, DType dtype, cudaStream_t stream);
+
+// f32 rows rounded to `dtype` (f32 or bf16): dst[r, c] = round(src[r, c]) for c < cols, and with
+// pad_to > cols, dst[r, c] = 0 for c in [cols, pad_to). Row limits as WidenRows.
+struct NarrowRows {
+  const float* src = nullptr;
+  int64_t src_ld = 0;
+  void* dst = nullptr;
+  int64_t dst_ld = 0;
+  int64_t rows = 0, cols = 0, pad_to = 0;
+  const int32_t* row_limits = nullptr;
+  int64_t group_rows = 0;
+};
+void launch_narrow_rows(const NarrowRows& n, DType dtype, cudaStream_t stream);
+
+// Rows of one dtype copied into rows of another width: dst[r, c] = src[r, c] for c < copy_cols,
+// 0 for c in [copy_cols, dst_cols). Element bytes `elem`.
+struct CopyRows {
+  const void* src = nullptr;
+  int64_t src_ld = 0;
+  void* dst = nullptr;
+  int64_t dst_ld = 0;
+  int64_t rows = 0, copy_cols = 0, dst_cols = 0;
+};
+void launch_copy_rows(const CopyRows& c, int elem, cudaStream_t stream);
+
+// The router after its logits GEMM, one thread per token: the top_k experts by descending logit
+// (strict '>', so a tie goes to the lower expert, as the CPU router), then the softmax of those k
+// logits, subtracting the first (largest).
+struct TopKSoftmax {
+  const float* logits = nullptr;  // [m, E]
+  int32_t* indices = nullptr;     // [m, k]
+  float* weights = nullptr;       // [m, k]
+  int m = 0, num_experts = 0, top_k = 0;
+};
+void launch_top_k_softmax(const TopKSoftmax& t, cudaStream_t stream);
+
+// Groups a call's (token, slot) pairs by expert into fixed-capacity slots, one thread per
+// expert scanning the pairs in token order, so each expert's rows keep token order (as the CPU):
+//   counts[e]              rows of expert e (<= capacity)
+//   token_of_row[e * capacity + i]   the token of expert e's i-th row
+//   row_of_pair[t * k + j]           where pair (t, j)'s row is: e * capacity + i
+struct GroupPairs {
+  const int32_t* indices = nullptr;  // [m, k]
+  int32_t* counts = nullptr;         // [E]
+  int32_t* token_of_row = nullptr;   // [E, capacity]
+  int32_t* row_of_pair = nullptr;    // [m, k]
+  int m = 0, num_experts = 0, top_k = 0, capacity = 0;
+};
+void launch_group_pairs(const GroupPairs& g, cudaStream_t stream);
+
+// gathered[e * capacity + i, :] = x[token_of_row[e * capacity + i], :] for i < counts[e] (f32).
+struct GatherRows {
+  const float* x = nullptr;  // [m, H]
+  const int32_t* counts = nullptr;
+  const int32_t* token_of_row = nullptr;
+  float* gathered = nullptr;  // [E, capacity, H]
+  int num_experts = 0, capacity = 0, H = 0;
+};
+void launch_gather_rows(const GatherRows& g, cudaStream_t stream);
+
+// The experts' activation in place on f32 hidden rows [rows, halves * width] (ld = halves *
+// width): relu / gelu on [0, width), swiglu writes silu(gate) * linear over the gate half. Rows
+// past a group's limit are skipped (row_limits as WidenRows; may be null).
+struct Activate {
+  float* hidden = nullptr;
+  int64_t rows = 0, width = 0;
+  int act = 0;  // pmoe::Activation
+  const int32_t* row_limits = nullptr;
+  int64_t group_rows = 0;
+};
+void launch_activate(const Activate& a, cudaStream_t stream);
+
+// The gating: y[t, o] = sum over j of weights[t, j] * rows[row_of_pair[t * k + j], o], in f32,
+// in slot order, rounded once to `dtype` (f32 or bf16) into y [m, O] contiguous.
+struct WeightedSum {
+  const float* rows = nullptr;  // [*, O]
+  const int32_t* row_of_pair = nullptr;
+  const float* weights = nullptr;
+  void* y = nullptr;
+  int m = 0, top_k = 0, O = 0;
+};
+void launch_weighted_sum(const WeightedSum& w, DType dtype, cudaStream_t stream);
+
+// The TP all-reduce's sum: out[i] = round(((0 + part_0[i]) + part_1[i]) + ...), the W ranks'
+// f32 partials in rank order, so every rank gets the same bits.
+struct SumPartials {
+  const float* const* parts = nullptr;  // device array of W pointers (peers' regions)
+  int world = 0;
+  void* out = nullptr;
+  int64_t n = 0;
+};
+void launch_sum_partials(const SumPartials& s, DType dtype, cudaStream_t stream);
+
+}  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

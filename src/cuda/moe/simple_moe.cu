@@ -1,0 +1,38 @@
+// SimpleMoe on a device: the whole layer on one stream through DeviceLocalMoe (local_moe.cuh),
+// y written in the model's dtype by the gating kernel.
+#include <memory>
+
+#include "core/device_runtime.hpp"
+#include "cuda/flavor.hpp"
+#include "cuda/moe/local_moe.cuh"
+#include "moe/device_moe.hpp"
+
+namespace pmoe::detail::inline PMOE_CUDA_FLAVOR::moe {
+namespace {
+
+class DeviceSimpleMoe final : public DeviceMoe {
+ public:
+  DeviceSimpleMoe(const MoeConfig& config, int max_tokens, Device device, Stream stream)
+      : config_(config),
+        moe_(config, max_tokens, 0, config.ffn_dim, (set_device(device), device),
+             static_cast<cudaStream_t>(stream.handle)) {}
+
+  void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override {
+    moe_.forward(x, y.data(), config_.dtype, stats);
+  }
+  size_t weight_bytes() const override { return moe_.weight_bytes(); }
+  size_t workspace_bytes() const override { return moe_.workspace_bytes(); }
+
+ private:
+  MoeConfig config_;
+  cuda::DeviceLocalMoe moe_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceMoe> make_simple(const MoeConfig& config, int max_tokens, Device device,
+                                       Stream stream) {
+  return std::make_unique<DeviceSimpleMoe>(config, max_tokens, device, stream);
+}
+
+}  // namespace pmoe::detail::inline PMOE_CUDA_FLAVOR::moe

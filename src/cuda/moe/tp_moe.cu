@@ -1,0 +1,130 @@
+// TpMoe on a device: every rank runs all tokens through its hidden slice of every expert
+// (DeviceLocalMoe, local_moe.cuh), writing its f32 partial output straight into its own
+// symmetric region; one all-reduce per forward then sums the W partials, on the rank's stream:
+//
+//   symmetric region of rank r:  partial [m, O] f32       (max_tokens x O)
+//   signals of rank r:           landed = e   (r's partial of call e is in its region)
+//                                done = e     (r has read every region for call e)
+//                                call         (the call counter; no peer reads it)
+//
+//   stream: call += 1 | wait every peer's done >= e - 1 | layer -> own region | landed = e
+//           | wait every peer's landed >= e | y = sum of the W regions in rank order | done = e
+//
+// Peers' regions are read with loads (one node: symmetric memory is load/store reachable), summed
+// in rank order in f32 and rounded once, so every rank gets the same bits (as on the CPU). A rank
+// writes only its own memory; the done words keep it from overwriting a region a peer still
+// reads. Waits are bounded (PMOE_TIMEOUT_S); a timed-out wait is raised at the next call's entry.
+// Nothing waits on the host, so a forward can be captured in a CUDA graph.
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "core/device_runtime.hpp"
+#include "cuda/check.hpp"
+#include "cuda/flavor.hpp"
+#include "cuda/moe/local_moe.cuh"
+#include "cuda/overlap/signals.cuh"
+#include "moe/device_moe.hpp"
+
+namespace pmoe::detail::inline PMOE_CUDA_FLAVOR::moe {
+namespace {
+
+using namespace ::pmoe::cuda;
+
+constexpr int kLandedSlot = 0, kDoneSlot = 1, kCallSlot = 2, kSlots = 3;
+
+class DeviceTpMoe final : public DeviceMoe {
+ public:
+  DeviceTpMoe(Communicator& comm, const MoeConfig& config, int max_tokens)
+      : config_(config),
+        rank_(comm.rank()),
+        world_(comm.size()),
+        device_(comm.device()),
+        stream_((set_device(comm.device()), static_cast<cudaStream_t>(comm.stream().handle))),
+        timeout_ns_(uint64_t(comm.timeout_s() * 1e9)),
+        moe_(config, max_tokens, comm.rank() * (config.ffn_dim / comm.size()),
+             (comm.rank() + 1) * (config.ffn_dim / comm.size()), comm.device(), stream_) {
+    memory_ = comm.alloc_symmetric(size_t(max_tokens) * config.out_dim() * sizeof(float), kSlots);
+    std::vector<const float*> parts(static_cast<size_t>(world_));
+    for (int q = 0; q < world_; ++q) {
+      parts[size_t(q)] = reinterpret_cast<const float*>(memory_->peer(q));
+      PMOE_CHECK(parts[size_t(q)] != nullptr, "TpMoe on ", device_.str(), ": rank ", q,
+                 " is not load/store reachable from rank ", rank_,
+                 "; the device all-reduce needs every rank on one node");
+    }
+    parts_ = Buffer(DType::i64, {world_}, device_);  // W device pointers
+    copy(parts_, Tensor(parts.data(), DType::i64, {world_}));
+    PMOE_CUDA_CHECK(cudaHostAlloc(&fault_, sizeof(OverlapFault), cudaHostAllocMapped));
+    fault_->peer = -1;
+    fault_->what = 0;
+    PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&fault_device_), fault_, 0));
+    comm.barrier();  // every rank's memory and stream exist before any peer's first wait
+  }
+  ~DeviceTpMoe() override {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaFreeHost(fault_);
+  }
+
+  void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override {
+    throw_if_faulted();
+    const int64_t n = x.size(0) * config_.out_dim();
+    uint64_t* call = memory_->signal_word(rank_, kCallSlot);
+    count_call(call, stream_);
+    for (int q = 0; q < world_; ++q)  // q may still be reading this rank's previous partial
+      if (q != rank_)
+        wait_for_signal(memory_->signal_word(q, kDoneSlot), call, 1, timeout_ns_, q, kWaitDone,
+                        fault_device_, stream_);
+    moe_.forward(x, memory_->local(), DType::f32, stats);
+    raise_signal(memory_->signal_word(rank_, kLandedSlot), call, stream_);
+    for (int q = 0; q < world_; ++q)
+      if (q != rank_)
+        wait_for_signal(memory_->signal_word(q, kLandedSlot), call, 0, timeout_ns_, q, kWaitPiece,
+                        fault_device_, stream_);
+    SumPartials sum;
+    sum.parts = parts_.data<const float*>();
+    sum.world = world_;
+    sum.out = y.data();
+    sum.n = n;
+    launch_sum_partials(sum, config_.dtype, stream_);
+    raise_signal(memory_->signal_word(rank_, kDoneSlot), call, stream_);
+    stats.bytes_moved = (world_ - 1) * n * int64_t(sizeof(float));  // the peers' partials read
+  }
+
+  size_t weight_bytes() const override { return moe_.weight_bytes(); }
+  size_t workspace_bytes() const override {
+    return moe_.workspace_bytes() + memory_->bytes() +
+           size_t(memory_->signal_slots()) * SymmetricMemory::kSignalBytes + parts_.nbytes();
+  }
+
+ private:
+  // A wait of an earlier call timed out: the protocol is broken.
+  void throw_if_faulted() const {
+    using Word = std::atomic_ref<int32_t>;
+    const int32_t peer = Word(fault_->peer).load(std::memory_order_acquire);
+    if (peer < 0) return;
+    const int32_t what = Word(fault_->what).load(std::memory_order_relaxed);
+    throw Error(cat("TpMoe::forward on rank ", rank_, " (", device_.str(), "): rank ", peer,
+                    what == kWaitDone ? " did not finish reading the previous partials"
+                                      : " did not deliver its partial output",
+                    " within ", timeout_ns_ / 1e9, " s; build a new layer"));
+  }
+
+  MoeConfig config_;
+  int rank_, world_;
+  Device device_;
+  cudaStream_t stream_;
+  uint64_t timeout_ns_;
+  cuda::DeviceLocalMoe moe_;
+  std::unique_ptr<SymmetricMemory> memory_;
+  Buffer parts_;  // [W] const float*: every rank's region, for the sum kernel
+  OverlapFault* fault_ = nullptr;
+  OverlapFault* fault_device_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceMoe> make_tp(Communicator& comm, const MoeConfig& config, int max_tokens) {
+  return std::make_unique<DeviceTpMoe>(comm, config, max_tokens);
+}
+
+}  // namespace pmoe::detail::inline PMOE_CUDA_FLAVOR::moe

@@ -1,0 +1,290 @@
+// The MoE layers on one CUDA device shared by W thread ranks (W in {1, 2, 3, 4}), each rank with
+// its own stream: SimpleMoe, TpMoe and EpMoe against the plain reference and against the CPU
+// backend, every activation, f32 and bf16, uneven expert loads, ranks with no tokens, output
+// width != feature width, many calls on one layer; bad input named before any kernel runs.
+// Built for the emulated device and for a GPU (tests/cuda/cuda_test_flavor.hpp).
+#include <gtest/gtest.h>
+
+// After the standard headers: the emulated device's defines qualifiers such as __noinline__.
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "cpu/gemm.hpp"
+#include "cuda/cuda_test_flavor.hpp"
+#include "moe_cases.hpp"
+#include "pmoe/comm.hpp"
+#include "pmoe/error.hpp"
+#include "reference/moe_reference.hpp"
+
+namespace pmoe::testing {
+namespace {
+
+constexpr Activation kActivations[] = {Activation::relu, Activation::gelu, Activation::swiglu};
+
+// Runs `c` on W thread ranks of `device`; every rank must match the reference. Returns each
+// rank's output of the last call.
+std::vector<std::vector<float>> expect_case(MoeCase c, int W, Device device) {
+  cpu::set_blas_threads(1);  // thread ranks call BLAS at once (the CPU layers and cuBLAS's shim)
+  c.device = device;
+  std::vector<MoeCaseResult> results(static_cast<size_t>(W));
+  run_ranks(
+      W, [&](Communicator& comm) { results[size_t(comm.rank())] = run_moe_case(comm, c); }, device);
+  std::vector<std::vector<float>> outputs;
+  int compared = 0;
+  for (const MoeCaseResult& r : results) {
+    EXPECT_EQ(r.error, "") << describe(c, W);
+    compared += r.compared;
+    outputs.push_back(r.y);
+  }
+  if (c.batch > 0) {
+    EXPECT_GT(compared, 0) << describe(c, W);
+  }
+  return outputs;
+}
+
+// The case on the device, then on the CPU: both match the reference, and each other within the
+// dtype's tolerance (relative to the largest output).
+void expect_device_matches_cpu(const MoeCase& c, int W) {
+  const auto device = expect_case(c, W, Device::cuda(0));
+  const auto cpu = expect_case(c, W, Device::cpu());
+  ASSERT_EQ(device.size(), cpu.size());
+  for (size_t r = 0; r < cpu.size(); ++r) {
+    ASSERT_EQ(device[r].size(), cpu[r].size()) << describe(c, W);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < cpu[r].size(); ++i) {
+      worst = std::max(worst, double(std::abs(device[r][i] - cpu[r][i])));
+      scale = std::max(scale, double(std::abs(cpu[r][i])));
+    }
+    EXPECT_LE(worst, reference::moe_tolerance(c.config.dtype) * scale)
+        << describe(c, W) << " rank " << r;
+  }
+}
+
+MoeCase base_case(MoeVariant v, int W, Activation act, DType dtype) {
+  MoeCase c;
+  // Two experts per rank; ffn divisible by 1..4 for TP; a batch no W > 1 divides.
+  c.config =
+      make_moe_config(/*feature=*/24, /*ffn=*/36, /*experts=*/2 * W, /*top_k=*/2, act, dtype);
+  c.variant = v;
+  c.batch = 4 * W + 3;
+  return c;
+}
+
+class MoeCuda : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { PMOE_REQUIRE_CUDA_RUNTIME(); }
+};
+
+TEST_P(MoeCuda, SimpleMatchesReferenceAndCpu) {
+  const int W = GetParam();
+  for (Activation act : kActivations)
+    for (DType dtype : {DType::f32, DType::bf16})
+      expect_device_matches_cpu(base_case(MoeVariant::simple, W, act, dtype), W);
+}
+
+// Every rank's output has the same bits (run_moe_case checks it for TP).
+TEST_P(MoeCuda, TpMatchesReferenceAndCpu) {
+  const int W = GetParam();
+  for (Activation act : kActivations)
+    for (DType dtype : {DType::f32, DType::bf16})
+      expect_device_matches_cpu(base_case(MoeVariant::tp, W, act, dtype), W);
+  MoeCase many = base_case(MoeVariant::tp, W, Activation::swiglu, DType::bf16);
+  many.config.num_experts = 5 * W;
+  many.config.top_k = 3;
+  many.calls = 12;  // 11, 10, 9, ... tokens: the done words guard the regions' reuse
+  expect_device_matches_cpu(many, W);
+}
+
+TEST_P(MoeCuda, EpMatchesReferenceAndCpu) {
+  const int W = GetParam();
+  for (int mb : {1, 2})
+    for (Activation act : kActivations)
+      for (DType dtype : {DType::f32, DType::bf16}) {
+        MoeCase c = base_case(MoeVariant::ep, W, act, dtype);
+        c.micro_batches = mb;
+        expect_device_matches_cpu(c, W);
+      }
+}
+
+// Uneven expert loads: one token's worth of routing skewed by a batch of 1-3 tokens on W ranks
+// (ranks with none), 1 and 5 experts per rank, top-k = E, 12 calls on one layer (buffers and
+// epochs reused, m changing).
+TEST_P(MoeCuda, EpUnevenLoadsAndEmptyRanks) {
+  const int W = GetParam();
+  for (int mb : {1, 2}) {
+    MoeCase tiny = base_case(MoeVariant::ep, W, Activation::relu, DType::bf16);
+    tiny.micro_batches = mb;
+    tiny.batch = 2;  // calls run 2, 1, 0, 2, ... tokens
+    tiny.calls = 6;
+    expect_case(tiny, W, Device::cuda(0));
+    for (int per_rank : {1, 5}) {
+      MoeCase c = base_case(MoeVariant::ep, W, Activation::swiglu, DType::f32);
+      c.micro_batches = mb;
+      c.config.num_experts = W * per_rank;
+      c.config.top_k = std::min(3, c.config.num_experts);
+      c.calls = 12;
+      expect_device_matches_cpu(c, W);
+    }
+    MoeCase all = base_case(MoeVariant::ep, W, Activation::gelu, DType::f32);
+    all.micro_batches = mb;
+    all.config.top_k = all.config.num_experts;
+    expect_device_matches_cpu(all, W);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(W, MoeCuda, ::testing::Values(1, 2, 3, 4));
+
+// Shapes the base case does not reach, on 4 ranks: output width above and below the feature
+// width, top-k = E, and batches of 2, 1 and 0 tokens (ranks with none).
+TEST(MoeCudaShapes, OutputWidthDiffersFromFeatureWidth) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  for (int out : {64, 16})
+    for (MoeVariant v : {MoeVariant::simple, MoeVariant::tp, MoeVariant::ep})
+      for (int mb : {1, 2}) {
+        if (v != MoeVariant::ep && mb == 2) continue;
+        MoeCase c;
+        c.config = make_moe_config(32, 128, 4, 2, Activation::relu, DType::bf16, out);
+        c.variant = v;
+        c.micro_batches = mb;
+        c.batch = 19;
+        expect_device_matches_cpu(c, 4);
+      }
+}
+
+TEST(MoeCudaShapes, SimpleOddShapes) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  MoeCase all = base_case(MoeVariant::simple, 2, Activation::gelu, DType::f32);
+  all.config.top_k = all.config.num_experts;
+  expect_device_matches_cpu(all, 2);
+  for (MoeVariant v : {MoeVariant::simple, MoeVariant::tp}) {
+    MoeCase tiny = base_case(v, 4, Activation::relu, DType::f32);
+    tiny.batch = 2;  // 2, 1, 0, 2, ... tokens
+    tiny.calls = 6;
+    expect_case(tiny, 4, Device::cuda(0));
+  }
+}
+
+// A tensor on the wrong device, a wrong dtype or shape: named, before anything is launched; the
+// layer stays usable.
+TEST(MoeCudaInput, BadTensorsAreNamed) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const MoeConfig cfg = make_moe_config(8, 16, 4, 2);
+  SimpleMoe layer(cfg, 4, Device::cuda(0));
+  Buffer x(DType::f32, {4, 8}, Device::cuda(0)), y(DType::f32, {4, 8}, Device::cuda(0));
+  Buffer host_x(DType::f32, {4, 8}), bf16_y(DType::bf16, {4, 8}, Device::cuda(0));
+  Buffer short_y(DType::f32, {3, 8}, Device::cuda(0));
+  auto expect_error = [&](const Tensor& xa, const Tensor& ya, const std::string& words) {
+    try {
+      layer.forward(xa, ya);
+      ADD_FAILURE() << "accepted: " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  expect_error(host_x, y, "`x` must be on cuda:0, got cpu");
+  expect_error(x, bf16_y, "`y` must be f32");
+  expect_error(x, short_y, "`y` must have shape [4, 8]");
+  layer.forward(x, y);  // still usable
+  synchronize(Stream());
+}
+
+// The collective layers: every rank passes a host x (or a bf16 y for an f32 model), every rank
+// throws naming it, and the layer still runs a correct call afterwards.
+TEST(MoeCudaInput, CollectiveLayersNameBadTensorsAndStayUsable) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const MoeConfig cfg = make_moe_config(8, 16, 4, 2);
+  run_ranks(
+      2,
+      [&](Communicator& comm) {
+        EpMoe ep(comm, cfg, 4, 2);
+        TpMoe tp(comm, cfg, 4);
+        Buffer x(DType::f32, {4, 8}, Device::cuda(0)), y(DType::f32, {4, 8}, Device::cuda(0));
+        Buffer host_x(DType::f32, {4, 8}), bf16_y(DType::bf16, {4, 8}, Device::cuda(0));
+        auto expect_error = [](const std::function<void()>& call, const std::string& words) {
+          try {
+            call();
+            ADD_FAILURE() << "accepted: " << words;
+          } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+          }
+        };
+        expect_error([&] { ep.forward(host_x, y); },
+                     "EpMoe::forward: `x` must be on cuda:0, got cpu");
+        expect_error([&] { tp.forward(x, bf16_y); }, "TpMoe::forward: `y` must be f32");
+        ep.forward(x, y);
+        tp.forward(x, y);
+        synchronize(comm.stream());
+      },
+      Device::cuda(0));
+}
+
+// A whole forward captured into a CUDA graph on each rank (EpMoe with both micro-batch counts:
+// two streams, AllToAll, cuBLAS, the kernels; TpMoe: its signal words) and replayed with new
+// inputs written into the captured x: every replay matches the reference.
+TEST(MoeCudaGraph, ForwardCapturedAndReplayedWithNewInputs) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  cpu::set_blas_threads(1);
+  for (MoeVariant v : {MoeVariant::ep, MoeVariant::tp})
+    for (int mb : {1, 2}) {
+      if (v == MoeVariant::tp && mb == 2) continue;
+      const int W = 3, batch = 4 * W + 2;
+      const MoeConfig cfg = base_case(v, W, Activation::swiglu, DType::bf16).config;
+      std::vector<std::string> errors(W);
+      run_ranks(
+          W,
+          [&](Communicator& comm) {
+            const RowRange mine =
+                v == MoeVariant::ep ? shard_rows(batch, W, comm.rank()) : RowRange{0, batch};
+            std::unique_ptr<EpMoe> ep;
+            std::unique_ptr<TpMoe> tp;
+            if (v == MoeVariant::ep)
+              ep = std::make_unique<EpMoe>(comm, cfg, shard_rows(batch, W, 0).size(), mb);
+            else
+              tp = std::make_unique<TpMoe>(comm, cfg, batch);
+            const int H = cfg.feature_dim, O = cfg.out_dim();
+            Buffer x(cfg.dtype, {mine.size(), H}, Device::cuda(0));
+            Buffer y(cfg.dtype, {mine.size(), O}, Device::cuda(0));
+            Buffer y_host(cfg.dtype, {mine.size(), O});
+            auto stream = static_cast<cudaStream_t>(comm.stream().handle);
+            cudaGraph_t graph = nullptr;
+            cudaGraphExec_t exec = nullptr;
+            std::string& error = errors[size_t(comm.rank())];
+            if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+              error = "begin capture failed";
+            if (ep) ep->forward(x, y);
+            if (tp) tp->forward(x, y);
+            if (cudaStreamEndCapture(stream, &graph) != cudaSuccess ||
+                cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+              error = "end capture or instantiate failed";
+            for (int replay = 0; replay < 3 && error.empty(); ++replay) {
+              const Buffer input = reference::make_moe_input(cfg, batch, 100 + uint64_t(replay));
+              const size_t row = size_t(H) * dtype_size(cfg.dtype);
+              copy(x, Tensor(input.data<std::byte>() + size_t(mine.begin) * row, cfg.dtype,
+                             {mine.size(), H}));
+              if (cudaGraphLaunch(exec, stream) != cudaSuccess) error = "launch failed";
+              synchronize(comm.stream());
+              copy(y_host, y);
+              std::vector<int> rows;
+              for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);
+              const auto cmp =
+                  reference::compare_moe(cfg, reference::reference_moe(cfg, input, rows), y_host,
+                                         mine.begin, reference::moe_tolerance(cfg.dtype));
+              if (!cmp.error.empty()) error = detail::cat("replay ", replay, ": ", cmp.error);
+              if (cmp.compared == 0 && mine.size() > 0) error = "nothing compared";
+            }
+            if (exec) cudaGraphExecDestroy(exec);
+            if (graph) cudaGraphDestroy(graph);
+          },
+          Device::cuda(0));
+      for (int r = 0; r < W; ++r)
+        EXPECT_EQ(errors[size_t(r)], "")
+            << variant_name(v) << " micro_batches " << mb << " rank " << r;
+    }
+}
+
+}  // namespace
+}  // namespace pmoe::testing
