@@ -177,6 +177,35 @@ TEST(GinBootstrap, RequestChecksNameTheField) {
   EXPECT_NE(alone[0].find("form one node"), std::string::npos) << alone[0];
 }
 
+// Whether a CUDA AllToAll opens the GIN path (remote_setup.hpp, alloc_transport_memory): only
+// where the config splits the world into nodes, or the ranks span nodes and it does not say how.
+TEST(GinBootstrap, GpuRanksPerNodeOpensGinOnlyForASplitWorld) {
+  // Thread ranks share one node: no split, or one that covers the world, stays on CUDA IPC.
+  for (const auto& e : errors_per_rank(4, [](Communicator& comm) {
+         const int here = int(comm.node_ranks().size());
+         EXPECT_EQ(here, 4);
+         EXPECT_EQ(gpu_ranks_per_node(comm.size(), here, 0), 0);
+         EXPECT_EQ(gpu_ranks_per_node(comm.size(), here, 4), 0);
+         EXPECT_EQ(gpu_ranks_per_node(comm.size(), here, 2), 2);  // emulated nodes: GIN
+         EXPECT_EQ(gpu_ranks_per_node(comm.size(), here, 1), 1);  // each rank its own node
+       }))
+    EXPECT_EQ(e, "");
+  // Two nodes of 8 (an mpirun across nodes): the split given is taken as it is ...
+  EXPECT_EQ(gpu_ranks_per_node(16, 8, 8), 8);
+  EXPECT_EQ(gpu_ranks_per_node(16, 8, 4), 4);
+  // ... and without one, every rank (all see 8 of 16 on their node) refuses, naming the fix.
+  try {
+    (void)gpu_ranks_per_node(16, 8, 0);
+    ADD_FAILURE() << "ranks spanning nodes without ranks_per_node were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("only 8 of the 16 ranks share this rank's node"),
+              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("set AllToAllConfig::ranks_per_node"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)gpu_ranks_per_node(16, 8, 16), Error);  // "one node" that is not
+}
+
 TEST(GinBootstrap, WindowHoldsRegionThenSignalsInWholePages) {
   EXPECT_EQ(gin_signals_offset({100, 3, 1}), 128u);
   EXPECT_EQ(gin_window_bytes({100, 3, 1}), 4096u);

@@ -45,6 +45,15 @@ void check_gin_request(const Communicator& comm, const GinRequest& request) {
              request.ranks_per_node, "; the remote path is for ranks on two nodes or more");
 }
 
+int gpu_ranks_per_node(int world_size, int on_this_node, int configured) {
+  if (configured > 0 && configured < world_size) return configured;
+  PMOE_CHECK(on_this_node >= world_size, "AllToAll on CUDA: only ", on_this_node, " of the ",
+             world_size, " ranks share this rank's node, so the op crosses nodes; set "
+             "AllToAllConfig::ranks_per_node to the GPUs per node (", on_this_node,
+             " here) so that node peers are reached by load/store and the rest through GIN");
+  return 0;
+}
+
 size_t gin_signals_offset(const GinRequest& request) {
   return (request.region_bytes + SymmetricMemory::kSignalBytes - 1) /
          SymmetricMemory::kSignalBytes * SymmetricMemory::kSignalBytes;

@@ -35,6 +35,14 @@ struct GinRequest {
 // half-made NCCL state behind.
 void check_gin_request(const Communicator& comm, const GinRequest& request);
 
+// How the ranks of one op on CUDA devices reach each other: 0 where they are all on one node
+// (CUDA IPC, no remote path), else the ranks per node that the GIN remote path is opened with.
+// `configured`: AllToAllConfig::ranks_per_node (0 = no split); `on_this_node`: how many ranks
+// share this rank's node (Communicator::node_ranks()), which is the same on every rank of a job
+// that is either on one node or not. Throws pmoe::Error on every rank alike where the ranks span
+// nodes but no split says how (the kernels need ranks_per_node to tell node peers apart).
+int gpu_ranks_per_node(int world_size, int on_this_node, int configured);
+
 // The window holds the region, then one 64-byte direct signal word per slot (written by node
 // peers' stores), in whole kGinWindowAlign pages. Offset of the signal words, and the total.
 size_t gin_signals_offset(const GinRequest& request);
