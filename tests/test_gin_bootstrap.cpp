@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/agree_on_step.hpp"
 #include "cuda/transport/gin_bootstrap.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
@@ -106,13 +107,13 @@ TEST(GinBootstrap, ShareRootIdRejectsBadArguments) {
 TEST(GinBootstrap, AgreeOnStepNamesTheLowestFailedRankOnEveryRank) {
   // No failure: every rank returns.
   for (const auto& e : errors_per_rank(4, [](Communicator& comm) {
-         agree_on_step(
+         detail::agree_on_step(
              comm, [] {}, "loading NCCL");
        }))
     EXPECT_EQ(e, "");
   // Ranks 1 and 3 fail (say, no libnccl on their node): all four name rank 1 and its reason.
   const auto errors = errors_per_rank(4, [](Communicator& comm) {
-    agree_on_step(
+    detail::agree_on_step(
         comm,
         [&] {
           if (comm.rank() % 2 == 1)
@@ -125,6 +126,13 @@ TEST(GinBootstrap, AgreeOnStepNamesTheLowestFailedRankOnEveryRank) {
                   "GIN remote path: loading NCCL failed on rank 1: cannot load NCCL on rank 1"),
               std::string::npos)
         << "rank " << r << ": " << errors[size_t(r)];
+  // An exception without a message is still a failure, not a success.
+  const auto silent = errors_per_rank(3, [](Communicator& comm) {
+    detail::agree_on_step(
+        comm, [&] { if (comm.rank() == 2) throw std::runtime_error(""); }, "GIN step");
+  });
+  for (const auto& e : silent)
+    EXPECT_NE(e.find("GIN step failed on rank 2: (no message)"), std::string::npos) << e;
 }
 
 TEST(GinBootstrap, RanksSharingAGpuAreNamedOnEveryRank) {

@@ -56,11 +56,6 @@ std::vector<std::byte> share_root_id(Communicator& comm, int root, size_t id_byt
                                      const std::function<void(std::span<std::byte>)>& make,
                                      std::string_view what);
 
-// Collective. Every rank runs `step` (loading NCCL, choosing its device); if it throws on any rank,
-// every rank throws pmoe::Error naming the lowest such rank, `what` and that rank's message, so
-// that no rank goes on into a collective NCCL call that the failed rank will never join.
-void agree_on_step(Communicator& comm, const std::function<void()>& step, std::string_view what);
-
 // Collective. `device` names this rank's GPU uniquely across the job (host name and PCI bus id).
 // NCCL refuses two ranks of one communicator on the same GPU (ncclInvalidUsage, "Duplicate GPU
 // detected"); this says so first, on every rank, naming both ranks and the GPU.

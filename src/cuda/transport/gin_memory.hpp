@@ -15,6 +15,7 @@
 #include <memory>
 #include <utility>
 
+#include "comm/agree_on_step.hpp"
 #include "cuda/flavor.hpp"
 #include "cuda/transport/gin_bootstrap.hpp"
 #include "cuda/transport/gin_setup.hpp"
@@ -31,7 +32,7 @@ class GinMemory final : public SymmetricMemory {
                                          cudaStream_t stream) {
     NcclGinHandle gin = open_gpu_remote_path(comm, request);
     RemoteWiring wiring;
-    agree_on_step(
+    ::pmoe::detail::agree_on_step(
         comm, [&] { wiring = wire_gpu_remote_path(*gin, stream); },
         "GIN remote path: node peers' windows");
     return std::unique_ptr<GinMemory>(
