@@ -21,7 +21,10 @@
 #            refuses two ranks of one communicator on one GPU and GIN needs an RDMA NIC, so on a
 #            one-GPU machine this part is expected to report "unavailable here" with NCCL's
 #            reason, and passes; it fails only if the path was set up and then moved wrong bytes
-#            or lost a signal. Not in the default list: run it by name.
+#            or lost a signal. Where the ring check set GIN up, AllToAll then runs over it
+#            (pmoe-bench all-to-all --device cuda --ranks-per-node 1 under mpirun -n 2); where
+#            not, the part says AllToAll's remote path was not run and why. Not in the default
+#            list: run it by name.
 # A part that fails is reported and the next one still runs; the exit status says whether all
 # passed.
 set -uo pipefail
@@ -119,9 +122,17 @@ part_gin() {
   if [ "$status" -eq 77 ]; then
     echo "gin: UNAVAILABLE on this machine (the reason is above; on one GPU, NCCL refuses two ranks" \
          "of one communicator there, and GIN needs an RDMA NIC). Not a failure."
+    echo "gin: AllToAll over GIN NOT RUN: it needs the same GIN set-up, which failed above."
     return 0
   fi
-  return "$status"
+  [ "$status" -eq 0 ] || return "$status"
+  # GIN works here: AllToAll across the two one-rank nodes, every peer through GIN, each call
+  # checked against the reference (a wrong result exits non-zero), then timed.
+  echo "gin: AllToAll over GIN (2 processes, --ranks-per-node 1)"
+  PMOE_NCCL_LIBRARY="$nccl" PMOE_TIMEOUT_S=30 NCCL_DEBUG=WARN \
+    timeout 300 mpirun -n 2 -x PMOE_NCCL_LIBRARY -x PMOE_TIMEOUT_S -x NCCL_DEBUG \
+    pmoe-bench all-to-all --device cuda --ranks-per-node 1 --tokens 1,128 --iters 20 \
+    --json "$OUT/gin_all_to_all.json"
 }
 
 parts=("$@")

@@ -159,17 +159,17 @@ TEST(CommThreads, SetUpErrorOfOneRankIsRaisedOnEveryRank) {
   std::vector<std::string> errors(W);
   run_ranks(W, [&](Communicator& comm) {
     detail::agree_on_step(comm, "", "step 1");  // nobody failed: no error
-    const std::string mine = comm.rank() == 1 ? std::string(300, 'x') : "";
+    const std::string mine = comm.rank() == 1 ? std::string(600, 'x') : "";
     try {
       detail::agree_on_step(comm, mine, "alloc_symmetric (map)");
     } catch (const Error& e) {
       errors[size_t(comm.rank())] = e.what();
     }
   });
-  const std::string want = "alloc_symmetric (map) failed on rank 1: " + std::string(199, 'x');
+  const std::string want = "alloc_symmetric (map) failed on rank 1: " + std::string(479, 'x');
   for (int r = 0; r < W; ++r) EXPECT_NE(errors[size_t(r)].find(want), std::string::npos) << r;
-  for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)].find(std::string(200, 'x')),
-                                        std::string::npos) << "the text is cut at 199 bytes";
+  for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)].find(std::string(480, 'x')),
+                                        std::string::npos) << "the text is cut at 479 bytes";
 }
 
 TEST(CommThreads, ZeroRanksIsRejected) {

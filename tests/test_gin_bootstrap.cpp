@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/agree_on_step.hpp"
 #include "cuda/transport/gin_bootstrap.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
@@ -106,13 +107,13 @@ TEST(GinBootstrap, ShareRootIdRejectsBadArguments) {
 TEST(GinBootstrap, AgreeOnStepNamesTheLowestFailedRankOnEveryRank) {
   // No failure: every rank returns.
   for (const auto& e : errors_per_rank(4, [](Communicator& comm) {
-         agree_on_step(
+         detail::agree_on_step(
              comm, [] {}, "loading NCCL");
        }))
     EXPECT_EQ(e, "");
   // Ranks 1 and 3 fail (say, no libnccl on their node): all four name rank 1 and its reason.
   const auto errors = errors_per_rank(4, [](Communicator& comm) {
-    agree_on_step(
+    detail::agree_on_step(
         comm,
         [&] {
           if (comm.rank() % 2 == 1)
@@ -125,6 +126,13 @@ TEST(GinBootstrap, AgreeOnStepNamesTheLowestFailedRankOnEveryRank) {
                   "GIN remote path: loading NCCL failed on rank 1: cannot load NCCL on rank 1"),
               std::string::npos)
         << "rank " << r << ": " << errors[size_t(r)];
+  // An exception without a message is still a failure, not a success.
+  const auto silent = errors_per_rank(3, [](Communicator& comm) {
+    detail::agree_on_step(
+        comm, [&] { if (comm.rank() == 2) throw std::runtime_error(""); }, "GIN step");
+  });
+  for (const auto& e : silent)
+    EXPECT_NE(e.find("GIN step failed on rank 2: (no message)"), std::string::npos) << e;
 }
 
 TEST(GinBootstrap, RanksSharingAGpuAreNamedOnEveryRank) {
@@ -175,6 +183,35 @@ TEST(GinBootstrap, RequestChecksNameTheField) {
     check_gin_request(comm, {4096, 8, 1});
   });
   EXPECT_NE(alone[0].find("form one node"), std::string::npos) << alone[0];
+}
+
+// Whether a CUDA AllToAll opens the GIN path (remote_setup.hpp, alloc_transport_memory): only
+// where the config splits the world into nodes, or the ranks span nodes and it does not say how.
+TEST(GinBootstrap, GpuRanksPerNodeOpensGinOnlyForASplitWorld) {
+  // Thread ranks share one node: no split, or one that covers the world, stays on CUDA IPC.
+  for (const auto& e : errors_per_rank(4, [](Communicator& comm) {
+         const int here = int(comm.node_ranks().size());
+         EXPECT_EQ(here, 4);
+         EXPECT_EQ(gpu_ranks_per_node(comm.size(), here, 0), 0);
+         EXPECT_EQ(gpu_ranks_per_node(comm.size(), here, 4), 0);
+         EXPECT_EQ(gpu_ranks_per_node(comm.size(), here, 2), 2);  // emulated nodes: GIN
+         EXPECT_EQ(gpu_ranks_per_node(comm.size(), here, 1), 1);  // each rank its own node
+       }))
+    EXPECT_EQ(e, "");
+  // Two nodes of 8 (an mpirun across nodes): the split given is taken as it is ...
+  EXPECT_EQ(gpu_ranks_per_node(16, 8, 8), 8);
+  EXPECT_EQ(gpu_ranks_per_node(16, 8, 4), 4);
+  // ... and without one, every rank (all see 8 of 16 on their node) refuses, naming the fix.
+  try {
+    (void)gpu_ranks_per_node(16, 8, 0);
+    ADD_FAILURE() << "ranks spanning nodes without ranks_per_node were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("only 8 of the 16 ranks share this rank's node"),
+              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("set AllToAllConfig::ranks_per_node"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)gpu_ranks_per_node(16, 8, 16), Error);  // "one node" that is not
 }
 
 TEST(GinBootstrap, WindowHoldsRegionThenSignalsInWholePages) {

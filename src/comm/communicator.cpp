@@ -72,7 +72,7 @@ SymmetricMemory::~SymmetricMemory() = default;
 
 // For a timeout's message: the peer's rejected call where this rank can see it, else a hint.
 std::string SymmetricMemory::peer_rejection(int peer) const {
-  const std::string reason = group_->rejection_of(peer);
+  const std::string reason = group_ ? group_->rejection_of(peer) : std::string();
   if (!reason.empty())
     return detail::cat("; rank ", peer, " rejected its call (", reason,
                        "), and a call one rank rejects never reaches its peers");

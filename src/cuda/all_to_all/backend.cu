@@ -39,8 +39,8 @@ class CudaAllToAll final : public AllToAllBackend {
                " ranks, got ", comm.size());
     PMOE_CHECK(!config.in_place_buffers, "AllToAll on CUDA: in_place_buffers is not supported "
                "on this backend yet; pass your own buffers");
-    memory_ = split_into_nodes(comm.alloc_symmetric(layout_.total_bytes, layout_.signal_slots()),
-                               config.ranks_per_node);
+    memory_ = cuda::alloc_transport_memory(comm, layout_.total_bytes, layout_.signal_slots(),
+                                           config.ranks_per_node, stream_);
     remote_ = std::make_unique<cuda::RemoteSetup>(*memory_, AllToAllLayout::kSignalWords);
     // Counted after a barrier (every rank of this process has made its stream) and agreed on
     // (the largest count), so that every rank decides alike even as failing ones leave.

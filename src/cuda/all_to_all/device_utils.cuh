@@ -46,11 +46,13 @@ __device__ __forceinline__ void report(ErrorWord* error, int32_t code, int32_t d
   }
 }
 
-// Spins until `word` >= value; false (and an error report naming `peer`) after the timeout.
-__device__ __forceinline__ bool wait_signal(uint64_t* word, uint64_t value, uint64_t timeout_ns,
-                                           ErrorWord* error, int peer, Step step) {
+// Spins until read() >= value; false (and an error report naming `peer`) after the timeout, or
+// once another thread reported a fatal error. read() is a signal read with acquire.
+template <typename Read>
+__device__ __forceinline__ bool wait_until_at_least(Read read, uint64_t value, uint64_t timeout_ns,
+                                                   ErrorWord* error, int peer, Step step) {
   const uint64_t start = global_timer_ns();
-  while (signal_acquire(word) < value) {
+  while (read() < value) {
     if (global_timer_ns() - start > timeout_ns) {
       report(error, kTimeout, peer, step);
       return false;
@@ -61,6 +63,13 @@ __device__ __forceinline__ bool wait_signal(uint64_t* word, uint64_t value, uint
     __nanosleep(100);
   }
   return true;
+}
+
+// Spins until `word` >= value, as wait_until_at_least says.
+__device__ __forceinline__ bool wait_signal(uint64_t* word, uint64_t value, uint64_t timeout_ns,
+                                           ErrorWord* error, int peer, Step step) {
+  return wait_until_at_least([word] { return signal_acquire(word); }, value, timeout_ns, error,
+                             peer, step);
 }
 
 template <typename Word>

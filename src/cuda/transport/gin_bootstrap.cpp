@@ -5,6 +5,7 @@
 #include <exception>
 #include <string>
 
+#include "comm/agree_on_step.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe::cuda {
@@ -13,16 +14,6 @@ namespace {
 // What root broadcasts: one status byte, the id, then root's error message (truncated) if make
 // failed. The same size on every rank, as broadcast requires.
 constexpr size_t kMessageBytes = 480;
-
-// Runs `fn`; its exception's message, or "" if it returned.
-std::string failure_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what()[0] ? e.what() : "(no message)";
-  }
-  return {};
-}
 
 }  // namespace
 
@@ -45,6 +36,15 @@ void check_gin_request(const Communicator& comm, const GinRequest& request) {
              request.ranks_per_node, "; the remote path is for ranks on two nodes or more");
 }
 
+int gpu_ranks_per_node(int world_size, int on_this_node, int configured) {
+  if (configured > 0 && configured < world_size) return configured;
+  PMOE_CHECK(on_this_node >= world_size, "AllToAll on CUDA: only ", on_this_node, " of the ",
+             world_size, " ranks share this rank's node, so the op crosses nodes; set "
+             "AllToAllConfig::ranks_per_node to the GPUs per node (", on_this_node,
+             " here) so that node peers are reached by load/store and the rest through GIN");
+  return 0;
+}
+
 size_t gin_signals_offset(const GinRequest& request) {
   return (request.region_bytes + SymmetricMemory::kSignalBytes - 1) /
          SymmetricMemory::kSignalBytes * SymmetricMemory::kSignalBytes;
@@ -64,7 +64,7 @@ std::vector<std::byte> share_root_id(Communicator& comm, int root, size_t id_byt
   PMOE_CHECK(id_bytes > 0, "share_root_id: id_bytes must be positive, got 0");
   std::vector<std::byte> message(1 + id_bytes + kMessageBytes);
   if (comm.rank() == root) {
-    const std::string error = failure_of([&] { make(std::span(message).subspan(1, id_bytes)); });
+    const std::string error = detail::failure_of([&] { make(std::span(message).subspan(1, id_bytes)); });
     message[0] = std::byte{error.empty() ? uint8_t(1) : uint8_t(0)};
     std::memcpy(message.data() + 1 + id_bytes, error.data(),
                 std::min(error.size(), kMessageBytes - 1));
@@ -76,21 +76,6 @@ std::vector<std::byte> share_root_id(Communicator& comm, int root, size_t id_byt
                             std::string(text, strnlen(text, kMessageBytes))));
   }
   return {message.begin() + 1, message.begin() + 1 + std::ptrdiff_t(id_bytes)};
-}
-
-void agree_on_step(Communicator& comm, const std::function<void()>& step, std::string_view what) {
-  const std::string error = failure_of(step);
-  std::vector<std::byte> mine(1 + kMessageBytes);
-  mine[0] = std::byte{error.empty() ? uint8_t(1) : uint8_t(0)};
-  std::memcpy(mine.data() + 1, error.data(), std::min(error.size(), kMessageBytes - 1));
-  const auto all = comm.all_gather(mine);
-  for (int r = 0; r < comm.size(); ++r) {
-    const std::byte* theirs = all.data() + size_t(r) * mine.size();
-    if (theirs[0] == std::byte{1}) continue;
-    const char* text = reinterpret_cast<const char*>(theirs + 1);
-    throw Error(detail::cat(what, " failed on rank ", r, ": ",
-                            std::string(text, strnlen(text, kMessageBytes))));
-  }
 }
 
 void check_distinct_devices(Communicator& comm, std::string_view device) {

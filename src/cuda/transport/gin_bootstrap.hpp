@@ -35,6 +35,14 @@ struct GinRequest {
 // half-made NCCL state behind.
 void check_gin_request(const Communicator& comm, const GinRequest& request);
 
+// How the ranks of one op on CUDA devices reach each other: 0 where they are all on one node
+// (CUDA IPC, no remote path), else the ranks per node that the GIN remote path is opened with.
+// `configured`: AllToAllConfig::ranks_per_node (0 = no split); `on_this_node`: how many ranks
+// share this rank's node (Communicator::node_ranks()), which is the same on every rank of a job
+// that is either on one node or not. Throws pmoe::Error on every rank alike where the ranks span
+// nodes but no split says how (the kernels need ranks_per_node to tell node peers apart).
+int gpu_ranks_per_node(int world_size, int on_this_node, int configured);
+
 // The window holds the region, then one 64-byte direct signal word per slot (written by node
 // peers' stores), in whole kGinWindowAlign pages. Offset of the signal words, and the total.
 size_t gin_signals_offset(const GinRequest& request);
@@ -47,11 +55,6 @@ size_t gin_window_bytes(const GinRequest& request);
 std::vector<std::byte> share_root_id(Communicator& comm, int root, size_t id_bytes,
                                      const std::function<void(std::span<std::byte>)>& make,
                                      std::string_view what);
-
-// Collective. Every rank runs `step` (loading NCCL, choosing its device); if it throws on any rank,
-// every rank throws pmoe::Error naming the lowest such rank, `what` and that rank's message, so
-// that no rank goes on into a collective NCCL call that the failed rank will never join.
-void agree_on_step(Communicator& comm, const std::function<void()>& step, std::string_view what);
 
 // Collective. `device` names this rank's GPU uniquely across the job (host name and PCI bus id).
 // NCCL refuses two ranks of one communicator on the same GPU (ncclInvalidUsage, "Duplicate GPU

@@ -8,6 +8,7 @@
 #include <exception>
 #include <string>
 
+#include "comm/agree_on_step.hpp"
 #include "cuda/check.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/transport/gin_remote.cuh"
@@ -40,7 +41,7 @@ NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
   device_ = comm.device().index;
   // Ranks on other nodes may lack NCCL (or have another release): all learn it before any waits.
   std::string gpu;
-  agree_on_step(
+  ::pmoe::detail::agree_on_step(
       comm,
       [&] {
         PMOE_CUDA_CHECK(cudaSetDevice(device_));

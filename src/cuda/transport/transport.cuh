@@ -74,18 +74,8 @@ __device__ __forceinline__ uint64_t read_signal(const Transport& t, int slot) {
 __device__ __forceinline__ bool wait_signal(const Transport& t, int slot, uint64_t least,
                                            uint64_t timeout_ns, ErrorWord* error, int peer,
                                            Step step) {
-  const uint64_t start = global_timer_ns();
-  while (read_signal(t, slot) < least) {
-    if (global_timer_ns() - start > timeout_ns) {
-      report(error, kTimeout, peer, step);
-      return false;
-    }
-    const int32_t code = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(error->code)
-                             .load(::cuda::memory_order_relaxed);
-    if (is_fatal(code)) return false;
-    __nanosleep(100);
-  }
-  return true;
+  return wait_until_at_least([&t, slot] { return read_signal(t, slot); }, least, timeout_ns,
+                             error, peer, step);
 }
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR
