@@ -102,18 +102,7 @@ class DeviceEpMoe final : public DeviceMoe {
     stats.expert_flops = experts_.flops(stats.expert_rows);
 
     // Route, and stage the tokens at the wire width.
-    const float* xf = x.data<float>();
-    if (config_.dtype != DType::f32 && m > 0) {
-      WidenRows w;
-      w.src = x.data();
-      w.src_ld = H;
-      w.dst = x_f32_.data<float>();
-      w.dst_ld = H;
-      w.rows = m;
-      w.cols = H;
-      launch_widen_rows(w, config_.dtype, main_);
-      xf = x_f32_.data<float>();
-    }
+    const float* xf = rows_as_f32(x.data(), config_.dtype, m, H, x_f32_.data<float>(), main_);
     router_.route(router_blas_, main_, m, xf, indices_.data<int32_t>(), weights_.data<float>());
     std::byte* x_send = static_cast<std::byte*>(x.data());
     std::byte* y_recv = static_cast<std::byte*>(y.data());

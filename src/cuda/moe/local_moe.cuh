@@ -60,18 +60,7 @@ class DeviceLocalMoe {
     stats.expert_rows = int64_t(E) * m;  // every slot is computed
     stats.expert_flops = experts_.flops(stats.expert_rows);
     if (m == 0) return;
-    const float* xf = x.data<float>();
-    if (config_.dtype != DType::f32) {
-      WidenRows w;
-      w.src = x.data();
-      w.src_ld = H;
-      w.dst = x_f32_.data<float>();
-      w.dst_ld = H;
-      w.rows = m;
-      w.cols = H;
-      launch_widen_rows(w, config_.dtype, stream_);
-      xf = x_f32_.data<float>();
-    }
+    const float* xf = rows_as_f32(x.data(), config_.dtype, m, H, x_f32_.data<float>(), stream_);
     router_.route(cublas_, stream_, m, xf, indices_.data<int32_t>(), weights_.data<float>());
 
     GroupPairs g;

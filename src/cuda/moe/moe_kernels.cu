@@ -215,6 +215,20 @@ void launch_widen_rows(const WidenRows& w, DType dtype, cudaStream_t stream) {
   launch_typed<Widen>("MoE widen_rows", dtype, blocks_for(w.rows * w.cols), stream, w);
 }
 
+const float* rows_as_f32(const void* x, DType dtype, int64_t m, int64_t H, float* scratch,
+                         cudaStream_t stream) {
+  if (dtype == DType::f32 || m == 0) return static_cast<const float*>(x);
+  WidenRows w;
+  w.src = x;
+  w.src_ld = H;
+  w.dst = scratch;
+  w.dst_ld = H;
+  w.rows = m;
+  w.cols = H;
+  launch_widen_rows(w, dtype, stream);
+  return scratch;
+}
+
 void launch_narrow_rows(const NarrowRows& n, DType dtype, cudaStream_t stream) {
   const int64_t elements = n.rows * std::max(n.cols, n.pad_to);
   if (elements == 0) return;

@@ -25,6 +25,10 @@ struct WidenRows {
   int64_t group_rows = 0;
 };
 void launch_widen_rows(const WidenRows& w, DType dtype, cudaStream_t stream);
+// A layer's input rows (m x H, packed) as f32: `x` itself when `dtype` is f32, else widened into
+// `scratch` (m x H) on `stream`. The router and the experts read f32.
+const float* rows_as_f32(const void* x, DType dtype, int64_t m, int64_t H, float* scratch,
+                         cudaStream_t stream);
 
 // f32 rows rounded to `dtype` (f32 or bf16): dst[r, c] = round(src[r, c]) for c < cols, and with
 // pad_to > cols, dst[r, c] = 0 for c in [cols, pad_to). Row limits as WidenRows.
