@@ -18,7 +18,6 @@
 // per_rank: for every rank, network_measured (AllToAll::remote_traffic() around one call) and
 // network_counted / load_store_counted / same_rank_counted (count_traffic of the same routing:
 // bytes, transfers and signals sent, bytes received), rows, and network_matches_count.
-#include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -36,7 +35,6 @@
 #include "core/device_runtime.hpp"
 #include "pmoe/all_to_all.hpp"
 #include "pmoe/error.hpp"
-#include "pmoe/mpi_communicator.hpp"
 #include "reference/all_to_all_reference.hpp"
 #include "report.hpp"
 #include "subcommands.hpp"
@@ -453,20 +451,7 @@ void run(const Options& o) {
         }
       }
     };
-    if (launched_by_mpi()) {
-      // One process per rank, spread over the node's GPUs as launchers place them.
-      MPI_Comm node;
-      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-      int local_rank = 0;
-      MPI_Comm_rank(node, &local_rank);
-      MPI_Comm_free(&node);
-      const int gpus = detail::device_runtime().device_count();
-      PMOE_CHECK(gpus >= 1, "--device cuda: no CUDA device visible to this process");
-      MpiCommunicator comm(MPI_COMM_WORLD, Device::cuda(local_rank % gpus));
-      run_cuda(comm);
-    } else {
-      for (int W : rank_counts) run_ranks(W, run_cuda, Device::cuda(0));
-    }
+    for (int W : rank_counts) run_on_ranks(launched_by_mpi() ? 0 : W, run_cuda, Device::cuda(0));
   }
   for (int W : o.device == "cuda" ? std::vector<int>{} : rank_counts) {
     std::mutex mutex;

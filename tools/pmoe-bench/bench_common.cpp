@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/device_runtime.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/mpi_communicator.hpp"
 
@@ -44,9 +45,26 @@ bool is_printing_rank() {
   return rank == 0;
 }
 
-void run_on_ranks(int ranks, const std::function<void(Communicator&)>& fn) {
-  if (!launched_by_mpi()) return run_ranks(ranks, fn);
-  MpiCommunicator comm(MPI_COMM_WORLD);
+namespace {
+
+// This process's GPU under mpirun: its index among the processes of its node.
+Device gpu_of_this_process() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local_rank = 0;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+  const int gpus = detail::device_runtime().device_count();
+  PMOE_CHECK(gpus >= 1, "--device cuda: no CUDA device visible to this process");
+  return Device::cuda(local_rank % gpus);
+}
+
+}  // namespace
+
+void run_on_ranks(int ranks, const std::function<void(Communicator&)>& fn, Device device) {
+  if (!launched_by_mpi()) return run_ranks(ranks, fn, device);
+  MpiCommunicator comm(MPI_COMM_WORLD,
+                       device.kind == Device::Kind::cpu ? Device::cpu() : gpu_of_this_process());
   PMOE_CHECK(ranks == 0 || ranks == comm.size(), "--ranks ", ranks,
              " differs from the ", comm.size(), " MPI processes; under mpirun, ranks are the "
              "processes");

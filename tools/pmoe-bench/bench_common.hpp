@@ -8,8 +8,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <vector>
-
 #include "pmoe/comm.hpp"
 
 namespace pmoe::bench {
@@ -18,8 +16,11 @@ namespace pmoe::bench {
 bool launched_by_mpi();
 
 // Runs fn on `ranks` thread ranks, or, under mpirun, on this process's MPI rank (then `ranks`
-// must be the MPI world size or 0). MPI is initialised by main().
-void run_on_ranks(int ranks, const std::function<void(Communicator&)>& fn);
+// must be the MPI world size or 0). MPI is initialised by main(). With a CUDA `device`, thread
+// ranks share that GPU; MPI processes are spread over their node's GPUs as launchers place them
+// (GPU = index among the node's processes, modulo the GPUs visible).
+void run_on_ranks(int ranks, const std::function<void(Communicator&)>& fn,
+                  Device device = Device::cpu());
 
 // The rank counts to run: `ranks` with thread ranks; under mpirun the number of MPI processes,
 // which --ranks, when `given`, must name (anything else is an error, not silently ignored).

@@ -19,7 +19,6 @@
 // process per rank on the node's GPUs), A, B and C in device memory, each step timed with events
 // on the rank's stream (run() forks its copy stream from it and joins it back). On the emulated
 // device (no GPU visible) the same checks run and the times are labelled emulation.
-#include <mpi.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -38,7 +37,6 @@
 #include "cpu/gemm.hpp"
 #include "cpu/overlap_plan.hpp"
 #include "pmoe/error.hpp"
-#include "pmoe/mpi_communicator.hpp"
 #include "pmoe/overlap.hpp"
 #include "pmoe/stream.hpp"
 #include "reference/overlap_reference.hpp"
@@ -375,22 +373,8 @@ void run(const Options& o) {
     std::lock_guard lock(mutex);
     outcome = mine;
   };
-  if (o.device == "cpu") {
-    run_on_ranks(launched_by_mpi() ? 0 : W, body);
-  } else if (launched_by_mpi()) {
-    // One process per rank, spread over the node's GPUs as launchers place them.
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    int local_rank = 0;
-    MPI_Comm_rank(node, &local_rank);
-    MPI_Comm_free(&node);
-    const int gpus = detail::device_runtime().device_count();
-    PMOE_CHECK(gpus >= 1, "--device cuda: no CUDA device visible to this process");
-    MpiCommunicator comm(MPI_COMM_WORLD, Device::cuda(local_rank % gpus));
-    body(comm);
-  } else {
-    run_ranks(W, body, Device::cuda(0));
-  }
+  run_on_ranks(launched_by_mpi() ? 0 : W, body,
+               o.device == "cpu" ? Device::cpu() : Device::cuda(0));
   if (is_printing_rank()) report(o, cfg, W, blas, outcome);
 }
 
