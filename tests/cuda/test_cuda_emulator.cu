@@ -73,6 +73,41 @@ TEST(EmulatedDevice, MissingBarrierAfterThread0sSharedWriteFailsWhenThread0RunsL
   }
 }
 
+// Thread 0 of each block reads the block's __shared__ word before it writes it. Not a template:
+// the emulated device garbage-fills only the `__shared__` of non-inline functions
+// (src/cuda/emulator/shared_memory.hpp).
+constexpr int kLeftByTheLastBlock = 0x5eed;
+__global__ void read_shared_before_writing(int* first_read) {
+  __shared__ int word;
+  if (threadIdx.x == 0) {
+    first_read[blockIdx.x] = word;
+    word = kLeftByTheLastBlock;
+  }
+}
+
+// On a GPU a block's shared memory holds what an earlier block left; a block that reads it
+// before its own write (a missing barrier before thread 0's flag is read) must not find the
+// right value there by luck. More blocks than the device holds at once, so host threads are
+// reused.
+TEST(EmulatedDevice, SharedMemoryStartsWithGarbageNotWhatTheBlockBeforeLeft) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  if (!kOnEmulatedDevice) GTEST_SKIP() << "a GPU leaves whatever it leaves";
+  constexpr int kBlocks = 96;
+  int* first_read = nullptr;
+  expect_ok(cudaMalloc(&first_read, kBlocks * sizeof(int)), "cudaMalloc");
+  for (int launch = 0; launch < 2; ++launch) {
+    cuda::launch_shaped(read_shared_before_writing, unsigned(kBlocks), 32u, nullptr, first_read);
+    std::vector<int> host(kBlocks);
+    expect_ok(cudaMemcpy(host.data(), first_read, sizeof(int) * kBlocks, cudaMemcpyDeviceToHost),
+              "copy back");
+    for (int b = 0; b < kBlocks; ++b) {
+      EXPECT_NE(host[size_t(b)], kLeftByTheLastBlock) << "launch " << launch << " block " << b;
+      EXPECT_EQ(uint32_t(host[size_t(b)]), 0xcdcdcdcdu) << "launch " << launch << " block " << b;
+    }
+  }
+  cudaFree(first_read);
+}
+
 // The ways block 0 publishes a word to block 1 of the same grid.
 enum class Publish {
   release_store,              // right: the signal's release store

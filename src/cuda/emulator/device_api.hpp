@@ -2,7 +2,8 @@
 // built-in indices of the calling thread, barriers, atomics, fences and the arithmetic intrinsics
 // pmoe's kernels call. A block's threads are fibers on one host thread (grid.cpp), so:
 // - `__shared__` is `static thread_local`: one copy per host thread, and a block keeps its host
-//   thread from its first instruction to its last;
+//   thread from its first instruction to its last; it is filled with garbage at every block's
+//   start (shared_memory.hpp);
 // - threadIdx and friends read the state of the fiber now running;
 // - __syncthreads() and __nanosleep() are where a fiber hands over to the next one.
 // Atomics are std::atomic_ref read-modify-writes with acq_rel order (CUDA's are relaxed; the
