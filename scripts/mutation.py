@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The emulated device's mutation suite (`make mutation`; docs/emulated-device.md).
 
-Each mutant is one small change to the CUDA kernel sources (src/cuda/all_to_all/*.cu, *.cuh) of
-one of the classes below, found automatically in the source text. For each, a copy of the tree is
+Each mutant is one small change to the CUDA kernel sources (KERNEL_GLOBS: the AllToAll and
+overlap kernels, the device transport's emulated flavour, memory_ops.cuh) of one of the classes
+below, found automatically in the source text. For each, a copy of the tree is
 rebuilt in a lean build directory (emulated device only, ccache) and the emulated CUDA tests run
 (`ctest -L cuda`, both of the suite's schedules, late stores on, stopping at the first failure).
 A mutant is killed when a test fails, survives when all pass. Mutants that are equivalent by
@@ -25,10 +26,24 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNEL_FILES = ["src/cuda/all_to_all/dispatch.cu", "src/cuda/all_to_all/combine.cu",
-                "src/cuda/all_to_all/device_utils.cuh", "src/cuda/all_to_all/narrow_indices.cu"]
+# Every kernel source the emulated device compiles (globs, so new files join): the AllToAll and
+# overlap kernels, the device transport's emulated flavour and the store helper. Left out:
+# transport/gin_remote.cuh and gin_ring_check.cu (NCCL GIN: GPU builds only, which nothing here
+# runs) and the host-only files (no pattern below matches them anyway).
+KERNEL_GLOBS = ["src/cuda/all_to_all/*.cu", "src/cuda/all_to_all/*.cuh", "src/cuda/overlap/*.cu",
+                "src/cuda/overlap/*.cuh", "src/cuda/transport/*.cuh", "src/cuda/memory_ops.cuh"]
+NOT_EMULATED = {"src/cuda/transport/gin_remote.cuh"}
+# Every binary `ctest -L cuda` runs (one left unbuilt would fail every mutant).
 TEST_TARGETS = ["test_cuda_all_to_all", "test_cuda_grid", "test_cuda_device_utils",
-                "test_cuda_emulator", "test_cuda_ipc"]
+                "test_cuda_emulator", "test_cuda_ipc", "test_cuda_overlap", "test_cuda_cublas",
+                "test_emulated_ipc"]
+
+
+def kernel_files():
+    files = set()
+    for pattern in KERNEL_GLOBS:
+        files.update(os.path.relpath(f, ROOT) for f in glob.glob(os.path.join(ROOT, pattern)))
+    return sorted(files - NOT_EMULATED)
 BEGIN, END = "<!-- mutation table: begin -->", "<!-- mutation table: end -->"
 
 STRIDE = r"\+= (?:gridDim\.x|blockDim\.x|stride)\b"  # a grid- or block-stride loop
@@ -84,25 +99,27 @@ EQUIVALENT = {
 }
 
 # Mutants that change what a GPU does but that neither the emulated device nor the tests catch
-# yet, by the same key: why. Reported as survivors; `make mutation` fails on any survivor listed
+# yet, by the same key: why. (The stale-__shared__ `failed` reads of receive_heads and wait_owners
+# and the barrier before wait_owners' verdict were here until the emulated device garbage-filled
+# __shared__ at each block's start and a test sent expert_y in another dtype from rank 1.) Reported as survivors; `make mutation` fails on any survivor listed
 # in neither table.
 KNOWN_GAPS = {
-    ("dispatch.cu", ("barrier",), "__syncthreads();\n  for (int i = threadIdx.x; i < W && !failed;"):
-        "the other threads read the __shared__ `failed` that the block before left on their host "
-        "thread, which is the right value on every path the tests take; the emulated device does "
-        "not fill __shared__ with garbage at a block's start (a GPU leaves other kernels' bytes)",
-    ("combine.cu", ("barrier",), "__syncthreads();\n  for (int owner = threadIdx.x;"):
-        "as in receive_heads: a stale `failed` equal to the right one",
-    ("combine.cu", ("barrier",), "__syncthreads();\n  allow_dependent_grid();"):
-        "matters only when an owner other than rank 0 sends expert_y in another dtype "
-        "(reduce_rows then runs over its rows, while the error is raised anyway); no CUDA test "
-        "sends another dtype",
     ("device_utils.cuh", ("fence", "scope"), "__threadfence();  // the other blocks' writes"):
         "the reader's side (the last block's acquire after its relaxed atomicAdd): loads are never "
         "stale on the emulated device",
     ("device_utils.cuh", ("order",), "::cuda::memory_order_acquire);"):
         "the reader's side (signal_acquire): loads are never early on the emulated device "
         "(ThreadSanitizer judges acquires; this mutant was not run under it)",
+    ("backend.cu", ("order",), "load(e.code, std::memory_order_acquire)"):
+        "host code reading the host-mapped error mirror while a kernel may write it: on x86 an "
+        "acquire load is the same instruction as a relaxed one, and the emulated device's kernel "
+        "stores to host memory are atomic stores that land at once and in order, so only a "
+        "weakly ordered host (or ThreadSanitizer) could tell",
+    ("signals.cu", ("order",), "HostWord(fault->peer).store(peer, ::cuda::memory_order_release)"):
+        "the host reads the fault word at the next call's entry without synchronising with the "
+        "timed-out wait kernel; with `peer` stored relaxed it may see the peer before `what` and "
+        "name the wrong wait (the message, not data). The emulated device's atomic stores to host "
+        "memory land at once and in order, and no host load is instrumented",
 }
 
 
@@ -125,7 +142,7 @@ def kernel_lines(text):
 
 def find_mutants():
     mutants = []
-    for path in KERNEL_FILES:
+    for path in kernel_files():
         text = open(os.path.join(ROOT, path)).read()
         lines = text.split("\n")
         for cls, what, pattern, replacement, line_filter in OPERATORS:
