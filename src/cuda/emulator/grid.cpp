@@ -154,6 +154,7 @@ class BlockRunner {
       }
     }
     fill_shared_memory_with_garbage();  // what an earlier block left, as on a GPU
+    late_stores_block_start(held);
     order_fibers(order_, n, /*first=*/true, rng_);
     int idle_passes = 0;
     while (alive_ > 0) {
