@@ -12,7 +12,7 @@ nothing here catches yet in KNOWN_GAPS; both are still run, so the table shows w
 with them. The run fails if a survivor is in neither. The table goes to stdout and, with --doc, replaces the one between
 the markers in docs/emulated-device.md.
 
-  scripts/mutation.py [--only REGEX] [--list] [--doc docs/emulated-device.md] [--build DIR]
+  scripts/mutation.py [--only REGEX] [--list] [--doc docs/emulated-device.md [--merge]] [--build DIR]
 """
 import argparse
 import datetime
@@ -202,31 +202,70 @@ def build_and_test(build):
     return (named[0] if named else "ctest failed"), t.stdout
 
 
+def row_key_and_verdict(r):
+    m = r["mutant"]
+    where = f"`{os.path.basename(m['file'])}:{m['line']}`"
+    change = f"`{m['before']}` → `{m['after']}`" if m["after"] else f"`{m['before']}` → (removed)"
+    change = change.replace("|", "\\|")
+    if r["killer"]:
+        verdict = f"`{r['killer']}`"
+    else:
+        verdict = "**survived**"
+    if r["equivalent"]:
+        verdict += f" (equivalent: {r['equivalent']})"
+    elif r["gap"] and not r["killer"]:
+        verdict += f" (known gap: {r['gap']})"
+    return f"| {m['what']} | {change} | {where} |", verdict
+
+
+def summary(verdicts):
+    killed = sum(1 for v in verdicts if v.startswith("`"))
+    survived = [v for v in verdicts if not v.startswith("`")]
+    equivalent = sum(1 for v in survived if "(equivalent:" in v)
+    gaps = sum(1 for v in survived if "(known gap:" in v)
+    return (f"{len(verdicts)} mutants: {killed} killed, {len(survived)} survived: "
+            f"{equivalent} equivalent by construction, {gaps} known gaps, "
+            f"{len(survived) - equivalent - gaps} unexplained.")
+
+
 def table(results, header):
     out = [header, "", "| # | class | mutant | where | killed by |", "| --- | --- | --- | --- | --- |"]
+    verdicts = []
     for n, r in enumerate(results, 1):
-        m = r["mutant"]
-        where = f"`{os.path.basename(m['file'])}:{m['line']}`"
-        change = f"`{m['before']}` → `{m['after']}`" if m["after"] else f"`{m['before']}` → (removed)"
-        change = change.replace("|", "\\|")
-        if r["killer"]:
-            verdict = f"`{r['killer']}`"
-        else:
-            verdict = "**survived**"
-        if r["equivalent"]:
-            verdict += f" (equivalent: {r['equivalent']})"
-        elif r["gap"] and not r["killer"]:
-            verdict += f" (known gap: {r['gap']})"
-        out.append(f"| {n} | {m['what']} | {change} | {where} | {verdict} |")
-    killed = sum(1 for r in results if r["killer"])
-    survived = [r for r in results if not r["killer"]]
-    equivalent = [r for r in survived if r["equivalent"]]
-    gaps = [r for r in survived if not r["equivalent"] and r["gap"]]
+        key, verdict = row_key_and_verdict(r)
+        verdicts.append(verdict)
+        out.append(f"| {n} {key} {verdict} |")
     out.append("")
-    out.append(f"{len(results)} mutants: {killed} killed, {len(survived)} survived: "
-               f"{len(equivalent)} equivalent by construction, {len(gaps)} known gaps, "
-               f"{len(survived) - len(equivalent) - len(gaps)} unexplained.")
+    out.append(summary(verdicts))
     return "\n".join(out)
+
+
+def merge_into(table_text, results, note):
+    """The table with the rows of `results` replaced (matched by class, mutant and place), the
+    summary recounted and `note` added under the header: for a rerun of a few mutants (--merge)."""
+    lines = table_text.split("\n")
+    replaced = 0
+    for r in results:
+        key, verdict = row_key_and_verdict(r)
+        for i, line in enumerate(lines):
+            m = re.match(r"^\| (\d+) (\| .*)$", line)
+            if m and m.group(2).startswith(key + " "):
+                lines[i] = f"| {m.group(1)} {key} {verdict} |"
+                replaced += 1
+                break
+    verdicts = []
+    for line in lines:
+        m = re.match(r"^\| \d+ \| .* \| `[^`]+:\d+` \| (.*) \|$", line)
+        if m:
+            verdicts.append(m.group(1))
+    out = []
+    for line in lines:
+        if re.match(r"^\d+ mutants: ", line):
+            line = summary(verdicts)
+        out.append(line)
+    out.insert(1, "")
+    out.insert(2, note)
+    return "\n".join(out), replaced
 
 
 def main():
@@ -235,6 +274,8 @@ def main():
     ap.add_argument("--only", default=None, help="run only mutants whose id matches this regex")
     ap.add_argument("--list", action="store_true", help="list the mutants and stop")
     ap.add_argument("--doc", default=None, help="write the table into this markdown file")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --doc: replace only the rerun mutants' rows of the table there")
     args = ap.parse_args()
 
     mutants = find_mutants()
@@ -293,7 +334,16 @@ def main():
     print(text)
     if args.doc:
         doc = open(args.doc).read()
-        if BEGIN in doc and END in doc:
+        if BEGIN in doc and END in doc and args.merge:
+            old = doc[doc.index(BEGIN) + len(BEGIN):doc.index(END)].strip("\n")
+            note = (f"Rerun with `scripts/mutation.py --only '{args.only}' --merge` at commit "
+                    f"`{commit}`, {when}: {len(mutants)} rows replaced.")
+            merged, replaced = merge_into(old, results, note)
+            if replaced != len(results):
+                print(f"only {replaced} of {len(results)} rows found in {args.doc}", file=sys.stderr)
+            doc = doc[:doc.index(BEGIN) + len(BEGIN)] + "\n" + merged + "\n" + doc[doc.index(END):]
+            open(args.doc, "w").write(doc)
+        elif BEGIN in doc and END in doc:
             doc = doc[:doc.index(BEGIN) + len(BEGIN)] + "\n" + text + "\n" + doc[doc.index(END):]
             open(args.doc, "w").write(doc)
         else:
