@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The emulated device's mutation suite (`make mutation`; docs/emulated-device.md).
 
-Each mutant is one small change to the CUDA kernel sources (src/cuda/all_to_all/*.cu, *.cuh) of
-one of the classes below, found automatically in the source text. For each, a copy of the tree is
+Each mutant is one small change to the CUDA kernel sources (KERNEL_GLOBS: the AllToAll and
+overlap kernels, the device transport's emulated flavour, memory_ops.cuh) of one of the classes
+below, found automatically in the source text. For each, a copy of the tree is
 rebuilt in a lean build directory (emulated device only, ccache) and the emulated CUDA tests run
 (`ctest -L cuda`, both of the suite's schedules, late stores on, stopping at the first failure).
 A mutant is killed when a test fails, survives when all pass. Mutants that are equivalent by
@@ -11,7 +12,7 @@ nothing here catches yet in KNOWN_GAPS; both are still run, so the table shows w
 with them. The run fails if a survivor is in neither. The table goes to stdout and, with --doc, replaces the one between
 the markers in docs/emulated-device.md.
 
-  scripts/mutation.py [--only REGEX] [--list] [--doc docs/emulated-device.md] [--build DIR]
+  scripts/mutation.py [--only REGEX] [--list] [--doc docs/emulated-device.md [--merge]] [--build DIR]
 """
 import argparse
 import datetime
@@ -25,10 +26,24 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNEL_FILES = ["src/cuda/all_to_all/dispatch.cu", "src/cuda/all_to_all/combine.cu",
-                "src/cuda/all_to_all/device_utils.cuh", "src/cuda/all_to_all/narrow_indices.cu"]
+# Every kernel source the emulated device compiles (globs, so new files join): the AllToAll and
+# overlap kernels, the device transport's emulated flavour and the store helper. Left out:
+# transport/gin_remote.cuh and gin_ring_check.cu (NCCL GIN: GPU builds only, which nothing here
+# runs) and the host-only files (no pattern below matches them anyway).
+KERNEL_GLOBS = ["src/cuda/all_to_all/*.cu", "src/cuda/all_to_all/*.cuh", "src/cuda/overlap/*.cu",
+                "src/cuda/overlap/*.cuh", "src/cuda/transport/*.cuh", "src/cuda/memory_ops.cuh"]
+NOT_EMULATED = {"src/cuda/transport/gin_remote.cuh"}
+# Every binary `ctest -L cuda` runs (one left unbuilt would fail every mutant).
 TEST_TARGETS = ["test_cuda_all_to_all", "test_cuda_grid", "test_cuda_device_utils",
-                "test_cuda_emulator", "test_cuda_ipc"]
+                "test_cuda_emulator", "test_cuda_ipc", "test_cuda_overlap", "test_cuda_cublas",
+                "test_emulated_ipc"]
+
+
+def kernel_files():
+    files = set()
+    for pattern in KERNEL_GLOBS:
+        files.update(os.path.relpath(f, ROOT) for f in glob.glob(os.path.join(ROOT, pattern)))
+    return sorted(files - NOT_EMULATED)
 BEGIN, END = "<!-- mutation table: begin -->", "<!-- mutation table: end -->"
 
 STRIDE = r"\+= (?:gridDim\.x|blockDim\.x|stride)\b"  # a grid- or block-stride loop
@@ -61,10 +76,9 @@ FENCE_PRECEDES = ("every signal_release in the kernels follows a __threadfence()
 EQUIVALENT = {
     ("dispatch.cu", ("fence", "scope"), "__threadfence();\n      signal_release(p.routed, call);"):
         RELEASE_FOLLOWS,
-    ("dispatch.cu", ("fence", "scope"), "__threadfence_system();\n    for (int i = 0; i < W; ++i) {"):
-        RELEASE_FOLLOWS,
-    ("combine.cu", ("fence", "scope"), "__threadfence_system();\n    for (int dest = 0; dest"):
-        RELEASE_FOLLOWS,
+    # Not the fences before the last blocks' signal loops (dispatch.cu, combine.cu): a remote
+    # destination's put_signal may come before any signal_release in the loop, and the put reads
+    # what the fence released (they were listed here until a Nodes run killed one).
     ("device_utils.cuh", ("order",), "value, ::cuda::memory_order_release);"): FENCE_PRECEDES,
     ("device_utils.cuh", ("scope",), "(*word).store("): FENCE_PRECEDES,
     ("device_utils.cuh", ("fence", "scope"), "__threadfence_system();\n    // Last: the host"):
@@ -84,25 +98,22 @@ EQUIVALENT = {
 }
 
 # Mutants that change what a GPU does but that neither the emulated device nor the tests catch
-# yet, by the same key: why. Reported as survivors; `make mutation` fails on any survivor listed
+# yet, by the same key: why. (The stale-__shared__ `failed` reads of receive_heads and wait_owners
+# and the barrier before wait_owners' verdict were here until the emulated device garbage-filled
+# __shared__ at each block's start and a test sent expert_y in another dtype from rank 1; the
+# reader's side of last_block's fence and of signal_acquire until late stores modelled acquires.) Reported as survivors; `make mutation` fails on any survivor listed
 # in neither table.
 KNOWN_GAPS = {
-    ("dispatch.cu", ("barrier",), "__syncthreads();\n  for (int i = threadIdx.x; i < W && !failed;"):
-        "the other threads read the __shared__ `failed` that the block before left on their host "
-        "thread, which is the right value on every path the tests take; the emulated device does "
-        "not fill __shared__ with garbage at a block's start (a GPU leaves other kernels' bytes)",
-    ("combine.cu", ("barrier",), "__syncthreads();\n  for (int owner = threadIdx.x;"):
-        "as in receive_heads: a stale `failed` equal to the right one",
-    ("combine.cu", ("barrier",), "__syncthreads();\n  allow_dependent_grid();"):
-        "matters only when an owner other than rank 0 sends expert_y in another dtype "
-        "(reduce_rows then runs over its rows, while the error is raised anyway); no CUDA test "
-        "sends another dtype",
-    ("device_utils.cuh", ("fence", "scope"), "__threadfence();  // the other blocks' writes"):
-        "the reader's side (the last block's acquire after its relaxed atomicAdd): loads are never "
-        "stale on the emulated device",
-    ("device_utils.cuh", ("order",), "::cuda::memory_order_acquire);"):
-        "the reader's side (signal_acquire): loads are never early on the emulated device "
-        "(ThreadSanitizer judges acquires; this mutant was not run under it)",
+    ("backend.cu", ("order",), "load(e.code, std::memory_order_acquire)"):
+        "host code reading the host-mapped error mirror while a kernel may write it: on x86 an "
+        "acquire load is the same instruction as a relaxed one, and the emulated device's kernel "
+        "stores to host memory are atomic stores that land at once and in order, so only a "
+        "weakly ordered host (or ThreadSanitizer) could tell",
+    ("signals.cu", ("order",), "HostWord(fault->peer).store(peer, ::cuda::memory_order_release)"):
+        "the host reads the fault word at the next call's entry without synchronising with the "
+        "timed-out wait kernel; with `peer` stored relaxed it may see the peer before `what` and "
+        "name the wrong wait (the message, not data). The emulated device's atomic stores to host "
+        "memory land at once and in order, and no host load is instrumented",
 }
 
 
@@ -125,7 +136,7 @@ def kernel_lines(text):
 
 def find_mutants():
     mutants = []
-    for path in KERNEL_FILES:
+    for path in kernel_files():
         text = open(os.path.join(ROOT, path)).read()
         lines = text.split("\n")
         for cls, what, pattern, replacement, line_filter in OPERATORS:
@@ -190,31 +201,70 @@ def build_and_test(build):
     return (named[0] if named else "ctest failed"), t.stdout
 
 
+def row_key_and_verdict(r):
+    m = r["mutant"]
+    where = f"`{os.path.basename(m['file'])}:{m['line']}`"
+    change = f"`{m['before']}` → `{m['after']}`" if m["after"] else f"`{m['before']}` → (removed)"
+    change = change.replace("|", "\\|")
+    if r["killer"]:
+        verdict = f"`{r['killer']}`"
+    else:
+        verdict = "**survived**"
+    if r["equivalent"]:
+        verdict += f" (equivalent: {r['equivalent']})"
+    elif r["gap"] and not r["killer"]:
+        verdict += f" (known gap: {r['gap']})"
+    return f"| {m['what']} | {change} | {where} |", verdict
+
+
+def summary(verdicts):
+    killed = sum(1 for v in verdicts if v.startswith("`"))
+    survived = [v for v in verdicts if not v.startswith("`")]
+    equivalent = sum(1 for v in survived if "(equivalent:" in v)
+    gaps = sum(1 for v in survived if "(known gap:" in v)
+    return (f"{len(verdicts)} mutants: {killed} killed, {len(survived)} survived: "
+            f"{equivalent} equivalent by construction, {gaps} known gaps, "
+            f"{len(survived) - equivalent - gaps} unexplained.")
+
+
 def table(results, header):
     out = [header, "", "| # | class | mutant | where | killed by |", "| --- | --- | --- | --- | --- |"]
+    verdicts = []
     for n, r in enumerate(results, 1):
-        m = r["mutant"]
-        where = f"`{os.path.basename(m['file'])}:{m['line']}`"
-        change = f"`{m['before']}` → `{m['after']}`" if m["after"] else f"`{m['before']}` → (removed)"
-        change = change.replace("|", "\\|")
-        if r["killer"]:
-            verdict = f"`{r['killer']}`"
-        else:
-            verdict = "**survived**"
-        if r["equivalent"]:
-            verdict += f" (equivalent: {r['equivalent']})"
-        elif r["gap"] and not r["killer"]:
-            verdict += f" (known gap: {r['gap']})"
-        out.append(f"| {n} | {m['what']} | {change} | {where} | {verdict} |")
-    killed = sum(1 for r in results if r["killer"])
-    survived = [r for r in results if not r["killer"]]
-    equivalent = [r for r in survived if r["equivalent"]]
-    gaps = [r for r in survived if not r["equivalent"] and r["gap"]]
+        key, verdict = row_key_and_verdict(r)
+        verdicts.append(verdict)
+        out.append(f"| {n} {key} {verdict} |")
     out.append("")
-    out.append(f"{len(results)} mutants: {killed} killed, {len(survived)} survived: "
-               f"{len(equivalent)} equivalent by construction, {len(gaps)} known gaps, "
-               f"{len(survived) - len(equivalent) - len(gaps)} unexplained.")
+    out.append(summary(verdicts))
     return "\n".join(out)
+
+
+def merge_into(table_text, results, note):
+    """The table with the rows of `results` replaced (matched by class, mutant and place), the
+    summary recounted and `note` added under the header: for a rerun of a few mutants (--merge)."""
+    lines = table_text.split("\n")
+    replaced = 0
+    for r in results:
+        key, verdict = row_key_and_verdict(r)
+        for i, line in enumerate(lines):
+            m = re.match(r"^\| (\d+) (\| .*)$", line)
+            if m and m.group(2).startswith(key + " "):
+                lines[i] = f"| {m.group(1)} {key} {verdict} |"
+                replaced += 1
+                break
+    verdicts = []
+    for line in lines:
+        m = re.match(r"^\| \d+ \| .* \| `[^`]+:\d+` \| (.*) \|$", line)
+        if m:
+            verdicts.append(m.group(1))
+    out = []
+    for line in lines:
+        if re.match(r"^\d+ mutants: ", line):
+            line = summary(verdicts)
+        out.append(line)
+    out.insert(1, "")
+    out.insert(2, note)
+    return "\n".join(out), replaced
 
 
 def main():
@@ -223,6 +273,8 @@ def main():
     ap.add_argument("--only", default=None, help="run only mutants whose id matches this regex")
     ap.add_argument("--list", action="store_true", help="list the mutants and stop")
     ap.add_argument("--doc", default=None, help="write the table into this markdown file")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --doc: replace only the rerun mutants' rows of the table there")
     args = ap.parse_args()
 
     mutants = find_mutants()
@@ -281,7 +333,16 @@ def main():
     print(text)
     if args.doc:
         doc = open(args.doc).read()
-        if BEGIN in doc and END in doc:
+        if BEGIN in doc and END in doc and args.merge:
+            old = doc[doc.index(BEGIN) + len(BEGIN):doc.index(END)].strip("\n")
+            note = (f"Rerun with `scripts/mutation.py --only '{args.only}' --merge` at commit "
+                    f"`{commit}`, {when}: {len(mutants)} rows replaced.")
+            merged, replaced = merge_into(old, results, note)
+            if replaced != len(results):
+                print(f"only {replaced} of {len(results)} rows found in {args.doc}", file=sys.stderr)
+            doc = doc[:doc.index(BEGIN) + len(BEGIN)] + "\n" + merged + "\n" + doc[doc.index(END):]
+            open(args.doc, "w").write(doc)
+        elif BEGIN in doc and END in doc:
             doc = doc[:doc.index(BEGIN) + len(BEGIN)] + "\n" + text + "\n" + doc[doc.index(END):]
             open(args.doc, "w").write(doc)
         else:

@@ -16,6 +16,10 @@
 //     synchronisation see them).
 // What does not: a relaxed atomic (store or read-modify-write; CUDA's atomicAdd & co. are
 // relaxed), __threadfence_block() or a block-scope release, a __syncthreads() on its own.
+// Released stores are still invisible to a reader until it acquires where they were released
+// (an acquire load of the signal, or a relaxed read of it and then a fence of device or system
+// scope), as on a GPU whose reader may hold stale lines otherwise; the kernel's end delivers them
+// too. A fence followed by a relaxed atomic write (last_block's atomicAdd) counts as a release.
 // A thread that reads back what it (or its block) stored this way must fence first: the emulated
 // device does not let even the block see a held store (stricter than CUDA for the block; no
 // pmoe kernel reads such a store back within its block).

@@ -535,6 +535,57 @@ TEST(AllToAllCuda, BadIndexOnTheDeviceIsSkippedAndRaisedOnce) {
   EXPECT_EQ(raised[1], "") << "only the rank that passed the index hears of it";
 }
 
+// Two ranks, one device: rank 1 (an owner other than rank 0) sends expert_y as f16 where rank 0
+// passes bf16, after rank 0's dispatch left a (non-fatal) bad index in its error word, so rank
+// 0's report of the mismatch loses the race for that word and only the waiting block's verdict
+// (every owner checked, behind a barrier, before reduce_rows may run) keeps reduce_rows from
+// summing f16 rows as bf16 into y. Each rank raises, and neither y is written.
+TEST(AllToAllCuda, ExpertYInAnotherDtypeFromAnOwnerOtherThanRank0WritesNoY) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const int W = 2, max_tokens = 6, H = 32, k = 2;
+  const AllToAllConfig cfg = make_config(max_tokens, 2 * W, k, H, DType::bf16, DType::bf16);
+  std::vector<std::string> raised(W), failures(W);
+  run_ranks(W, [&](Communicator& comm) {
+    const int rank = comm.rank(), L = cfg.num_experts / W, rows = W * max_tokens;
+    const Device gpu = comm.device();
+    const DType y_dtype = rank == 1 ? DType::f16 : DType::bf16;
+    AllToAll a2a(comm, cfg);
+    const auto in = reference::make_inputs(cfg, rank, max_tokens, 31, Routing::random);
+    Buffer x = Buffer::like(in.x, gpu), indices = Buffer::like(in.indices, gpu),
+           weights = Buffer::like(in.weights, gpu);
+    copy(x, in.x);
+    copy(weights, in.weights);
+    Buffer sent = Buffer::like(in.indices, Device::cpu());
+    copy(sent, in.indices);
+    if (rank == 0) sent.data<int32_t>()[1 * k + 0] = cfg.num_experts + 3;  // out of range
+    copy(indices, sent);
+    Buffer counts(DType::i32, {L}, gpu), expert_x(DType::bf16, {L, rows, H}, gpu),
+        expert_y(y_dtype, {L, rows, H}, gpu), y(DType::bf16, {max_tokens, H}, gpu);
+    Buffer ones(y_dtype, {L, rows, H});  // 1.0 in either dtype: any sum would differ from `before`
+    for (size_t i = 0; i < size_t(L) * rows * H; ++i)
+      ones.data<uint16_t>()[i] = y_dtype == DType::f16 ? 0x3c00 : 0x3f80;
+    copy(expert_y, ones);
+    Buffer before(DType::bf16, {max_tokens, H}), after(DType::bf16, {max_tokens, H});
+    std::memset(before.data<uint16_t>(), 0x7b, size_t(max_tokens) * H * sizeof(uint16_t));
+    copy(y, before);
+    comm.barrier();
+    a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor());
+    a2a.combine(expert_y, indices, weights, y);
+    synchronize(comm.stream());
+    try {
+      a2a.check_errors();
+    } catch (const Error& e) {
+      raised[size_t(rank)] = e.what();
+    }
+    copy(after, y);
+    failures[size_t(rank)] = reference::compare_bytes("y (not written)", after, before);
+  }, Device::cuda(0));
+  for (int r = 0; r < W; ++r) EXPECT_EQ(failures[size_t(r)], "") << "rank " << r;
+  EXPECT_NE(raised[0].find("is outside [-1, 4)"), std::string::npos) << raised[0];
+  EXPECT_NE(raised[1].find("rank 0 sent expert_y as bf16 but this rank's is f16"), std::string::npos)
+      << raised[1];
+}
+
 // More ranks on one device than it has hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, 32 as pmoe
 // sets it): every rank gets an error that says what to set, at construction, and nothing hangs.
 TEST(AllToAllCuda, MoreRanksThanHardwareQueuesIsAnError) {

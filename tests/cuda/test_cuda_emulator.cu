@@ -73,6 +73,41 @@ TEST(EmulatedDevice, MissingBarrierAfterThread0sSharedWriteFailsWhenThread0RunsL
   }
 }
 
+// Thread 0 of each block reads the block's __shared__ word before it writes it. Not a template:
+// the emulated device garbage-fills only the `__shared__` of non-inline functions
+// (src/cuda/emulator/shared_memory.hpp).
+constexpr int kLeftByTheLastBlock = 0x5eed;
+__global__ void read_shared_before_writing(int* first_read) {
+  __shared__ int word;
+  if (threadIdx.x == 0) {
+    first_read[blockIdx.x] = word;
+    word = kLeftByTheLastBlock;
+  }
+}
+
+// On a GPU a block's shared memory holds what an earlier block left; a block that reads it
+// before its own write (a missing barrier before thread 0's flag is read) must not find the
+// right value there by luck. More blocks than the device holds at once, so host threads are
+// reused.
+TEST(EmulatedDevice, SharedMemoryStartsWithGarbageNotWhatTheBlockBeforeLeft) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  if (!kOnEmulatedDevice) GTEST_SKIP() << "a GPU leaves whatever it leaves";
+  constexpr int kBlocks = 96;
+  int* first_read = nullptr;
+  expect_ok(cudaMalloc(&first_read, kBlocks * sizeof(int)), "cudaMalloc");
+  for (int launch = 0; launch < 2; ++launch) {
+    cuda::launch_shaped(read_shared_before_writing, unsigned(kBlocks), 32u, nullptr, first_read);
+    std::vector<int> host(kBlocks);
+    expect_ok(cudaMemcpy(host.data(), first_read, sizeof(int) * kBlocks, cudaMemcpyDeviceToHost),
+              "copy back");
+    for (int b = 0; b < kBlocks; ++b) {
+      EXPECT_NE(host[size_t(b)], kLeftByTheLastBlock) << "launch " << launch << " block " << b;
+      EXPECT_EQ(uint32_t(host[size_t(b)]), 0xcdcdcdcdu) << "launch " << launch << " block " << b;
+    }
+  }
+  cudaFree(first_read);
+}
+
 // The ways block 0 publishes a word to block 1 of the same grid.
 enum class Publish {
   release_store,              // right: the signal's release store
@@ -91,8 +126,16 @@ constexpr ::cuda::memory_order kSignalAfterFence = ::cuda::memory_order_release;
 constexpr ::cuda::memory_order kSignalAfterFence = ::cuda::memory_order_relaxed;
 #endif
 
+// The ways block 1 waits for the signal before it reads the word.
+enum class Observe {
+  acquire,                   // right: the signal read with acquire (signal_acquire)
+  relaxed_then_fence,        // right: relaxed reads, then __threadfence() (an acquire, PTX)
+  relaxed_only,              // wrong: nothing orders the read of the word after the signal's
+  relaxed_then_block_fence,  // wrong: a fence of block scope does not acquire from block 0
+};
+
 __global__ void publish_to_other_block(Publish how, int* data, uint64_t* flag, int* seen,
-                                       int value) {
+                                       int value, Observe observe = Observe::acquire) {
   using Flag = ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>;
   if (blockIdx.x == 0) {
     const bool other = how == Publish::other_thread_with_barrier ||
@@ -111,14 +154,21 @@ __global__ void publish_to_other_block(Publish how, int* data, uint64_t* flag, i
     }
     Flag(*flag).store(1, ::cuda::memory_order_relaxed);
   } else if (threadIdx.x == 0) {
+    using Flag = ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>;
+    auto signalled = [&] {
+      return observe == Observe::acquire ? cuda::signal_acquire(flag) >= 1
+                                         : Flag(*flag).load(::cuda::memory_order_relaxed) >= 1;
+    };
     const uint64_t start = cuda::global_timer_ns();
-    while (cuda::signal_acquire(flag) < 1) {
+    while (!signalled()) {
       if (cuda::global_timer_ns() - start > uint64_t(20e9)) {
         *seen = -2;  // the signal never came
         return;
       }
       __nanosleep(100);
     }
+    if (observe == Observe::relaxed_then_fence) __threadfence();
+    if (observe == Observe::relaxed_then_block_fence) __threadfence_block();
     *seen = *reinterpret_cast<volatile int*>(data);
   }
 }
@@ -128,7 +178,7 @@ struct Published {
   int after;  // what the word holds after the kernel
 };
 
-Published publish(Publish how, int value) {
+Published publish(Publish how, int value, Observe observe = Observe::acquire) {
   int *data = nullptr, *seen = nullptr;
   uint64_t* flag = nullptr;
   expect_ok(cudaMalloc(&data, sizeof *data), "cudaMalloc");
@@ -137,7 +187,8 @@ Published publish(Publish how, int value) {
   expect_ok(cudaMemset(data, 0, sizeof *data), "memset");
   expect_ok(cudaMemset(seen, 0xff, sizeof *seen), "memset");
   expect_ok(cudaMemset(flag, 0, sizeof *flag), "memset");
-  cuda::launch_shaped(publish_to_other_block, 2, 32, nullptr, how, data, flag, seen, value);
+  cuda::launch_shaped(publish_to_other_block, 2, 32, nullptr, how, data, flag, seen, value,
+                      observe);
   Published out{};
   expect_ok(cudaMemcpy(&out.seen, seen, sizeof out.seen, cudaMemcpyDeviceToHost), "copy back");
   expect_ok(cudaMemcpy(&out.after, data, sizeof out.after, cudaMemcpyDeviceToHost), "copy back");
@@ -169,6 +220,65 @@ TEST(EmulatedDevice, LateStoresMakeARelaxedOrNarrowSignalArriveBeforeItsData) {
     EXPECT_EQ(out.seen, 0) << "publish way " << int(how) << ": the data came with its signal";
     EXPECT_EQ(out.after, value) << "publish way " << int(how) << ": the kernel's end releases it";
   }
+}
+
+TEST(EmulatedDevice, ReaderThatAcquiresOrFencesAfterItsRelaxedReadSeesTheData) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  int value = 300;
+  for (Observe observe : {Observe::acquire, Observe::relaxed_then_fence}) {
+    for (Publish how : {Publish::release_store, Publish::fence_then_relaxed}) {
+      const Published out = publish(how, ++value, observe);
+      EXPECT_EQ(out.seen, value) << "observe way " << int(observe) << ", publish way " << int(how);
+    }
+  }
+}
+
+TEST(EmulatedDevice, LateStoresHideReleasedDataFromAReaderThatDoesNotAcquire) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  // Elsewhere these kernels race (x86 would hide it): only late stores promise an outcome.
+  if (!late_stores()) GTEST_SKIP() << "needs PMOE_EMU_LATE_STORES=1 (as ctest runs it)";
+  int value = 400;
+  for (Observe observe : {Observe::relaxed_only, Observe::relaxed_then_block_fence}) {
+    for (Publish how : {Publish::release_store, Publish::fence_then_relaxed}) {
+      const Published out = publish(how, ++value, observe);
+      EXPECT_EQ(out.seen, 0) << "observe way " << int(observe) << ", publish way " << int(how)
+                             << ": the data came without an acquire";
+      EXPECT_EQ(out.after, value) << "the kernel's end delivers it";
+    }
+  }
+}
+
+// Every block stores its word for the last one; cuda::last_block promises that block sees every
+// earlier write of every block (the others fence, then count in with a relaxed atomicAdd; the
+// last one fences after its own count: the acquire). More blocks than the device holds at once.
+__global__ void sum_in_the_last_block(int* words, uint32_t* counter, int* sum) {
+  if (threadIdx.x == 1) cuda::store_to_peer(words + blockIdx.x, int(blockIdx.x) + 1);
+  if (!cuda::last_block(counter)) return;
+  int total = 0;
+  for (unsigned b = 0; b < gridDim.x; ++b) total += *reinterpret_cast<volatile int*>(words + b);
+  *sum = total;
+}
+
+TEST(EmulatedDevice, LastBlockSeesEveryBlocksWrites) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  constexpr int kBlocks = 40;
+  int *words = nullptr, *sum = nullptr;
+  uint32_t* counter = nullptr;
+  expect_ok(cudaMalloc(&words, kBlocks * sizeof(int)), "cudaMalloc");
+  expect_ok(cudaMalloc(&sum, sizeof(int)), "cudaMalloc");
+  expect_ok(cudaMalloc(&counter, sizeof(uint32_t)), "cudaMalloc");
+  expect_ok(cudaMemset(counter, 0, sizeof(uint32_t)), "memset");
+  for (int launch = 0; launch < 3; ++launch) {
+    expect_ok(cudaMemset(words, 0, kBlocks * sizeof(int)), "memset");
+    expect_ok(cudaMemset(sum, 0xff, sizeof(int)), "memset");
+    cuda::launch_shaped(sum_in_the_last_block, unsigned(kBlocks), 64u, nullptr, words, counter, sum);
+    int host = 0;
+    expect_ok(cudaMemcpy(&host, sum, sizeof host, cudaMemcpyDeviceToHost), "copy back");
+    EXPECT_EQ(host, kBlocks * (kBlocks + 1) / 2) << "launch " << launch;
+  }
+  cudaFree(words);
+  cudaFree(sum);
+  cudaFree(counter);
 }
 
 }  // namespace

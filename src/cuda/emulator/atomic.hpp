@@ -1,8 +1,10 @@
 // cuda::atomic_ref on the emulated device: std::atomic_ref with the same memory orders, so the C++
 // memory model (and ThreadSanitizer) judges the kernels' synchronisation. Every scope maps to the
 // same host atomics; with late stores on (late_stores.hpp), a release (release, acq_rel or
-// seq_cst) of device or system scope also releases the calling thread's held stores, while a
-// relaxed one or one of block scope does not, so a scope too narrow shows as stale data.
+// seq_cst) of device or system scope also releases the calling thread's held stores to this
+// location, and an acquire of that scope takes what was released here, while a relaxed one or
+// one of block scope does neither, so a scope or order too weak on either side shows as stale
+// data.
 #pragma once
 
 #include <atomic>
@@ -24,42 +26,64 @@ inline constexpr memory_order memory_order_seq_cst = std::memory_order_seq_cst;
 template <typename T, thread_scope Scope = thread_scope_system>
 class atomic_ref {
  public:
-  explicit atomic_ref(T& object) : ref_(object) {}
-  T load(memory_order order = memory_order_seq_cst) const { return ref_.load(order); }
+  explicit atomic_ref(T& object) : object_(&object), ref_(object) {}
+  T load(memory_order order = memory_order_seq_cst) const {
+    const T value = ref_.load(order);
+    read(order);
+    return value;
+  }
   void store(T value, memory_order order = memory_order_seq_cst) const {
-    release(order);
+    write(order);
     ref_.store(value, order);
   }
   T exchange(T value, memory_order order = memory_order_seq_cst) const {
-    release(order);
-    return ref_.exchange(value, order);
+    write(order);
+    const T old = ref_.exchange(value, order);
+    read(order);
+    return old;
   }
   bool compare_exchange_strong(T& expected, T desired,
                                memory_order order = memory_order_seq_cst) const {
-    release(order);
-    return ref_.compare_exchange_strong(expected, desired, order);
+    write(order);
+    const bool swapped = ref_.compare_exchange_strong(expected, desired, order);
+    read(order);
+    return swapped;
   }
   T fetch_add(T value, memory_order order = memory_order_seq_cst) const {
-    release(order);
-    return ref_.fetch_add(value, order);
+    write(order);
+    const T old = ref_.fetch_add(value, order);
+    read(order);
+    return old;
   }
   T fetch_sub(T value, memory_order order = memory_order_seq_cst) const {
-    release(order);
-    return ref_.fetch_sub(value, order);
+    write(order);
+    const T old = ref_.fetch_sub(value, order);
+    read(order);
+    return old;
   }
   T fetch_or(T value, memory_order order = memory_order_seq_cst) const {
-    release(order);
-    return ref_.fetch_or(value, order);
+    write(order);
+    const T old = ref_.fetch_or(value, order);
+    read(order);
+    return old;
   }
 
  private:
-  // What the release half of `order` publishes at this scope (late_stores.hpp).
-  static void release(memory_order order) {
+  static constexpr bool kBeyondTheBlock =
+      Scope == thread_scope_system || Scope == thread_scope_device;
+  // Before the write: what its release half (or the thread's fences) publishes at this location.
+  void write(memory_order order) const {
     const bool releases = order == memory_order_release || order == memory_order_acq_rel ||
                           order == memory_order_seq_cst;
-    if (releases && (Scope == thread_scope_system || Scope == thread_scope_device))
-      ::pmoe::emu::release_held_stores();
+    if (kBeyondTheBlock) ::pmoe::emu::atomic_write_at(object_, releases);
   }
+  // After the read: what its acquire half takes from this location (late_stores.hpp).
+  void read(memory_order order) const {
+    const bool acquires = order == memory_order_acquire || order == memory_order_acq_rel ||
+                          order == memory_order_seq_cst || order == memory_order_consume;
+    if (kBeyondTheBlock) ::pmoe::emu::atomic_read_at(object_, acquires);
+  }
+  T* object_;
   std::atomic_ref<T> ref_;
 };
 

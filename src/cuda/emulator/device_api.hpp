@@ -2,14 +2,16 @@
 // built-in indices of the calling thread, barriers, atomics, fences and the arithmetic intrinsics
 // pmoe's kernels call. A block's threads are fibers on one host thread (grid.cpp), so:
 // - `__shared__` is `static thread_local`: one copy per host thread, and a block keeps its host
-//   thread from its first instruction to its last;
+//   thread from its first instruction to its last; it is filled with garbage at every block's
+//   start (shared_memory.hpp);
 // - threadIdx and friends read the state of the fiber now running;
 // - __syncthreads() and __nanosleep() are where a fiber hands over to the next one.
 // Atomics are std::atomic_ref read-modify-writes with acq_rel order (CUDA's are relaxed; the
 // stronger order keeps ThreadSanitizer, which does not model fences, from reporting the kernels'
 // fence-then-atomic handshakes); fences are seq_cst fences. With late stores on
 // (late_stores.hpp), __threadfence() and __threadfence_system() also release the thread's held
-// stores (and those its block's barriers showed it); __threadfence_block() and the atomics do not.
+// stores (and those its block's barriers showed it) to its next atomic write, and acquire what its
+// relaxed atomic reads observed; __threadfence_block() does neither.
 #pragma once
 
 #include <algorithm>
@@ -34,14 +36,26 @@ void sync_threads();                   // __syncthreads()
 int sync_threads_count(int predicate);  // __syncthreads_count(): how many threads passed true
 void yield_thread();                   // hands the host thread to the block's next fiber
 
+// atomicAdd & co. are relaxed read-modify-writes of device scope on CUDA: for late stores, an
+// atomic write that publishes what the thread's fences released, and a relaxed read that a later
+// fence turns into an acquire (late_stores.hpp).
+template <typename T, typename Op>
+T relaxed_rmw(T* p, Op op) {
+  ::pmoe::emu::atomic_write_at(p, /*releases=*/false);
+  const T old = op(std::atomic_ref<T>(*p));
+  ::pmoe::emu::atomic_read_at(p, /*acquires=*/false);
+  return old;
+}
 template <typename T>
 T atomic_rmw_add(T* p, T v) {
-  return std::atomic_ref<T>(*p).fetch_add(v, std::memory_order_acq_rel);
+  return relaxed_rmw(p, [&](std::atomic_ref<T> a) { return a.fetch_add(v, std::memory_order_acq_rel); });
 }
 template <typename T>
 T atomic_rmw_cas(T* p, T compare, T value) {
-  std::atomic_ref<T>(*p).compare_exchange_strong(compare, value, std::memory_order_acq_rel);
-  return compare;
+  return relaxed_rmw(p, [&](std::atomic_ref<T> a) {
+    a.compare_exchange_strong(compare, value, std::memory_order_acq_rel);
+    return compare;
+  });
 }
 
 }  // namespace pmoe::emu
@@ -67,11 +81,11 @@ inline void __nanosleep(unsigned) { ::pmoe::emu::yield_thread(); }
 
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence() {
-  ::pmoe::emu::release_held_stores();
+  ::pmoe::emu::fence_of_device_scope();
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 inline void __threadfence_system() {
-  ::pmoe::emu::release_held_stores();
+  ::pmoe::emu::fence_of_device_scope();
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
@@ -93,21 +107,24 @@ inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long co
   return ::pmoe::emu::atomic_rmw_cas(p, compare, value);
 }
 inline int atomicExch(int* p, int v) {
-  return std::atomic_ref<int>(*p).exchange(v, std::memory_order_acq_rel);
+  return ::pmoe::emu::relaxed_rmw(
+      p, [&](std::atomic_ref<int> a) { return a.exchange(v, std::memory_order_acq_rel); });
 }
 inline int atomicMax(int* p, int v) {
-  std::atomic_ref<int> a(*p);
-  int old = a.load(std::memory_order_relaxed);
-  while (old < v && !a.compare_exchange_weak(old, v, std::memory_order_acq_rel)) {
-  }
-  return old;
+  return ::pmoe::emu::relaxed_rmw(p, [&](std::atomic_ref<int> a) {
+    int old = a.load(std::memory_order_relaxed);
+    while (old < v && !a.compare_exchange_weak(old, v, std::memory_order_acq_rel)) {
+    }
+    return old;
+  });
 }
 inline int atomicMin(int* p, int v) {
-  std::atomic_ref<int> a(*p);
-  int old = a.load(std::memory_order_relaxed);
-  while (old > v && !a.compare_exchange_weak(old, v, std::memory_order_acq_rel)) {
-  }
-  return old;
+  return ::pmoe::emu::relaxed_rmw(p, [&](std::atomic_ref<int> a) {
+    int old = a.load(std::memory_order_relaxed);
+    while (old > v && !a.compare_exchange_weak(old, v, std::memory_order_acq_rel)) {
+    }
+    return old;
+  });
 }
 
 // Arithmetic with the rounding named (no contraction into an FMA: pmoe builds with

@@ -36,6 +36,7 @@
 #include "cuda/emulator/device_api.hpp"
 #include "cuda/emulator/late_stores.hpp"
 #include "cuda/emulator/schedule.hpp"
+#include "cuda/emulator/shared_memory.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define PMOE_EMU_ASAN 1
@@ -152,6 +153,8 @@ class BlockRunner {
         });
       }
     }
+    fill_shared_memory_with_garbage();  // what an earlier block left, as on a GPU
+    late_stores_block_start(held);
     order_fibers(order_, n, /*first=*/true, rng_);
     int idle_passes = 0;
     while (alive_ > 0) {

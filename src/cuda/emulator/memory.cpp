@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/shm_segment.hpp"
+#include "cuda/emulator/late_stores.hpp"
 #include "cuda/emulator/streams.hpp"
 #include "pmoe/error.hpp"
 
@@ -223,6 +224,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* ptr) {
       return note_error(cudaErrorNotSupported);  // a memfd cannot be linked: no IPC from here
     a.name = name;
   }
+  ::pmoe::emu::late_stores_shared_across_processes();  // the peer that acquires may be in another process
   IpcHandle h{};
   h.magic = kHandleMagic;
   h.bytes = a.bytes;
@@ -236,6 +238,7 @@ cudaError_t cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t handle, unsigned
   IpcHandle h;
   std::memcpy(&h, &handle, sizeof h);
   if (h.magic != kHandleMagic) return note_error(cudaErrorInvalidValue);
+  ::pmoe::emu::late_stores_shared_across_processes();
   h.name[sizeof h.name - 1] = 0;
   const int fd = shm_open(h.name, O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) return note_error(cudaErrorInvalidValue);

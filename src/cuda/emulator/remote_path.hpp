@@ -25,6 +25,7 @@ struct RemotePath {
 
 inline bool remote_put(const RemotePath& r, int peer, size_t dst_offset, size_t src_offset,
                        size_t bytes, int slot) {
+  ::pmoe::emu::write_fenced_stores();  // the proxy reads the source later, on its own thread
   return r.proxy && ::pmoe::emu::remote_put(*r.proxy, peer, dst_offset, src_offset, bytes, slot);
 }
 inline bool remote_signal_add(const RemotePath& r, int peer, int slot) {
