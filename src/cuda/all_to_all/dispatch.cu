@@ -214,7 +214,10 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
   __syncthreads();
   const uint64_t call = *p.epoch + 1;  // the last block bumps the epoch after all have read it
   if (ticket == 0) {
-    const bool routed = !failed_before(p) && route_tokens(p);
+    // route_tokens reads failed_before once, in thread 0, for the whole block: a check here, made
+    // by each thread, could differ between threads (a peer may report meanwhile) and send some
+    // past route_tokens' barriers, which the garbage in __shared__ `go` then shows.
+    const bool routed = route_tokens(p);
     if (threadIdx.x == 0) {
       store_to_peer(p.routed_ok, routed ? 1 : 0);
       __threadfence();
