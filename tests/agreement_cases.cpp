@@ -63,6 +63,13 @@ std::vector<AgreementCase> agreement_cases(int W) {
   add_a2a("in_place_buffers", [](A& c) { c.in_place_buffers = true; }, on("false", "true"));
   add_a2a("ranks_per_node", [](A& c) { c.ranks_per_node = 1; }, on("0", "1"));
   {
+    A split = a;
+    split.ranks_per_node = 1;
+    cases.push_back(mismatch<A>("AllToAll", "cross_node", split,
+                                [](A& c) { c.cross_node = CrossNode::hierarchical; },
+                                on("direct", "hierarchical"), a2a));
+  }
+  {
     A f8 = a;
     f8.in_dtype = DType::f8e4m3;
     f8.scale_block = 16;

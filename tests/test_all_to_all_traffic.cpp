@@ -47,9 +47,16 @@ Listing list_messages(const AllToAllConfig& c, const TrafficSetup& s,
   auto pad = [](uint64_t b) { return (b + 63) / 64 * 64; };
   const uint64_t block_head = pad(4 * (2 + uint64_t(L)));
   const uint64_t stride = pad(4 * (2 + 3 * uint64_t(std::min(k, L)))) + pad(payload) + pad(scales);
+  // Hierarchical off-node: one relay block per (source, node), put whole: a head with a count and
+  // each rank's count and expert counts; slots whose header holds the slot at each rank and up
+  // to min(k, P * L) triples.
+  const uint64_t relay_head = pad(4 * (1 + uint64_t(P) * (1 + L)));
+  const uint64_t relay_stride = pad(4 * (2 + uint64_t(P) + 3 * uint64_t(std::min(k, P * L)))) +
+                                pad(payload) + pad(scales);
   Listing out;
   for (int src = 0; src < W; ++src) {
     std::map<int, uint64_t> block_slots;  // direct mode: slots in the block put to that rank
+    std::map<int, uint64_t> relay_slots;  // hierarchical: slots in the relay block to that node
     for (size_t t = 0; t < indices[src].size() / k; ++t) {
       std::set<int> experts;
       for (int j = 0; j < k; ++j) {
@@ -60,21 +67,19 @@ Listing list_messages(const AllToAllConfig& c, const TrafficSetup& s,
       for (int e : experts) ++by_node[e / L / P][e / L];
       for (const auto& [node, ranks] : by_node) {
         const bool relayed = s.mode == TrafficMode::hierarchical && node != src / P;
+        const bool summed = relayed && s.relay_reduces;
         const int relay = node * P + src % P;
-        int node_pairs = 0;
-        for (const auto& [d, n] : ranks) node_pairs += n;
-        if (relayed) {
-          out.dispatch.push_back({src, relay, slot(node_pairs), false});
-          out.combine.push_back({relay, src, s.relay_reduces ? row : node_pairs * row, false});
-        }
+        if (relayed) ++relay_slots[node];
+        if (summed) out.combine.push_back({relay, src, row, false});
         for (const auto& [d, n] : ranks) {
-          const int from = relayed ? relay : src;
-          if (relayed && d == relay) continue;
-          if (!relayed && d / P != src / P)
+          if (relayed)
+            out.dispatch.push_back({relay, d, slot(n), false});
+          else if (d / P != src / P)
             ++block_slots[d];
           else
-            out.dispatch.push_back({from, d, slot(n), false});
-          for (int q = 0; q < n; ++q) out.combine.push_back({d, from, row, false});
+            out.dispatch.push_back({src, d, slot(n), false});
+          if (summed && d == relay) continue;
+          for (int q = 0; q < n; ++q) out.combine.push_back({d, summed ? relay : src, row, false});
         }
         for (const auto& [d, n] : ranks) out.rows_at[d] += n, out.rows_back[src] += n;
       }
@@ -86,16 +91,13 @@ Listing list_messages(const AllToAllConfig& c, const TrafficSetup& s,
         const bool put = d / P != src / P;
         out.dispatch.push_back(
             {src, d, put ? block_head + block_slots[d] * stride : 4 * (2 + uint64_t(L)), true});
-        out.combine.push_back({d, src, 4, true});
-        continue;
-      }
-      if (d == relay) {
-        out.dispatch.push_back({src, d, 4 * (2 + uint64_t(L) * P), true});
-        out.combine.push_back({d, src, 4, true});
       } else {
+        if (d == relay)
+          out.dispatch.push_back({src, d, relay_head + relay_slots[d / P] * relay_stride, true});
         out.dispatch.push_back({relay, d, 4 * (2 + uint64_t(L)), true});
-        out.combine.push_back({d, relay, 4, true});
       }
+      const bool summed = relayed && s.relay_reduces;
+      out.combine.push_back({d, summed && d != relay ? relay : src, 4, true});
     }
   }
   return out;
@@ -215,20 +217,25 @@ TEST_F(HandCase, Direct) {
 TEST_F(HandCase, Hierarchical) {
   const Traffic t = count_traffic(c, {4, 2, TrafficMode::hierarchical, false}, indices);
   const RankTraffic& r0 = t.dispatch.ranks[0];
-  // Token 1 crosses once, to relay 2 (rank 0's local index 0 on node 1), with both pairs in its
-  // header (32 B + 128); the node head is 4 * (2 + 2 * 2) = 24 B. Relay 2 forwards 20 + 128 B
-  // and rank 0's 16 B head to rank 3, beside its own head to rank 3. Rank 3 hears over the
-  // network only from rank 1 (its local index), a node head.
-  EXPECT_EQ(r0.sent[kNetwork], (LinkCount{160 + 24, 2}));
+  // Token 1 crosses once, in rank 0's relay block to relay 2 (rank 0's local index 0 on node 1):
+  // head 4 * (1 + 2 * (1 + 2)) = 28 B padded to 64, one slot at the relay stride: header
+  // 4 * (2 + 2 + 3 * 2) = 40 B padded to 64, + 128 payload; 256 B in one put.
+  EXPECT_EQ(r0.sent[kNetwork], (LinkCount{256, 1}));
   EXPECT_EQ(r0.signals_sent[kNetwork], 1u);
+  // Relay 2 rebuilds rank 0's block: a slot of 4 * 5 + 128 = 148 B and the 16 B head at itself
+  // and at rank 3; beside them, its own head to rank 3.
+  EXPECT_EQ(t.dispatch.ranks[2].sent[kSame], (LinkCount{148 + 16 + 16, 3}));
   EXPECT_EQ(t.dispatch.ranks[2].sent[kLoadStore], (LinkCount{148 + 16 + 16, 3}));
-  EXPECT_EQ(t.dispatch.ranks[3].received[kNetwork], (LinkCount{24, 1}));
-  // Combine: rank 3's row and its dtype word for rank 0 go to relay 2 over load/store (and its
-  // own dtype word for rank 2); relay 2 sends both rows in one transfer and one dtype word.
-  EXPECT_EQ(t.combine.ranks[3].sent[kLoadStore], (LinkCount{128 + 4 + 4, 3}));
-  EXPECT_EQ(t.combine.ranks[2].sent[kNetwork], (LinkCount{256 + 4, 2}));
+  // Rank 3 hears over the network only from rank 1 (its local index): an empty relay block.
+  EXPECT_EQ(t.dispatch.ranks[3].received[kNetwork], (LinkCount{64, 1}));
+  // Combine returns rows directly: ranks 2 and 3 each put their row and a dtype word to rank 0,
+  // and a dtype word to rank 1; rank 3's own dtype word to rank 2 stays on the node.
+  EXPECT_EQ(t.combine.ranks[3].sent[kLoadStore], (LinkCount{4, 1}));
+  EXPECT_EQ(t.combine.ranks[2].sent[kNetwork], (LinkCount{128 + 2 * 4, 3}));
+  // The model's what-if: relay 2 sums both rows and sends one, with one dtype word.
   const Traffic reduced = count_traffic(c, {4, 2, TrafficMode::hierarchical, true}, indices);
   EXPECT_EQ(reduced.combine.ranks[2].sent[kNetwork], (LinkCount{128 + 4, 2}));
+  EXPECT_EQ(reduced.combine.ranks[3].sent[kLoadStore], (LinkCount{128 + 4 + 4, 3}));
 }
 
 TEST(Traffic, BadInputNamesTheArgument) {

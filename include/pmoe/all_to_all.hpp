@@ -22,6 +22,15 @@
 
 namespace pmoe {
 
+// How dispatch reaches ranks on other nodes (AllToAllConfig::cross_node).
+//   direct:       one transfer per (token, destination rank), as pplx-kernels and DeepEP's
+//                 low-latency kernels do.
+//   hierarchical: one transfer per (token, destination node), to the rank there with this rank's
+//                 local index (the relay), which forwards it by load/store to the ranks of its node
+//                 that need it, as DeepEP's normal kernels do: fewer network bytes at top-8.
+// Both give the same bits. Combine returns rows directly in both (docs/gpu-all-to-all.md).
+enum class CrossNode : uint8_t { direct, hierarchical };
+
 struct AllToAllConfig {
   int max_num_tokens = 0;     // tokens per rank per call, upper bound (>= 1)
   int num_experts = 0;        // global; divisible by the world size
@@ -37,6 +46,9 @@ struct AllToAllConfig {
   // another node of the split is reached by puts and signals only, never loads and stores, as
   // across real nodes. Must divide the world size.
   int ranks_per_node = 0;
+  // CUDA backend only; hierarchical needs ranks_per_node set (the GPUs of a node, consecutive
+  // ranks), since the relay of a node is found from it.
+  CrossNode cross_node = CrossNode::direct;
 
   // Throws pmoe::Error saying what to change if the config cannot run on `world_size` ranks.
   void validate(int world_size) const;

@@ -70,6 +70,11 @@ void AllToAllConfig::validate(int world_size) const {
   PMOE_CHECK(ranks_per_node >= 0 && (ranks_per_node == 0 || world_size % ranks_per_node == 0),
              "AllToAllConfig: ranks_per_node (", ranks_per_node, ") must be 0 (no split) or "
              "divide the world size (", world_size, ")");
+  PMOE_CHECK(cross_node == CrossNode::direct || cross_node == CrossNode::hierarchical,
+             "AllToAllConfig: cross_node must be direct or hierarchical, got ", int(cross_node));
+  PMOE_CHECK(cross_node == CrossNode::direct || ranks_per_node > 0,
+             "AllToAllConfig: cross_node = hierarchical needs ranks_per_node (the ranks of one "
+             "node, consecutive), to find each node's relay; got ranks_per_node = 0");
   if (in_dtype == DType::f8e4m3) {
     PMOE_CHECK(scale_block >= 1, "AllToAllConfig: f8e4m3 input needs scale_block >= 1 (elements ",
                "per f32 scale; 128 is common), got ", scale_block);
@@ -100,6 +105,7 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device devi
   agree.field("out_dtype", int64_t(config.out_dtype), detail::show_dtype);
   agree.field("in_place_buffers", config.in_place_buffers, detail::show_bool);
   agree.field("ranks_per_node", config.ranks_per_node);
+  agree.field("cross_node", int64_t(config.cross_node), detail::show_cross_node);
   agree.check(comm, [&] {
     config_.validate(world_size_);
     PMOE_CHECK(device == comm.device(), "AllToAll: device ", device.str(),

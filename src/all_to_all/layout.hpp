@@ -25,17 +25,31 @@
 //   +---------------------------------------------------------------------------------+
 //   | staging (ranks_per_node splits the world only): what goes to peers on other     |
 //   |   nodes, which only puts reach (window to window, from this region):            |
-//   |   dispatch: one block image per destination rank d (head + token slots, as it   |
-//   |     lands in d's block for this rank); combine: one row per route; one dtype word |
+//   |   dispatch, direct: one block image per destination rank d (head + token slots, |
+//   |     as it lands in d's block for this rank); combine: one row per route; one     |
+//   |     dtype word                                                                    |
+//   | relay blocks (cross_node = hierarchical only), one per node n:                   |
+//   |   relay out [n]: what this rank sends to node n's relay (the rank there with     |
+//   |     its local index), built here and put whole;                                  |
+//   |   relay in [n]: what node n's rank with this rank's local index sent to be        |
+//   |     forwarded to this node's ranks                                               |
+//   |   relay block: | head | relay slot 0 | ... | relay slot max-1 |                   |
+//   |   head: i32 count (slots used), then per rank i of the node: i32 slots to i,     |
+//   |     i32 expert counts [E_local] (as in i's own block head)                        |
+//   |   relay slot: | header | payload | scales |; header: i32 token index, i32 n, i32   |
+//   |     slot at each rank of the node [ranks_per_node] (-1: none), then n triples     |
+//   |     (expert within the node, top-k slot j, position)                              |
 //   +---------------------------------------------------------------------------------+
 //   signals (64 B each): slot s = dispatch data from s is complete; slot W + s = combine
-//   rows from s
+//   rows from s; slot 2W + s (hierarchical) = s's relay block for this rank is here
 //
 // Source s writes block s of every destination rank: a token crosses to a rank once, with the
 // list of that rank's experts it chose. Its counts and positions come with it, so a receiver
 // finds every row's place from a W x E_local scan of the heads (expert e's rows from s start
 // after the rows of e from sources before s), without reading the headers in order. Owner r
-// writes rows (or row refs) into the source's combine area.
+// writes rows (or row refs) into the source's combine area. In hierarchical mode a relay
+// rebuilds source s's block at each rank of its node from s's relay block, byte for byte the
+// block direct mode would have put there, so receivers cannot tell the modes apart.
 #pragma once
 
 #include <cstddef>
@@ -99,11 +113,63 @@ struct AllToAllLayout {
                                              : 0)) {
     const bool split = config.ranks_per_node > 0 && config.ranks_per_node < world_size;
     if (!split) return;
+    hierarchical = config.cross_node == CrossNode::hierarchical;
+    ranks_per_node = config.ranks_per_node;
+    nodes = world_size / ranks_per_node;
     dispatch_stage_offset = align64(total_bytes);
-    combine_stage_offset = dispatch_stage_offset + size_t(world_size) * source_block;
+    combine_stage_offset =
+        dispatch_stage_offset + (hierarchical ? 0 : size_t(world_size) * source_block);
     stage_dtype_offset = combine_stage_offset + size_t(world_size) * max_tokens * max_pairs *
                                                     combine_row;
     total_bytes = stage_dtype_offset + kDtypeSlot;
+    if (!hierarchical) return;
+    const int node_experts = num_local_experts * ranks_per_node;
+    max_node_pairs = top_k < node_experts ? top_k : node_experts;
+    relay_head_bytes =
+        align64(sizeof(int32_t) * (1 + size_t(ranks_per_node) * (1 + num_local_experts)));
+    relay_header_bytes = align64(sizeof(int32_t) * size_t(relay_header_ints(max_node_pairs)));
+    relay_token_stride = relay_header_bytes + align64(payload_bytes) + align64(scale_bytes);
+    relay_block = relay_head_bytes + size_t(max_tokens) * relay_token_stride;
+    relay_out_offset = align64(total_bytes);
+    relay_in_offset = relay_out_offset + size_t(nodes) * relay_block;
+    total_bytes = relay_in_offset + size_t(nodes) * relay_block;
+  }
+
+  // Relay blocks (hierarchical only). Header words of a relay slot: token, n, the slot at each
+  // rank of the node, then n (expert within the node, top-k slot, position) triples.
+  PMOE_HOST_DEVICE int relay_header_dest_slot(int local_rank) const { return 2 + local_rank; }
+  PMOE_HOST_DEVICE int relay_header_expert(int pair) const {
+    return 2 + ranks_per_node + kPairInts * pair;
+  }
+  PMOE_HOST_DEVICE int relay_header_slot(int pair) const { return relay_header_expert(pair) + 1; }
+  PMOE_HOST_DEVICE int relay_header_position(int pair) const {
+    return relay_header_expert(pair) + 2;
+  }
+  PMOE_HOST_DEVICE int relay_header_ints(int pairs) const {
+    return 2 + ranks_per_node + kPairInts * pairs;
+  }
+  // Head words: the relay slots used, then per rank i of the node its count and expert counts.
+  PMOE_HOST_DEVICE int relay_head_count(int local_rank) const {
+    return 1 + local_rank * (1 + num_local_experts);
+  }
+  PMOE_HOST_DEVICE int relay_head_expert_count(int local_rank, int expert) const {
+    return relay_head_count(local_rank) + 1 + expert;
+  }
+  PMOE_HOST_DEVICE size_t relay_out(int node) const {
+    return relay_out_offset + size_t(node) * relay_block;
+  }
+  PMOE_HOST_DEVICE size_t relay_in(int node) const {
+    return relay_in_offset + size_t(node) * relay_block;
+  }
+  // A relay slot within a relay block at `block` (relay_out or relay_in), and its payload.
+  PMOE_HOST_DEVICE size_t relay_token_offset(size_t block, int slot) const {
+    return block + relay_head_bytes + size_t(slot) * relay_token_stride;
+  }
+  PMOE_HOST_DEVICE size_t relay_payload_offset(size_t block, int slot) const {
+    return relay_token_offset(block, slot) + relay_header_bytes;
+  }
+  PMOE_HOST_DEVICE size_t relay_scale_offset(size_t block, int slot) const {
+    return relay_payload_offset(block, slot) + align64(payload_bytes);
   }
 
   // Staging (split worlds only): where this rank builds destination d's dispatch block, and the
@@ -146,7 +212,8 @@ struct AllToAllLayout {
   // Signal slots, and the u64 word of a slot in a rank's signal array.
   PMOE_HOST_DEVICE int dispatch_signal(int source) const { return source; }
   PMOE_HOST_DEVICE int combine_signal(int source) const { return world_size + source; }
-  PMOE_HOST_DEVICE int signal_slots() const { return 2 * world_size; }
+  PMOE_HOST_DEVICE int relay_signal(int source) const { return 2 * world_size + source; }
+  PMOE_HOST_DEVICE int signal_slots() const { return (hierarchical ? 3 : 2) * world_size; }
   PMOE_HOST_DEVICE static constexpr size_t signal_word(int slot) {
     return size_t(slot) * kSignalWords;
   }
@@ -163,6 +230,11 @@ struct AllToAllLayout {
          expert_output_row = 0;
   size_t total_bytes = 0;
   size_t dispatch_stage_offset = 0, combine_stage_offset = 0, stage_dtype_offset = 0;
+  // A split world in hierarchical mode (else false and 0).
+  bool hierarchical = false;
+  int ranks_per_node = 0, nodes = 0, max_node_pairs = 0;
+  size_t relay_head_bytes = 0, relay_header_bytes = 0, relay_token_stride = 0, relay_block = 0;
+  size_t relay_out_offset = 0, relay_in_offset = 0;
 };
 
 }  // namespace pmoe::detail

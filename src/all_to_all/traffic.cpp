@@ -93,15 +93,18 @@ Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
                       const std::vector<std::vector<int32_t>>& indices, DType expert_y_dtype) {
   check_setup(config, setup, indices, expert_y_dtype);
   const int W = setup.world_size, P = setup.ranks_per_node;
-  const AllToAllLayout lay(config, W);
-  const int E = config.num_experts, k = config.experts_per_token, L = lay.num_local_experts;
   const bool hierarchical = setup.mode == TrafficMode::hierarchical;
+  // The layout the kernels would have for this split and mode (its relay blocks' sizes).
+  AllToAllConfig split = config;
+  split.ranks_per_node = P;
+  split.cross_node = hierarchical ? CrossNode::hierarchical : CrossNode::direct;
+  const AllToAllLayout lay(split, W);
+  const int E = config.num_experts, k = config.experts_per_token, L = lay.num_local_experts;
   const uint64_t body = lay.payload_bytes + lay.scale_bytes;  // a slot past its header
   // One combine row, in expert_y's dtype (the kernels send what expert_y holds).
   const uint64_t row_bytes =
       uint64_t(config.hidden_dim) * dtype_size(expert_y_dtype);
   const uint64_t head_bytes = sizeof(int32_t) * (2 + uint64_t(L));
-  const uint64_t node_head_bytes = sizeof(int32_t) * (2 + uint64_t(L) * P);
   const uint64_t dtype_bytes = sizeof(int32_t);
   auto slot_bytes = [&](int pairs) {
     return sizeof(int32_t) * uint64_t(AllToAllLayout::header_ints(pairs)) + body;
@@ -123,18 +126,21 @@ Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
     ++op.ranks[from].signals_sent[l];
     ++op.ranks[to].signals_received[l];
   };
-  // Served as the ops serve every destination today: straight from the source.
-  auto remote_node = [&](int s, int d) { return hierarchical && s / P != d / P; };
+  auto off_node = [&](int s, int d) { return s / P != d / P; };
+  // Dispatch to a rank on another node goes through that node's relay in hierarchical mode.
+  auto relayed = [&](int s, int d) { return hierarchical && off_node(s, d); };
   auto relay_of = [&](int s, int node) { return node * P + s % P; };
-  // Direct mode, a destination on another node: its slots go in the one put of the block image.
-  auto block_put = [&](int s, int d) { return !hierarchical && s / P != d / P; };
+  // Combine through the relay, summed there: the model's what-if; the kernels return directly.
+  const bool relay_combine = hierarchical && setup.relay_reduces;
 
   std::vector<int> pairs_on(W);        // this token's (expert, slot) pairs per rank
-  std::vector<char> node_done(W / P);  // this token's slot to that node is counted
+  std::vector<char> node_done(W / P);  // this token's relay slot on that node is counted
   std::vector<uint64_t> slots_to(W);   // this source's slots per destination (block puts)
+  std::vector<uint64_t> relay_slots(W / P);  // and per node's relay block (hierarchical)
   for (int s = 0; s < W; ++s) {
     const int m = int(indices[s].size()) / k;
     std::fill(slots_to.begin(), slots_to.end(), 0);
+    std::fill(relay_slots.begin(), relay_slots.end(), 0);
     for (int t = 0; t < m; ++t) {
       const int32_t* row = indices[s].data() + size_t(t) * k;
       std::fill(pairs_on.begin(), pairs_on.end(), 0);
@@ -143,52 +149,50 @@ Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
         if (first_in_group(row, j, E, 1)) ++pairs_on[row[j] / L];
       for (int j = 0; j < k; ++j) {
         if (!first_in_group(row, j, E, L)) continue;  // the first slot that names rank d
-        const int d = row[j] / L, n = pairs_on[d];
+        const int d = row[j] / L, n = pairs_on[d], node = d / P, relay = relay_of(s, node);
         out.dispatch.ranks[d].rows += n;
         out.combine.ranks[s].rows += n;
-        if (!remote_node(s, d)) {
-          if (block_put(s, d))
-            ++slots_to[d];
-          else
-            move(out.dispatch, s, d, slot_bytes(n));
+        if (relayed(s, d)) {
+          if (!node_done[node]) ++relay_slots[node];
+          move(out.dispatch, relay, d, slot_bytes(n));  // the relay rebuilds d's slot
+        } else if (off_node(s, d)) {
+          ++slots_to[d];
+        } else {
+          move(out.dispatch, s, d, slot_bytes(n));
+        }
+        if (relay_combine && relayed(s, d)) {
+          if (!node_done[node]) move(out.combine, relay, s, row_bytes);
+          if (d != relay)
+            for (int q = 0; q < n; ++q) move(out.combine, d, relay, row_bytes);
+        } else {
           for (int q = 0; q < n; ++q) move(out.combine, d, s, row_bytes);
-          continue;
         }
-        const int node = d / P, relay = relay_of(s, node);
-        if (!node_done[node]) {
-          node_done[node] = 1;
-          int node_pairs = 0;
-          for (int r = node * P; r < (node + 1) * P; ++r) node_pairs += pairs_on[r];
-          move(out.dispatch, s, relay, slot_bytes(node_pairs));
-          move(out.combine, relay, s, setup.relay_reduces ? row_bytes : node_pairs * row_bytes);
-        }
-        if (d == relay) continue;
-        move(out.dispatch, relay, d, slot_bytes(n));
-        for (int q = 0; q < n; ++q) move(out.combine, d, relay, row_bytes);
+        node_done[node] = 1;
       }
     }
     // Heads and signals: every rank hears from every source, empty blocks included.
     for (int d = 0; d < W; ++d) {
-      if (!remote_node(s, d)) {
+      const int relay = relay_of(s, d / P);
+      if (!relayed(s, d)) {
         move(out.dispatch, s, d,
-             block_put(s, d) ? lay.block_head_bytes + slots_to[d] * lay.token_stride : head_bytes);
+             off_node(s, d) ? lay.block_head_bytes + slots_to[d] * lay.token_stride : head_bytes);
         signal(out.dispatch, s, d);
+      } else {
+        if (d == relay) {  // once per remote node: the relay block, whole, in one put
+          move(out.dispatch, s, relay,
+               lay.relay_head_bytes + relay_slots[d / P] * lay.relay_token_stride);
+          signal(out.dispatch, s, relay);
+        }
+        move(out.dispatch, relay, d, head_bytes);
+        signal(out.dispatch, relay, d);
+      }
+      if (relay_combine && relayed(s, d)) {
+        move(out.combine, d, d == relay ? s : relay, dtype_bytes);
+        signal(out.combine, d, d == relay ? s : relay);
+      } else {
         move(out.combine, d, s, dtype_bytes);
         signal(out.combine, d, s);
-        continue;
       }
-      const int relay = relay_of(s, d / P);
-      if (d == relay) {  // once per remote node
-        move(out.dispatch, s, relay, node_head_bytes);
-        signal(out.dispatch, s, relay);
-        move(out.combine, relay, s, dtype_bytes);
-        signal(out.combine, relay, s);
-        continue;
-      }
-      move(out.dispatch, relay, d, head_bytes);
-      signal(out.dispatch, relay, d);
-      move(out.combine, d, relay, dtype_bytes);
-      signal(out.combine, d, relay);
     }
   }
   out.dispatch.critical_rank = critical_rank(out.dispatch);

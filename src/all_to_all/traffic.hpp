@@ -25,22 +25,20 @@
 //   NIC reads again), and the receiver's landing of rows (RankTraffic::rows is its measure).
 //   config.in_place_buffers is not modelled (the CUDA backend has none; on the CPU backend it
 //   makes peers on the node read tokens and rows in place instead).
-// - Hierarchical (the model the kernels' hierarchical mode follows; counted per slot and per
-//   head with exact header bytes, as first written): ranks_per_node consecutive ranks share a
-//   node. A token goes once per destination node over the network, to the relay:
-//   the rank on that node with the source's local index, in one slot whose header holds the
-//   triples of every expert the token chose on that node; the relay forwards one slot per
-//   destination rank on its node (itself excluded: the slot already lies there) over load/store,
-//   with that rank's triples only. Heads go the same way: one head per (source, remote node) to
-//   the relay over the network (4 * (2 + E_local * ranks_per_node) bytes, one signal), which
-//   forwards one head + signal to each other rank of its node. Destinations on the source's own
-//   node are served as in direct mode.
-// - Hierarchical combine mirrors it: an owner on a remote node sends each row to the relay of
-//   its node (load/store, none when the owner is the relay), and the relay sends one transfer per
-//   (token, node) back over the network carrying that node's rows (all of them, unreduced, unless
-//   relay_reduces: then one row, the relay's partial sum; that changes the order of the sum).
-//   dtype words and signals: owner -> relay (load/store), one per (relay, remote source) over
-//   the network.
+// - Dispatch, hierarchical (cross_node = hierarchical; dispatch.cu, send_tokens and
+//   forward_relay_blocks): destinations on the source's node as in direct mode. For each other
+//   node, the source builds one relay block for that node's relay (the rank there with the
+//   source's local index) and puts it whole with a signal: ONE network transfer of
+//   relay_head_bytes + slots * relay_token_stride (a slot per token that goes to any rank of
+//   the node, its header holding the token's slot at every rank there and the triples of every
+//   expert it chose there), even with 0 slots. The relay rebuilds the source's ordinary block at
+//   each rank of its node, itself included (same_rank): one slot per (token, rank) with exact
+//   header bytes as direct mode stores them, then the head and a signal.
+// - Combine, hierarchical: the kernels return rows directly, as in direct mode (no relay can
+//   save network bytes without summing, and summing changes the order of the sum). With
+//   relay_reduces, the model's what-if instead: an owner on a remote node sends each row to the
+//   relay of its node (load/store, none when the owner is the relay), which sends the source one
+//   row per (token, node), its partial sum; dtype words and signals go owner -> relay -> source.
 // - Link kinds: same_rank (source = destination), load_store (same node), network.
 // - The critical-path rank of an op is the one with the most network bytes (the larger of sent
 //   and received), then the most load/store bytes; the model computes its own per-rank times.
@@ -65,7 +63,8 @@ struct TrafficSetup {
   int world_size = 0;
   int ranks_per_node = 0;  // divides world_size
   TrafficMode mode = TrafficMode::direct;
-  bool relay_reduces = false;  // hierarchical combine: the relay sums its node's rows
+  bool relay_reduces = false;  // hierarchical combine: the relay sums its node's rows (a model
+                               // what-if; the kernels return rows directly)
 };
 
 struct LinkCount {

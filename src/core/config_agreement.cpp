@@ -83,5 +83,8 @@ void ConfigAgreement::check(Communicator& comm, const std::function<void()>& val
 
 std::string show_dtype(int64_t value) { return std::string(dtype_name(DType(value))); }
 std::string show_bool(int64_t value) { return value ? "true" : "false"; }
+std::string show_cross_node(int64_t value) {
+  return value == 0 ? "direct" : value == 1 ? "hierarchical" : std::to_string(value);
+}
 
 }  // namespace pmoe::detail

@@ -53,5 +53,6 @@ class ConfigAgreement {
 // Show functions for enum fields.
 std::string show_dtype(int64_t value);
 std::string show_bool(int64_t value);
+std::string show_cross_node(int64_t value);  // CrossNode
 
 }  // namespace pmoe::detail

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <iterator>
+#include <ostream>
 #include <vector>
 
 #include "all_to_all_cases.hpp"
@@ -50,7 +51,12 @@ void expect_case_on_gpu(int W, AllToAllCase c) {
 // reached through the device transport's remote path only).
 struct Topology {
   int ranks, per_node;
+  CrossNode cross_node = CrossNode::direct;  // how a split world's nodes are crossed
 };
+void PrintTo(const Topology& t, std::ostream* out) {
+  *out << t.ranks << " ranks, " << t.per_node << " per node"
+       << (t.cross_node == CrossNode::hierarchical ? ", hierarchical" : "");
+}
 
 class AllToAllCuda : public ::testing::TestWithParam<Topology> {
  protected:
@@ -60,6 +66,7 @@ class AllToAllCuda : public ::testing::TestWithParam<Topology> {
     AllToAllCase c;
     c.config = make_config(9, 2 * W(), std::min(top_k, 2 * W()), hidden);
     c.config.ranks_per_node = GetParam().per_node;
+    c.config.cross_node = GetParam().cross_node;
     c.calls = 3;
     return c;
   }
@@ -174,24 +181,31 @@ TEST_P(AllToAllCuda, Int64Indices) {
 INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllCuda,
                          ::testing::Values(Topology{1, 0}, Topology{2, 0}, Topology{4, 0},
                                            Topology{8, 0}, Topology{4, 2}, Topology{8, 4},
-                                           Topology{8, 2}),
+                                           Topology{8, 2},
+                                           Topology{4, 2, CrossNode::hierarchical},
+                                           Topology{8, 4, CrossNode::hierarchical},
+                                           Topology{8, 2, CrossNode::hierarchical}),
                          [](const auto& info) {
                            const Topology t = info.param;
                            if (t.per_node == 0) return "W" + std::to_string(t.ranks);
                            return "Nodes" + std::to_string(t.ranks / t.per_node) + "x" +
-                                  std::to_string(t.per_node);
+                                  std::to_string(t.per_node) +
+                                  (t.cross_node == CrossNode::hierarchical ? "_hierarchical"
+                                                                           : "");
                          });
 
 // Dispatch and combine captured once per rank into two CUDA graphs, then replayed 100 times with
 // new routing and a new m written into device memory before each replay. Between the two graphs
 // the host runs the reference's stand-in experts (a different function per expert, so a row
 // combined from the wrong slot shows), and both outputs are checked against the reference.
-// per_node: 0 on one node; 2 as two nodes of two ranks (off-node peers through the remote path).
-void graph_replays(int per_node) {
+// per_node: 0 on one node; 2 as two nodes of two ranks (off-node peers through the remote path),
+// crossed as `cross_node` says.
+void graph_replays(int per_node, CrossNode cross_node = CrossNode::direct) {
   const int W = 4, max_tokens = 16, H = 128, k = 3;
   constexpr uint8_t kSentinel = 0xA5;
   AllToAllConfig cfg = make_config(max_tokens, 2 * W, k, H, DType::bf16, DType::bf16);
   cfg.ranks_per_node = per_node;
+  cfg.cross_node = cross_node;
   std::vector<std::string> errors(W);
   run_ranks(W, [&](Communicator& comm) {
     const int rank = comm.rank(), L = cfg.num_experts / W, rows = W * max_tokens;
@@ -294,6 +308,11 @@ TEST(AllToAllCuda, GraphReplaysWithChangingRoutingAndM) {
 TEST(AllToAllCuda, GraphReplaysAcrossTwoNodesWithChangingRoutingAndM) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   graph_replays(2);
+}
+
+TEST(AllToAllCuda, GraphReplaysAcrossTwoNodesHierarchical) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  graph_replays(2, CrossNode::hierarchical);
 }
 #endif
 
@@ -688,14 +707,19 @@ TEST(AllToAllCuda, EmulatedRemotePathOrdersSignalsOnlyAfterEarlierPuts) {
 }
 
 // Four ranks as two nodes of two; rank 3 (node 1) never calls dispatch: rank 0 and 1 (node 0),
-// which reach it only through the remote path, name it and its node after the timeout.
-TEST(AllToAllCuda, RemoteRankThatNeverArrivesIsNamedWithItsNode) {
+// which reach it only through the remote path, name it and its node after the timeout. In
+// hierarchical mode rank 1 waits for rank 3's relay block, and rank 0 for the forward rank 1
+// never makes: both still name rank 3, the one that did not come.
+class RemoteRankThatNeverArrives : public ::testing::TestWithParam<CrossNode> {};
+
+TEST_P(RemoteRankThatNeverArrives, IsNamedWithItsNode) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   setenv("PMOE_TIMEOUT_S", "1", 1);
   std::vector<std::string> errors(4);
   run_ranks(4, [&](Communicator& comm) {
     AllToAllConfig cfg = make_config(4, 8, 2, 32);
     cfg.ranks_per_node = 2;
+    cfg.cross_node = GetParam();
     AllToAll a2a(comm, cfg);
     if (comm.rank() == 3) return;
     const auto in = reference::make_inputs(cfg, comm.rank(), 4, 3, Routing::random);
@@ -719,6 +743,12 @@ TEST(AllToAllCuda, RemoteRankThatNeverArrivesIsNamedWithItsNode) {
               std::string::npos)
         << errors[size_t(r)];
 }
+
+INSTANTIATE_TEST_SUITE_P(CrossNode, RemoteRankThatNeverArrives,
+                         ::testing::Values(CrossNode::direct, CrossNode::hierarchical),
+                         [](const auto& info) {
+                           return info.param == CrossNode::direct ? "direct" : "hierarchical";
+                         });
 #endif
 
 }  // namespace

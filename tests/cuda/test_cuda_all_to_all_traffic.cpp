@@ -28,13 +28,15 @@ using detail::LinkCount;
 using detail::TrafficMode;
 
 // How tokens cross nodes: the config change that selects it and count_traffic's mode.
-// The hierarchical mode joins as one more entry once the kernels have it.
-struct CrossNode {
+struct Crossing {
   const char* name;
   TrafficMode traffic;
   void (*select)(AllToAllConfig&);
 };
-const CrossNode kDirect{"direct", TrafficMode::direct, [](AllToAllConfig&) {}};
+const Crossing kDirect{"direct", TrafficMode::direct, [](AllToAllConfig&) {}};
+const Crossing kHierarchical{"hierarchical", TrafficMode::hierarchical, [](AllToAllConfig& c) {
+                                c.cross_node = ::pmoe::CrossNode::hierarchical;
+                              }};
 
 struct Split {
   int nodes, per_node;
@@ -42,7 +44,7 @@ struct Split {
 
 struct Param {
   Split split;
-  CrossNode mode;
+  Crossing mode;
 };
 void PrintTo(const Param& p, std::ostream* out) {
   *out << p.split.nodes << "x" << p.split.per_node << " " << p.mode.name;
@@ -175,7 +177,9 @@ TEST_P(AllToAllCudaTraffic, RemoteTrafficEqualsCountTraffic) {
 
 INSTANTIATE_TEST_SUITE_P(Splits, AllToAllCudaTraffic,
                          ::testing::Values(Param{{2, 2}, kDirect}, Param{{2, 4}, kDirect},
-                                           Param{{4, 2}, kDirect}),
+                                           Param{{4, 2}, kDirect}, Param{{2, 2}, kHierarchical},
+                                           Param{{2, 4}, kHierarchical},
+                                           Param{{4, 2}, kHierarchical}),
                          [](const auto& info) {
                            const Param& p = info.param;
                            return detail::cat("Nodes", p.split.nodes, "x", p.split.per_node, "_",

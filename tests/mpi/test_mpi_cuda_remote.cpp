@@ -1,5 +1,5 @@
-// 4 MPI processes on the emulated CUDA device, as 2 nodes x 2 ranks and 4 nodes x 1 (ctest runs
-// it under mpiexec -n 4): CUDA AllToAll with ranks_per_node, node peers through the emulated CUDA
+// 4 MPI processes on the emulated CUDA device, as 2 nodes x 2 ranks and 4 nodes x 1, direct, and
+// 2 x 2 hierarchical (relays forward across processes) (ctest runs it under mpiexec -n 4): CUDA AllToAll with ranks_per_node, node peers through the emulated CUDA
 // IPC, off-node peers through the emulated remote path between processes (each rank's proxy
 // delivers into the peers' regions that this process maps, keeping only GIN's ordering), against
 // the reference, bit-identical to the same calls on one node, with the remote bytes counted.
@@ -25,15 +25,23 @@ uint64_t sum_over_ranks(uint64_t mine) {
 // Runs `c` split into nodes of `per_node` and again on one node: both must match the reference
 // (each rank checks its own outputs), give the same bytes, and the split run must have sent bytes
 // through the remote path (on every rank that has tokens: each routes some to another node).
-void expect_split_case(Communicator& comm, AllToAllCase c, int per_node) {
+struct Split {
+  int per_node;
+  CrossNode cross_node;
+};
+
+void expect_split_case(Communicator& comm, AllToAllCase c, Split split_as) {
+  const int per_node = split_as.per_node;
   c.device = comm.device();
   c.config.ranks_per_node = per_node;
+  c.config.cross_node = split_as.cross_node;
   const CaseResult split = run_all_to_all_case(comm, c);
   EXPECT_EQ(split.error, "") << "ranks_per_node " << per_node;
   if (c.tokens != TokenCounts::zero_on_odd) {  // a rank with no tokens may send no payload
     EXPECT_GT(split.remote_bytes, 0u) << "rank " << comm.rank() << " sent nothing remote";
   }
   c.config.ranks_per_node = 0;
+  c.config.cross_node = CrossNode::direct;
   const CaseResult whole = run_all_to_all_case(comm, c);
   EXPECT_EQ(whole.error, "");
   EXPECT_EQ(whole.remote_bytes, 0u) << "one node, yet bytes went through the remote path";
@@ -49,7 +57,7 @@ AllToAllCase base(int W) {
   return c;
 }
 
-class CudaRemoteMpi : public ::testing::TestWithParam<int> {
+class CudaRemoteMpi : public ::testing::TestWithParam<Split> {
  protected:
   void SetUp() override { PMOE_REQUIRE_CUDA_RUNTIME(); }
 };
@@ -88,10 +96,13 @@ TEST_P(CudaRemoteMpi, EdgeCases) {
   expect_split_case(comm, wide, GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(Nodes, CudaRemoteMpi, ::testing::Values(2, 1),
+INSTANTIATE_TEST_SUITE_P(Nodes, CudaRemoteMpi,
+                         ::testing::Values(Split{2, CrossNode::direct}, Split{1, CrossNode::direct},
+                                           Split{2, CrossNode::hierarchical}),
                          [](const auto& info) {
-                           return info.param == 2 ? std::string("TwoNodesOfTwo")
-                                                  : std::string("FourNodesOfOne");
+                           const Split s = info.param;
+                           return std::string(s.per_node == 2 ? "TwoNodesOfTwo" : "FourNodesOfOne") +
+                                  (s.cross_node == CrossNode::hierarchical ? "Hierarchical" : "");
                          });
 
 }  // namespace

@@ -57,7 +57,7 @@ struct Options {
   bool staged = true;
   std::string device = "cpu";  // or "cuda": ranks share GPU 0
   int ranks_per_node = 0;       // 0: one node; else the ranks as nodes of this many
-  std::string mode = "direct";  // how tokens cross nodes (only direct so far)
+  std::string mode = "direct";  // how tokens cross nodes: direct or hierarchical (CUDA only)
   std::string json_path, csv_path, plot_path;
   bool ranks_given = false;  // --ranks on the command line (under mpirun it must match)
 };
@@ -77,6 +77,9 @@ AllToAllConfig config_for(const Options& o, int tokens) {
   c.out_dtype = DType::bf16;
   c.in_place_buffers = true;
   c.ranks_per_node = o.ranks_per_node;
+  c.cross_node = o.mode == "hierarchical" ? CrossNode::hierarchical : CrossNode::direct;
+  PMOE_CHECK(c.cross_node == CrossNode::direct || o.device == "cuda",
+             "--mode hierarchical is a mode of the CUDA kernels: add --device cuda");
   c.validate(o.ranks_per_node > 0 ? o.ranks_per_node : 1);
   return c;
 }
@@ -526,8 +529,11 @@ void add_all_to_all_command(CLI::App& app) {
                   "split the ranks into nodes of this many (0: one node); off-node peers are "
                   "reached through the remote path only (--device cuda)")
       ->capture_default_str();
-  cmd->add_option("--mode", o->mode, "how tokens cross nodes: direct (hierarchical: not yet)")
-      ->check(CLI::IsMember({"direct"}))
+  cmd->add_option("--mode", o->mode,
+                  "how tokens cross nodes: direct (a transfer per token and rank) or hierarchical "
+                  "(per token and node, forwarded there by load/store; --device cuda, and "
+                  "--ranks-per-node)")
+      ->check(CLI::IsMember({"direct", "hierarchical"}))
       ->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed warm-up iterations")->capture_default_str();
   cmd->add_option("--seed", o->seed, "routing and data seed")->capture_default_str();

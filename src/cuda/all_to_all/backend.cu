@@ -75,6 +75,14 @@ class CudaAllToAll final : public AllToAllBackend {
       p.regions[r] = memory_->peer(r);  // null for a peer on another node
       p.signals[r] = p.regions[r] ? memory_->signal_word(r, 0) : nullptr;
     }
+    if (layout_.hierarchical) {  // a relay forwards to its node's ranks by load/store
+      const int R = layout_.ranks_per_node, first = p.rank / R * R;
+      for (int r = first; r < first + R; ++r)
+        PMOE_CHECK(p.regions[r], "AllToAll on CUDA: cross_node = hierarchical needs every rank of "
+                   "a node to reach the others by load/store, but rank ", r, " (node ", r / R,
+                   " for ranks_per_node = ", R, ") is not reachable from rank ", p.rank,
+                   "; set ranks_per_node to the ranks that share a machine");
+    }
     cuda::Transport& t = p.transport;
     t.rank = p.rank;
     t.world_size = W;
@@ -98,6 +106,8 @@ class CudaAllToAll final : public AllToAllBackend {
         reserve(sizeof(int32_t) * config.max_num_tokens * config.experts_per_token);
     const size_t send_count = reserve(sizeof(int32_t) * W);
     const size_t send_expert_count = reserve(sizeof(int32_t) * config.num_experts);
+    const size_t relay_slot = reserve(sizeof(int32_t) * config.max_num_tokens * layout_.nodes);
+    const size_t relay_count = reserve(sizeof(int32_t) * layout_.nodes);
     const size_t recv_base = reserve(sizeof(int32_t) * W * L);
     const size_t route_base = reserve(sizeof(int32_t) * L);
     const size_t source_end = reserve(sizeof(int32_t) * W);
@@ -122,6 +132,8 @@ class CudaAllToAll final : public AllToAllBackend {
     p.send_position = reinterpret_cast<int32_t*>(base + send_position);
     p.send_count = reinterpret_cast<int32_t*>(base + send_count);
     p.send_expert_count = reinterpret_cast<int32_t*>(base + send_expert_count);
+    p.relay_slot = reinterpret_cast<int32_t*>(base + relay_slot);
+    p.relay_count = reinterpret_cast<int32_t*>(base + relay_count);
     p.recv_base = reinterpret_cast<int32_t*>(base + recv_base);
     p.route_base = reinterpret_cast<int32_t*>(base + route_base);
     p.source_end = reinterpret_cast<int32_t*>(base + source_end);

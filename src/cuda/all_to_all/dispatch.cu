@@ -84,6 +84,72 @@ __device__ int rank_by_key(KeyCounts& counts, int items, int num_keys, Visit vis
   return pairs;
 }
 
+// Hierarchical dispatch(recv) at a relay, before its own waits: for each other node, the relay
+// block that node's rank with this rank's local index sent here becomes that source's ordinary
+// block at every rank of this node (this one included), byte for byte what direct mode would
+// have put there, and each of them gets the signal the source would have sent. Nodes one at a
+// time, each token by the whole block. A collective of the block; sets `failed` if a wait fails.
+__device__ void forward_relay_blocks(const AllToAllParams& p, uint64_t epoch, bool& failed) {
+  const AllToAllLayout& lay = p.layout;
+  const int R = lay.ranks_per_node, L = p.num_local_experts, my_node = p.rank / R;
+  const std::byte* region = p.regions[p.rank];
+  auto peer = [&](int i) { return p.regions[my_node * R + i]; };  // node peers: load/store
+  for (int n = 1; n < lay.nodes; ++n) {
+    const int node = (my_node + n) % lay.nodes, source = node * R + p.rank % R;
+    if (threadIdx.x == 0 && !wait_signal(p.transport, lay.relay_signal(source), epoch,
+                                         p.timeout_ns, p.error, source, Step::dispatch_recv))
+      failed = true;
+    __syncthreads();
+    if (failed) return;  // the same for every thread: written before the barrier
+    const size_t block = lay.relay_in(node);
+    const auto* head = reinterpret_cast<const int32_t*>(region + block);
+    for (int q = 0; q < head[0]; ++q) {
+      const auto* from = reinterpret_cast<const int32_t*>(region + lay.relay_token_offset(block, q));
+      auto slot_at = [&](int i) { return from[lay.relay_header_dest_slot(i)]; };
+      for (int i = threadIdx.x; i < R; i += blockDim.x) {  // headers: a thread per node rank
+        if (slot_at(i) < 0) continue;
+        auto* header = reinterpret_cast<int32_t*>(peer(i) + lay.token_offset(source, slot_at(i)));
+        int pairs = 0;
+        for (int x = 0; x < from[AllToAllLayout::kHeaderPairs]; ++x) {
+          const int expert = from[lay.relay_header_expert(x)];
+          if (expert / L != i) continue;
+          store_to_peer(header + AllToAllLayout::header_expert(pairs), expert % L);
+          store_to_peer(header + AllToAllLayout::header_slot(pairs), from[lay.relay_header_slot(x)]);
+          store_to_peer(header + AllToAllLayout::header_position(pairs),
+                        from[lay.relay_header_position(x)]);
+          ++pairs;
+        }
+        store_to_peer(header + AllToAllLayout::kHeaderToken, from[AllToAllLayout::kHeaderToken]);
+        store_to_peer(header + AllToAllLayout::kHeaderPairs, pairs);
+      }
+      auto to = [&](int i) { return slot_at(i) >= 0; };
+      copy_to_each(
+          R, to, [&](int i) { return peer(i) + lay.payload_offset(source, slot_at(i)); },
+          region + lay.relay_payload_offset(block, q), lay.payload_bytes);
+      if (lay.scale_bytes)
+        copy_to_each(
+            R, to, [&](int i) { return peer(i) + lay.scale_offset(source, slot_at(i)); },
+            region + lay.relay_scale_offset(block, q), lay.scale_bytes);
+    }
+    for (int i = threadIdx.x; i < R; i += blockDim.x) {  // heads: a thread per node rank
+      std::byte* to = peer(i);
+      store_to_peer(reinterpret_cast<int32_t*>(to + lay.count_offset(source)),
+                    head[lay.relay_head_count(i)]);
+      store_to_peer(reinterpret_cast<int32_t*>(to + lay.flags_offset(source)), 0);
+      for (int e = 0; e < L; ++e)
+        store_to_peer(reinterpret_cast<int32_t*>(to + lay.expert_count_offset(source, e)),
+                      head[lay.relay_head_expert_count(i, e)]);
+    }
+    __syncthreads();  // every thread's stores, before thread 0's fence and signals
+    if (threadIdx.x == 0) {
+      __threadfence_system();
+      for (int i = 0; i < R; ++i)
+        signal_release(p.signals[my_node * R + i] + lay.signal_word(lay.dispatch_signal(source)),
+                       epoch);
+    }
+  }
+}
+
 // dispatch(recv)'s one waiting block (route_rows, or the last block of send_tokens): waits for
 // every source, then each (source, expert)'s first row, each expert's first route and the end of
 // each source's slots, for land_rows. A collective of the block.
@@ -97,6 +163,7 @@ __device__ void receive_heads(const AllToAllParams& p) {
     p.round->next_step = int32_t(Step::combine_send);
   }
   __syncthreads();
+  if (lay.hierarchical && !failed) forward_relay_blocks(p, epoch, failed);
   for (int i = threadIdx.x; i < W && !failed; i += blockDim.x) {
     const int source = (p.rank + i) % W;  // this rank's own data first: it is there already
     if (!wait_signal(p.transport, lay.dispatch_signal(source), epoch, p.timeout_ns, p.error,
@@ -167,6 +234,9 @@ __device__ bool route_tokens(const AllToAllParams& p) {
     }
   }
   for (int i = threadIdx.x; i < tokens * W; i += blockDim.x) store_to_peer(p.send_slot + i, -1);
+  const int N = p.layout.nodes;
+  if (p.layout.hierarchical)
+    for (int i = threadIdx.x; i < tokens * N; i += blockDim.x) store_to_peer(p.relay_slot + i, -1);
   // Other threads overwrite the slots of the destinations a token goes to; first_bad is final.
   __syncthreads();
   if (threadIdx.x == 0 && first_bad < tokens * k)
@@ -196,6 +266,22 @@ __device__ bool route_tokens(const AllToAllParams& p) {
         store_to_peer(p.send_position + t * k + j, position);
       },
       [&](int expert, int count) { store_to_peer(p.send_expert_count + expert, count); });
+  // Hierarchical: a token's slot in each node's relay block, the tokens before it that go to a
+  // rank of that node (this rank's own node counts too, unused).
+  if (p.layout.hierarchical) {
+    const int node_experts = L * p.layout.ranks_per_node;
+    rank_by_key(
+        counts, tokens, N,
+        [&](int t, auto f) {
+          const int32_t* row = p.indices + t * k;
+          for (int j = 0; j < k; ++j)
+            if (first_in_group(row, j, E, node_experts)) f(row[j] / node_experts, j);
+        },
+        [&](int t, int node, int, int slot, int) {
+          store_to_peer(p.relay_slot + t * N + node, slot);
+        },
+        [&](int node, int count) { store_to_peer(p.relay_count + node, count); });
+  }
   if (threadIdx.x == 0) {
     p.round->dispatched_m = tokens;
     p.round->next_step = int32_t(Step::dispatch_recv);
@@ -244,12 +330,17 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
                            : p.regions[p.rank] + lay.dispatch_stage(dest) +
                                  (offset - lay.count_offset(p.rank));
   };
+  // Hierarchical: ranks on other nodes are reached through their node's relay (the rank there
+  // with this rank's local index): one relay slot per (token, node), built in relay_out(node).
+  const bool relay = lay.hierarchical;
+  const int R = relay ? lay.ranks_per_node : W, N = lay.nodes, my_node = p.rank / R;
+  auto via_relay = [&](int dest) { return relay && dest / R != my_node; };
   for (int t = int(ticket); t < tokens; t += gridDim.x) {
     // Headers: one thread per destination.
     const int32_t* row = p.indices + t * k;
     for (int dest = threadIdx.x; dest < W; dest += blockDim.x) {
       const int slot = p.send_slot[t * W + dest];
-      if (slot < 0) continue;
+      if (slot < 0 || via_relay(dest)) continue;
       auto* header = reinterpret_cast<int32_t*>(in_block(dest, lay.token_offset(p.rank, slot)));
       int n = 0;
       for (int j = 0; j < k; ++j) {
@@ -262,18 +353,52 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
       store_to_peer(header + AllToAllLayout::kHeaderToken, t);
       store_to_peer(header + AllToAllLayout::kHeaderPairs, n);
     }
-    // The token's destinations, from rank + 1 on, so that ranks do not all write to rank 0
-    // first; the payload is read once for all of them.
+    // Relay headers: one thread per other node; the token's slot at each rank of the node, and
+    // the triples of every expert it chose there (in slot order, as the ranks' own headers).
+    for (int node = threadIdx.x; relay && node < N; node += blockDim.x) {
+      const int slot = node == my_node ? -1 : p.relay_slot[t * N + node];
+      if (slot < 0) continue;
+      auto* header = reinterpret_cast<int32_t*>(
+          p.regions[p.rank] + lay.relay_token_offset(lay.relay_out(node), slot));
+      for (int i = 0; i < R; ++i)
+        store_to_peer(header + lay.relay_header_dest_slot(i), p.send_slot[t * W + node * R + i]);
+      int n = 0;
+      for (int j = 0; j < k; ++j) {
+        if (!first_in_group(row, j, E, 1) || row[j] / (R * L) != node) continue;
+        store_to_peer(header + lay.relay_header_expert(n), row[j] - node * R * L);
+        store_to_peer(header + lay.relay_header_slot(n), j);
+        store_to_peer(header + lay.relay_header_position(n), p.send_position[t * k + j]);
+        ++n;
+      }
+      store_to_peer(header + AllToAllLayout::kHeaderToken, t);
+      store_to_peer(header + AllToAllLayout::kHeaderPairs, n);
+    }
+    // Where the token goes: targets i < W are destination ranks, from rank + 1 on, so that ranks
+    // do not all write to rank 0 first; targets W + n are the relay blocks of other nodes. The
+    // payload is read once for all of them.
     auto dest_of = [&](int i) { return (p.rank + 1 + i) % W; };
-    auto slot_at = [&](int i) { return p.send_slot[t * W + dest_of(i)]; };
+    auto slot_at = [&](int i) {
+      if (i < W) return via_relay(dest_of(i)) ? -1 : p.send_slot[t * W + dest_of(i)];
+      return i - W == my_node ? -1 : p.relay_slot[t * N + (i - W)];
+    };
+    auto target = [&](int i, bool scale) {
+      if (i < W) {
+        const int slot = slot_at(i);
+        return in_block(dest_of(i), scale ? lay.scale_offset(p.rank, slot)
+                                          : lay.payload_offset(p.rank, slot));
+      }
+      const size_t block = lay.relay_out(i - W);
+      return p.regions[p.rank] + (scale ? lay.relay_scale_offset(block, slot_at(i))
+                                        : lay.relay_payload_offset(block, slot_at(i)));
+    };
+    const int targets = W + (relay ? N : 0);
     copy_to_each(
-        W, [&](int i) { return slot_at(i) >= 0; },
-        [&](int i) { return in_block(dest_of(i), lay.payload_offset(p.rank, slot_at(i))); },
+        targets, [&](int i) { return slot_at(i) >= 0; }, [&](int i) { return target(i, false); },
         p.x + size_t(t) * payload, payload);
     if (scales)
       copy_to_each(
-          W, [&](int i) { return slot_at(i) >= 0; },
-          [&](int i) { return in_block(dest_of(i), lay.scale_offset(p.rank, slot_at(i))); },
+          targets, [&](int i) { return slot_at(i) >= 0; },
+          [&](int i) { return target(i, true); },
           reinterpret_cast<const std::byte*>(p.x_scale) + size_t(t) * scales, scales);
   }
   if (!last_block_all(&p.block_counters[kSendDone])) return;
@@ -281,6 +406,7 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
     const uint64_t epoch = ++*p.epoch;
     for (int i = 0; i < W; ++i) {
       const int dest = (p.rank + 1 + i) % W;
+      if (via_relay(dest)) continue;  // its head travels in the relay block's
       // As if it were dest's region: in_block() maps this rank's block there to where it is built.
       std::byte* region = in_block(dest, lay.count_offset(p.rank)) - lay.count_offset(p.rank);
       store_to_peer(reinterpret_cast<int32_t*>(region + lay.count_offset(p.rank)),
@@ -291,16 +417,36 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
         store_to_peer(reinterpret_cast<int32_t*>(region + lay.expert_count_offset(p.rank, e)),
                       p.send_expert_count[dest * L + e]);
     }
+    for (int node = 0; relay && node < N; ++node) {  // relay heads: each rank's count and counts
+      if (node == my_node) continue;
+      auto* head = reinterpret_cast<int32_t*>(p.regions[p.rank] + lay.relay_out(node));
+      store_to_peer(head, p.relay_count[node]);
+      for (int r = 0; r < R; ++r) {
+        const int dest = node * R + r;
+        store_to_peer(head + lay.relay_head_count(r), p.send_count[dest]);
+        for (int e = 0; e < L; ++e)
+          store_to_peer(head + lay.relay_head_expert_count(r, e), p.send_expert_count[dest * L + e]);
+      }
+    }
     __threadfence_system();
     for (int i = 0; i < W; ++i) {
       const int dest = (p.rank + 1 + i) % W;
       if (p.signals[dest]) {
         signal_release(p.signals[dest] + lay.signal_word(lay.dispatch_signal(p.rank)), epoch);
+      } else if (via_relay(dest)) {
+        continue;  // the relay signals it
       } else if (!put_signal(p.transport, dest, lay.count_offset(p.rank), lay.dispatch_stage(dest),
                              lay.block_head_bytes + size_t(p.send_count[dest]) * lay.token_stride,
                              lay.dispatch_signal(p.rank))) {
         report(p.error, kNoRemote, dest, Step::dispatch_send);
       }
+    }
+    for (int n = 1; relay && n < N; ++n) {  // each other node's relay block, whole, to its relay
+      const int node = (my_node + n) % N, relay_rank = node * R + p.rank % R;
+      if (!put_signal(p.transport, relay_rank, lay.relay_in(my_node), lay.relay_out(node),
+                      lay.relay_head_bytes + size_t(p.relay_count[node]) * lay.relay_token_stride,
+                      lay.relay_signal(p.rank)))
+        report(p.error, kNoRemote, relay_rank, Step::dispatch_send);
     }
     // The staging is rewritten by the next dispatch: every put must have left it by then.
     flush(p.transport);

@@ -14,6 +14,8 @@
 //   | recv_base [W, E_local] i32: the first row of (source, expert) within the expert     |
 //   | route_base [E_local] i32 | source_end [W] i32 | slot_count i32                       |
 //   | routes [route capacity] Route, in (expert, row) order | route_count i32             |
+//   | relay_slot [max_tokens, nodes] i32: token t's slot in node n's relay block, or -1   |
+//   | relay_count [nodes] i32 (both hierarchical only)                                    |
 //   | epoch u64 | block counters u32 x 3 | routed u64, routed_ok i32 | owners_ready i32   |
 //   | round: the step the device expects next, the m of the last dispatch(send)           |
 #pragma once
@@ -110,6 +112,8 @@ struct AllToAllParams {
   int32_t* send_position;
   int32_t* send_count;
   int32_t* send_expert_count;
+  int32_t* relay_slot;   // hierarchical only (layout.hierarchical)
+  int32_t* relay_count;
   int32_t* recv_base;
   int32_t* route_base;
   int32_t* source_end;
