@@ -50,11 +50,16 @@ TEST(ModelLinks, OneTokenByHand) {
   // Combine, rank 0: receives the row and a 4 B dtype word (132 B, 2 transfers); sums 1 row.
   EXPECT_EQ(p.combine.critical_rank, 0);
   EXPECT_NEAR(p.combine.us, 6 + 2 + 0.0132 + 1 + 0.000256, 1e-9);
-  // Hierarchical (counted per slot and head: the 148 B slot, 20 B header + 128, and a 12 B node
-  // head, 2 transfers): the node stage (rank 1's own 12 B head, same rank) follows.
+  // Hierarchical: rank 1 is rank 0's relay on node 1. Rank 0's relay block (head 12 B padded to
+  // 64, one slot: header 24 B padded to 64 + 128; 256 B, one put) crosses as the direct block
+  // did; then the node stage: rank 1 rebuilds the 148 B slot (20 B header + 128) and rank 0's
+  // 12 B head at itself, beside its own 12 B head (same rank, 172 B). Combine returns rows
+  // directly in both modes: the same time.
   const Prediction h = predict(round_preset(), one_token(TrafficMode::hierarchical),
                                TrafficMode::hierarchical, 128, 128);
-  EXPECT_NEAR(h.dispatch.us, 6 + 2 + 0.016 + 1 + 0.000012 + 0.000256, 1e-9);
+  EXPECT_EQ(h.dispatch.critical_rank, 1);
+  EXPECT_NEAR(h.dispatch.us, 6 + 2 + 0.0256 + 0.5 + 0.000172 + 0.000256, 1e-9);
+  EXPECT_NEAR(h.combine.us, p.combine.us, 1e-9);
 }
 
 TEST(ModelLinks, CpuFormulaByHand) {

@@ -48,7 +48,7 @@ ModelRow model_row(const ModelShape& s, const HardwarePreset& hw, int W, int ran
   const double slot = double(c.hidden_dim) * dtype_size(c.in_dtype) + 4.0 * c.scales_per_token();
   const double y_row = double(c.hidden_dim) * dtype_size(c.out_dtype);
   row.prediction = hw.cores ? predict_cpu(hw, row.traffic, slot, y_row, tokens, y_row)
-                            : predict(hw, row.traffic, mode, slot, y_row);
+                            : predict(hw, row.traffic, mode, slot, y_row, relay_reduces);
   row.experts = c.num_experts;
   return row;
 }

@@ -145,8 +145,10 @@ double link_us(const LinkParams& p, const detail::LinkCount& sent,
   return p.latency_us + bytes / (p.gbps * 1e3) + transfers * p.per_transfer_us;
 }
 
-OpPrediction predict_op(const HardwarePreset& hw, const detail::OpTraffic& op,
-                        detail::TrafficMode mode, double row_bytes) {
+// staged: the network stage, then the node stage (a relay forwards what it received); else the
+// link kinds at once.
+OpPrediction predict_op(const HardwarePreset& hw, const detail::OpTraffic& op, bool staged,
+                        double row_bytes) {
   OpPrediction worst;
   for (int r = 0; r < int(op.ranks.size()); ++r) {
     const detail::RankTraffic& t = op.ranks[r];
@@ -157,8 +159,7 @@ OpPrediction predict_op(const HardwarePreset& hw, const detail::OpTraffic& op,
     OpPrediction p;
     p.critical_rank = r;
     p.launch_us = hw.kernels_per_op * hw.launch_us;
-    p.exchange_us = mode == detail::TrafficMode::direct ? std::max(node, per_link[kNetwork])
-                                                        : node + per_link[kNetwork];
+    p.exchange_us = staged ? node + per_link[kNetwork] : std::max(node, per_link[kNetwork]);
     p.local_us = double(t.rows) * row_bytes * 2 / (hw.local_gbps * 1e3);
     p.us = p.launch_us + p.exchange_us + p.local_us;
     if (r == 0 || p.us > worst.us) worst = p;
@@ -169,9 +170,11 @@ OpPrediction predict_op(const HardwarePreset& hw, const detail::OpTraffic& op,
 }  // namespace
 
 Prediction predict(const HardwarePreset& hw, const detail::Traffic& traffic,
-                   detail::TrafficMode mode, double dispatch_row_bytes, double combine_row_bytes) {
-  return {predict_op(hw, traffic.dispatch, mode, dispatch_row_bytes),
-          predict_op(hw, traffic.combine, mode, combine_row_bytes)};
+                   detail::TrafficMode mode, double dispatch_row_bytes, double combine_row_bytes,
+                   bool relay_reduces) {
+  const bool hierarchical = mode == detail::TrafficMode::hierarchical;
+  return {predict_op(hw, traffic.dispatch, hierarchical, dispatch_row_bytes),
+          predict_op(hw, traffic.combine, hierarchical && relay_reduces, combine_row_bytes)};
 }
 
 Prediction predict_cpu(const HardwarePreset& hw, const detail::Traffic& traffic,

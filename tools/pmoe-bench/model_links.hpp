@@ -7,8 +7,10 @@
 //   launch:   kernels_per_op x launch_us
 //   exchange: per link kind l, (latency_l if r uses l) + max(sent, received bytes) / gbps_l
 //             + max(sent, received transfers) x per_transfer_us_l; direct mode: the link kinds
-//             run at once (the max over l); hierarchical: the network stage, then the node
-//             stage (load/store and same rank at once), one after the other
+//             run at once (the max over l); hierarchical dispatch (and combine with
+//             relay_reduces): the network stage, then the node stage (load/store and same rank
+//             at once), one after the other; hierarchical combine returns rows directly, as
+//             direct does
 //   local:    rows x (row bytes) x 2 / local_gbps: landing rows into expert_x (dispatch) or
 //             reading them for the sum (combine), read and written once
 // The CPU presets (thread ranks on `cores` cores) use the CPU backend's own path instead, see
@@ -68,8 +70,10 @@ struct Prediction {
 };
 
 // row_bytes: a dispatch slot's payload + scales, and a combine row (H x out dtype).
+// relay_reduces: the traffic was counted with it (hierarchical combine through the relay).
 Prediction predict(const HardwarePreset& hw, const detail::Traffic& traffic,
-                   detail::TrafficMode mode, double dispatch_row_bytes, double combine_row_bytes);
+                   detail::TrafficMode mode, double dispatch_row_bytes, double combine_row_bytes,
+                   bool relay_reduces = false);
 
 // The CPU backend with in-place buffers (src/cpu/all_to_all.cpp): dispatch sends headers, each
 // receiver copies its rows from the source's input buffer (read + write); combine sends row
