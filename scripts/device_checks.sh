@@ -22,7 +22,8 @@
 #            one-GPU machine this part is expected to report "unavailable here" with NCCL's
 #            reason, and passes; it fails only if the path was set up and then moved wrong bytes
 #            or lost a signal. Where the ring check set GIN up, AllToAll then runs over it
-#            (pmoe-bench all-to-all --device cuda --ranks-per-node 1 under mpirun -n 2); where
+#            (pmoe-bench all-to-all --device cuda --ranks-per-node 1 under mpirun -n 2, direct
+#            and --mode hierarchical); where
 #            not, the part says AllToAll's remote path was not run and why. Not in the default
 #            list: run it by name.
 # A part that fails is reported and the next one still runs; the exit status says whether all
@@ -132,7 +133,14 @@ part_gin() {
   PMOE_NCCL_LIBRARY="$nccl" PMOE_TIMEOUT_S=30 NCCL_DEBUG=WARN \
     timeout 300 mpirun -n 2 -x PMOE_NCCL_LIBRARY -x PMOE_TIMEOUT_S -x NCCL_DEBUG \
     pmoe-bench all-to-all --device cuda --ranks-per-node 1 --tokens 1,128 --iters 20 \
-    --json "$OUT/gin_all_to_all.json"
+    --json "$OUT/gin_all_to_all.json" || return $?
+  # Hierarchical: each one-rank node's relay is the rank itself, so the relay blocks cross over
+  # GIN and the forward is a copy within the rank's own window.
+  echo "gin: AllToAll over GIN, hierarchical (2 processes, --ranks-per-node 1)"
+  PMOE_NCCL_LIBRARY="$nccl" PMOE_TIMEOUT_S=30 NCCL_DEBUG=WARN \
+    timeout 300 mpirun -n 2 -x PMOE_NCCL_LIBRARY -x PMOE_TIMEOUT_S -x NCCL_DEBUG \
+    pmoe-bench all-to-all --device cuda --ranks-per-node 1 --mode hierarchical --tokens 1,128 \
+    --iters 20 --json "$OUT/gin_all_to_all_hierarchical.json"
 }
 
 parts=("$@")
