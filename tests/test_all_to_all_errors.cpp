@@ -148,6 +148,21 @@ TEST(AllToAllConfigErrors, ScaleBlockForNonF8) {
   expect_config_rejected(small_config(DType::bf16, 16), "scale_block is for f8e4m3 input only");
 }
 
+TEST(AllToAllConfigErrors, HierarchicalNeedsRanksPerNode) {
+  AllToAllConfig cfg = small_config();
+  cfg.cross_node = CrossNode::hierarchical;
+  expect_config_rejected(cfg, "cross_node = hierarchical needs ranks_per_node");
+}
+
+// The relay protocol is the CUDA kernels'; the CPU backend says so instead of running direct.
+TEST(AllToAllConfigErrors, HierarchicalOnTheCpuNamesTheBackend) {
+  AllToAllConfig cfg = small_config();
+  cfg.ranks_per_node = 1;
+  cfg.cross_node = CrossNode::hierarchical;
+  expect_config_rejected(cfg, "AllToAll on the CPU: cross_node = hierarchical is a mode of the "
+                              "CUDA backend");
+}
+
 // --- dispatch arguments ---------------------------------------------------------------------
 
 TEST(AllToAllErrors, WrongDtype) {

@@ -251,7 +251,7 @@ class CudaAllToAll final : public AllToAllBackend {
       case cuda::kTimeout:
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, " (", device_.str(),
                         "): rank ", r.detail, node_of(r.detail), " did not arrive within ",
-                        params_.timeout_ns / 1e9, " s"));
+                        params_.timeout_ns / 1e9, " s", relayed_by(r.detail, r.step)));
       case cuda::kNoRemote:
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": rank ", r.detail,
                         node_of(r.detail), " is on another node and this build has no remote "
@@ -342,6 +342,17 @@ class CudaAllToAll final : public AllToAllBackend {
   int ranks_per_node() const {
     const int W = comm_.size(), n = config_.ranks_per_node;
     return n > 0 && n < W ? n : W;
+  }
+  // In hierarchical mode a source on another node reaches this rank's dispatch(recv) through
+  // this node's relay for it: name that rank too, since it may be the one that is missing.
+  std::string relayed_by(int source, int32_t step) const {
+    const int R = layout_.ranks_per_node;
+    if (!layout_.hierarchical || step != int32_t(Step::dispatch_recv) ||
+        source / R == params_.rank / R)
+      return "";
+    const int relay = params_.rank / R * R + source % R;
+    if (relay == params_.rank) return "";  // this rank waited for the relay block itself
+    return cat("; its tokens come through rank ", relay, ", this node's relay for it");
   }
   // ", on node 1 (this rank is on node 0)" where the world is split into nodes, else "".
   std::string node_of(int peer) const {
