@@ -12,6 +12,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "all_to_all/traffic.hpp"
@@ -167,6 +168,35 @@ TEST(Traffic, RandomRoutingsMatchBruteForce) {
             expect_matches(c, s, routing(W, m, c.experts_per_token, c.num_experts, zipf, rng),
                            expert_y);
           }
+}
+
+// Issue 22's promise: at top-8 over 2 or more nodes hierarchical dispatch moves fewer network
+// bytes than direct (a token crosses to a node once, not once per rank it picks there), on every
+// rank, and combine the same bytes (rows go back straight to their source in both modes).
+TEST(Traffic, HierarchicalSendsFewerNetworkBytesAtTop8) {
+  std::mt19937 rng(22);
+  for (const auto& [nodes, per_node] : {std::pair{2, 8}, std::pair{4, 4}, std::pair{4, 8}}) {
+    const int W = nodes * per_node;
+    AllToAllConfig c{128, 256, 8, 7168, DType::bf16, 0, DType::bf16, false};
+    const auto indices = routing(W, 128, 8, 256, 0.0, rng);
+    const Traffic direct = count_traffic(c, {W, per_node, TrafficMode::direct, false}, indices);
+    const Traffic relayed =
+        count_traffic(c, {W, per_node, TrafficMode::hierarchical, false}, indices);
+    SCOPED_TRACE(testing::Message() << nodes << " x " << per_node);
+    for (int r = 0; r < W; ++r) {
+      EXPECT_LT(relayed.dispatch.ranks[r].sent[int(Link::network)].bytes,
+                direct.dispatch.ranks[r].sent[int(Link::network)].bytes)
+          << "rank " << r;
+      EXPECT_EQ(relayed.combine.ranks[r].sent[int(Link::network)],
+                direct.combine.ranks[r].sent[int(Link::network)])
+          << "rank " << r;
+    }
+    // Over 2 nodes of 8, a token picks ~3.3 ranks of the other node: well under half the bytes.
+    if (nodes == 2) {
+      EXPECT_LT(relayed.dispatch.total(Link::network).bytes * 2,
+                direct.dispatch.total(Link::network).bytes);
+    }
+  }
 }
 
 // Zipf routing puts the hot experts' rank on the critical path: rank 0 owns experts 0..L-1.
