@@ -181,7 +181,9 @@ class TpMoe {
   // Collective. x [m, feature_dim] config.dtype, the same tokens on every rank (TP replicates
   // them), 0 <= m <= max_tokens; y [m, out_dim] config.dtype (out), the same bits on every rank.
   // One all-reduce of the f32 partial outputs per call, summed in rank order. A rank that
-  // receives partials for another m than its own throws pmoe::Error naming both counts.
+  // receives partials for another m than its own throws pmoe::Error naming both counts; on a
+  // CUDA device every rank checks all the counts first (over comm, which must outlive the
+  // layer) and all throw before anything is launched.
   void forward(const Tensor& x, const Tensor& y);
 
   const MoeConfig& config() const;

@@ -243,6 +243,54 @@ TEST(MoeCudaInput, CollectiveLayersNameBadTensorsAndStayUsable) {
       Device::cuda(0));
 }
 
+// TP replicates tokens: ranks that pass different token counts all throw the CPU layer's error
+// (tests/test_moe_errors.cpp) before anything is launched, so the layer then runs a correct call
+// (a signal of the rejected call would have left the ranks' call numbers apart).
+TEST(MoeCudaInput, TpRanksWithDifferentTokenCountsAreToldBeforeLaunch) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  cpu::set_blas_threads(1);
+  const MoeConfig cfg = make_moe_config(16, 32, 4, 2);
+  const int H = cfg.feature_dim, O = cfg.out_dim();
+  std::vector<std::string> errors(2), after(2);
+  run_ranks(
+      2,
+      [&](Communicator& comm) {
+        const int r = comm.rank(), m = r == 0 ? 4 : 3;
+        TpMoe tp(comm, cfg, 4);
+        const Buffer input = reference::make_moe_input(cfg, 4, 1);
+        Buffer x(cfg.dtype, {4, H}, Device::cuda(0)), y(cfg.dtype, {4, O}, Device::cuda(0));
+        copy(x, input);
+        try {
+          tp.forward(Tensor(x.data<void>(), cfg.dtype, {m, H}, Device::cuda(0)),
+                     Tensor(y.data<void>(), cfg.dtype, {m, O}, Device::cuda(0)));
+          errors[size_t(r)] = "(no error)";
+        } catch (const Error& e) {
+          errors[size_t(r)] = e.what();
+        }
+        tp.forward(x, y);
+        synchronize(comm.stream());
+        Buffer y_host(cfg.dtype, {4, O});
+        copy(y_host, y);
+        const auto cmp =
+            reference::compare_moe(cfg, reference::reference_moe(cfg, input, {0, 1, 2, 3}),
+                                   y_host, 0, reference::moe_tolerance(cfg.dtype));
+        after[size_t(r)] = cmp.compared == 0 ? "nothing compared" : cmp.error;
+      },
+      Device::cuda(0));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[size_t(r)].find(r == 0 ? "TpMoe::forward: rank 1 all-reduces 48 elements "
+                                              "but rank 0 has 64"
+                                            : "TpMoe::forward: rank 0 all-reduces 64 elements "
+                                              "but rank 1 has 48"),
+              std::string::npos)
+        << errors[size_t(r)];
+    EXPECT_NE(errors[size_t(r)].find("every rank must pass the same number of tokens"),
+              std::string::npos)
+        << errors[size_t(r)];
+    EXPECT_EQ(after[size_t(r)], "") << "rank " << r;
+  }
+}
+
 // A whole forward captured into a CUDA graph on each rank (EpMoe with both micro-batch counts:
 // two streams, AllToAll, cuBLAS, the kernels; TpMoe: its signal words) and replayed with new
 // inputs written into the captured x: every replay matches the reference.

@@ -15,10 +15,18 @@
 // writes only its own memory; the done words keep it from overwriting a region a peer still
 // reads. Waits are bounded (PMOE_TIMEOUT_S); a timed-out wait is raised at the next call's entry.
 // Nothing waits on the host, so a forward can be captured in a CUDA graph.
+//
+// Before it enqueues anything, forward() exchanges every rank's element count on the host (one
+// all_gather of 8 bytes): ranks given different token counts all throw the CPU layer's
+// pmoe::Error (core/arg_checks.hpp) and no signal moves, so the layer stays usable. The price is
+// a host rendezvous per call: a rank's forward returns once every rank has entered its own.
 #include <atomic>
+#include <cstring>
 #include <memory>
+#include <span>
 #include <vector>
 
+#include "core/arg_checks.hpp"
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
@@ -36,7 +44,8 @@ constexpr int kLandedSlot = 0, kDoneSlot = 1, kCallSlot = 2, kSlots = 3;
 class DeviceTpMoe final : public DeviceMoe {
  public:
   DeviceTpMoe(Communicator& comm, const MoeConfig& config, int max_tokens)
-      : config_(config),
+      : comm_(comm),
+        config_(config),
         rank_(comm.rank()),
         world_(comm.size()),
         device_(comm.device()),
@@ -66,8 +75,9 @@ class DeviceTpMoe final : public DeviceMoe {
   }
 
   void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override {
-    throw_if_faulted();
     const int64_t n = x.size(0) * config_.out_dim();
+    check_same_count(n);
+    throw_if_faulted();
     uint64_t* call = memory_->signal_word(rank_, kCallSlot);
     count_call(call, stream_);
     for (int q = 0; q < world_; ++q)  // q may still be reading this rank's previous partial
@@ -97,6 +107,16 @@ class DeviceTpMoe final : public DeviceMoe {
   }
 
  private:
+  // Every rank sums n elements this call (the sum kernel reads n of each peer's region).
+  void check_same_count(int64_t n) {
+    const auto all = comm_.all_gather(std::as_bytes(std::span(&n, 1)));
+    for (int q = 0; q < world_; ++q) {
+      int64_t theirs;
+      std::memcpy(&theirs, all.data() + size_t(q) * sizeof theirs, sizeof theirs);
+      check_all_reduce_count("TpMoe::forward", q, theirs, rank_, n);
+    }
+  }
+
   // A wait of an earlier call timed out: the protocol is broken.
   void throw_if_faulted() const {
     using Word = std::atomic_ref<int32_t>;
@@ -109,6 +129,7 @@ class DeviceTpMoe final : public DeviceMoe {
                     " within ", timeout_ns_ / 1e9, " s; build a new layer"));
   }
 
+  Communicator& comm_;  // outlives the layer (include/pmoe/moe.hpp)
   MoeConfig config_;
   int rank_, world_;
   Device device_;
