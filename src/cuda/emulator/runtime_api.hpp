@@ -193,6 +193,15 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel ke
 // a later cudaIpcGetMemHandle on `ptr` fails with cudaErrorNotSupported.
 void ipc_drop_name(void* ptr);
 
+// Not CUDA: the emulated allocator's count of device memory on `device` (cudaMalloc's bytes,
+// page-rounded, not yet freed), and the most there was since the last reset_memory_peak (or the
+// start): what pmoe-bench reports as a layer's device memory. CUDA's allocator keeps no peak.
+struct MemoryUse {
+  size_t in_use = 0, peak = 0;
+};
+MemoryUse memory_use(int device);
+void reset_memory_peak(int device);  // peak = in_use
+
 // The launch of the emulated device: `body` runs once per thread of every block of `grid`, in
 // stream order. What src/cuda/launch.cuh calls where nvcc would use <<<...>>>.
 cuda_api::cudaError_t launch(cuda_api::dim3 grid, cuda_api::dim3 block, size_t shared_bytes,

@@ -22,6 +22,8 @@
 //
 // MoeStats::bytes_moved: a one-block kernel after the router counts the routing's traffic
 // (moe/ep_traffic.hpp, the CPU layer's rule) into host-mapped memory; last_stats() waits for it.
+// The phase times come from events around each exchange call and each batch's experts, on the
+// stream that runs them (phase_timer.hpp); with two micro-batches, experts overlap exchanges.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -31,6 +33,7 @@
 #include "cuda/flavor.hpp"
 #include "cuda/moe/device_experts.hpp"
 #include "cuda/moe/device_router.hpp"
+#include "cuda/moe/phase_timer.hpp"
 #include "moe/device_moe.hpp"
 #include "pmoe/all_to_all.hpp"
 
@@ -52,6 +55,7 @@ class DeviceEpMoe final : public DeviceMoe {
         main_((set_device(comm.device()), static_cast<cudaStream_t>(comm.stream().handle))),
         experts_stream_(micro_batches == 2 ? static_cast<cudaStream_t>(comm.side_stream().handle)
                                            : main_),
+        timer_(1 + 5 * micro_batches),  // route; per batch 2 dispatch, experts, 2 combine
         router_(config, max_tokens, comm.device()),
         experts_(config, comm.rank() * num_local_, num_local_, 0, config.ffn_dim, comm.device()) {
     // Before the AllToAlls' collective construction: page-locking may wait for the whole device,
@@ -114,6 +118,8 @@ class DeviceEpMoe final : public DeviceMoe {
     stats.expert_flops = experts_.flops(stats.expert_rows);
 
     // Route, and stage the tokens at the wire width.
+    timer_.start(main_);
+    timer_.begin(&MoeStats::route_s, main_);
     const float* xf = rows_as_f32(x.data(), config_.dtype, m, H, x_f32_.data<float>(), main_);
     router_.route(router_blas_, main_, m, xf, indices_.data<int32_t>(), weights_.data<float>());
     count_rows_moved(m);
@@ -132,6 +138,7 @@ class DeviceEpMoe final : public DeviceMoe {
       x_send = x_wire_.data<std::byte>();
     }
     if (O < wire_) y_recv = y_wire_.data<std::byte>();
+    timer_.end(main_);
 
     if (micro_batches_ == 1) {
       const Batch all = batch(0, 0, m, x_send, y_recv);
@@ -169,6 +176,7 @@ class DeviceEpMoe final : public DeviceMoe {
   }
 
   void finish_stats(MoeStats& stats) override {
+    timer_.finish(stats);
     if (!count_pending_) return;
     count_pending_ = false;
     PMOE_CUDA_CHECK(cudaEventSynchronize(counted_));
@@ -209,14 +217,18 @@ class DeviceEpMoe final : public DeviceMoe {
 
   void dispatch(const Batch& b, Phase phase) {
     const Device device = indices_.tensor().device();
+    timer_.begin(&MoeStats::dispatch_s, main_);
     exchanges_[size_t(b.index)]->dispatch(b.x, Tensor(), b.indices,
                                           Tensor(batch_counts(b), DType::i32, {num_local_}, device),
                                           expert_x_[size_t(b.index)], Tensor(), phase);
+    timer_.end(main_);
   }
 
   void combine(const Batch& b, Phase phase) {
+    timer_.begin(&MoeStats::combine_s, main_);
     exchanges_[size_t(b.index)]->combine(expert_y_[size_t(b.index)], b.indices, b.weights, b.y,
                                          phase);
+    timer_.end(main_);
   }
 
   // The call's traffic in rows, counted on the main stream after the router. A captured forward
@@ -255,6 +267,7 @@ class DeviceEpMoe final : public DeviceMoe {
     const int H = config_.feature_dim, O = config_.out_dim();
     const int64_t R = slots();
     const int32_t* counts = batch_counts(b);
+    timer_.begin(&MoeStats::experts_s, experts_stream_);
     WidenRows w;
     w.src = expert_x_[size_t(b.index)].data<void>();
     w.src_ld = wire_;
@@ -277,6 +290,7 @@ class DeviceEpMoe final : public DeviceMoe {
     n.row_limits = counts;
     n.group_rows = R;
     launch_narrow_rows(n, config_.dtype, experts_stream_);
+    timer_.end(experts_stream_);
   }
 
   MoeConfig config_;
@@ -284,6 +298,7 @@ class DeviceEpMoe final : public DeviceMoe {
   cudaStream_t main_, experts_stream_;
   cublasHandle_t router_blas_ = nullptr, experts_blas_ = nullptr;
   cudaEvent_t to_experts_[2] = {}, from_experts_[2] = {}, counted_ = nullptr;
+  PhaseTimer timer_;
   int64_t* rows_moved_ = nullptr;          // host-mapped: the last call's traffic in rows
   int64_t* rows_moved_device_ = nullptr;   // the same word, as the kernel addresses it
   bool count_pending_ = false;             // a forward's count that finish_stats has not read

@@ -51,6 +51,7 @@ class DeviceTpMoe final : public DeviceMoe {
         device_(comm.device()),
         stream_((set_device(comm.device()), static_cast<cudaStream_t>(comm.stream().handle))),
         timeout_ns_(uint64_t(comm.timeout_s() * 1e9)),
+        timer_(cuda::DeviceLocalMoe::kPhases + 1),  // and the all-reduce
         moe_(config, max_tokens, comm.rank() * (config.ffn_dim / comm.size()),
              (comm.rank() + 1) * (config.ffn_dim / comm.size()), comm.device(), stream_) {
     memory_ = comm.alloc_symmetric(size_t(max_tokens) * config.out_dim() * sizeof(float), kSlots);
@@ -78,13 +79,15 @@ class DeviceTpMoe final : public DeviceMoe {
     const int64_t n = x.size(0) * config_.out_dim();
     check_same_count(n);
     throw_if_faulted();
+    timer_.start(stream_);
     uint64_t* call = memory_->signal_word(rank_, kCallSlot);
     count_call(call, stream_);
     for (int q = 0; q < world_; ++q)  // q may still be reading this rank's previous partial
       if (q != rank_)
         wait_for_signal(memory_->signal_word(q, kDoneSlot), call, 1, timeout_ns_, q, kWaitDone,
                         fault_device_, stream_);
-    moe_.forward(x, memory_->local(), DType::f32, stats);
+    moe_.forward(x, memory_->local(), DType::f32, stats, timer_);
+    timer_.begin(&MoeStats::reduce_s, stream_);
     raise_signal(memory_->signal_word(rank_, kLandedSlot), call, stream_);
     for (int q = 0; q < world_; ++q)
       if (q != rank_)
@@ -97,9 +100,11 @@ class DeviceTpMoe final : public DeviceMoe {
     sum.n = n;
     launch_sum_partials(sum, config_.dtype, stream_);
     raise_signal(memory_->signal_word(rank_, kDoneSlot), call, stream_);
+    timer_.end(stream_);
     stats.bytes_moved = (world_ - 1) * n * int64_t(sizeof(float));  // the peers' partials read
   }
 
+  void finish_stats(MoeStats& stats) override { timer_.finish(stats); }
   size_t weight_bytes() const override { return moe_.weight_bytes(); }
   size_t workspace_bytes() const override {
     return moe_.workspace_bytes() + memory_->bytes() +
@@ -135,6 +140,7 @@ class DeviceTpMoe final : public DeviceMoe {
   Device device_;
   cudaStream_t stream_;
   uint64_t timeout_ns_;
+  cuda::PhaseTimer timer_;
   cuda::DeviceLocalMoe moe_;
   std::unique_ptr<SymmetricMemory> memory_;
   Buffer parts_;  // [W] const float*: every rank's region, for the sum kernel
