@@ -162,8 +162,8 @@ struct EpMoe::Impl {
     const int32_t* idx = indices.data<int32_t>();
     int64_t rows = 0;
     for (int t = 0; t < m; ++t)
-      rows += detail::ep_token_rows_moved(idx + int64_t(t) * k, k, config.num_experts, num_local,
-                                          rank);
+      rows +=
+          detail::ep_token_rows_moved(idx + int64_t(t) * k, k, config.num_experts, num_local, rank);
     return rows * wire_dim * int64_t(dtype_size(config.dtype));
   }
 

@@ -272,8 +272,8 @@ TEST(MoeCudaInput, TpRanksWithDifferentTokenCountsAreToldBeforeLaunch) {
         Buffer y_host(cfg.dtype, {4, O});
         copy(y_host, y);
         const auto cmp =
-            reference::compare_moe(cfg, reference::reference_moe(cfg, input, {0, 1, 2, 3}),
-                                   y_host, 0, reference::moe_tolerance(cfg.dtype));
+            reference::compare_moe(cfg, reference::reference_moe(cfg, input, {0, 1, 2, 3}), y_host,
+                                   0, reference::moe_tolerance(cfg.dtype));
         after[size_t(r)] = cmp.compared == 0 ? "nothing compared" : cmp.error;
       },
       Device::cuda(0));

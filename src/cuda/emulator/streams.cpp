@@ -639,7 +639,8 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t handle, cudaStreamCaptureStatus* 
   const std::shared_ptr<CaptureImpl> capture = capture_of(stream).first;
   if (!capture) return cudaSuccess;
   std::lock_guard lock(capture->mutex);
-  *status = capture->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  *status =
+      capture->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
   return cudaSuccess;
 }
 

@@ -94,8 +94,8 @@ class DeviceEpMoe final : public DeviceMoe {
     PMOE_CUBLAS_CHECK(cublasSetStream(router_blas_, main_));
     PMOE_CUBLAS_CHECK(cublasCreate(&experts_blas_));
     PMOE_CUBLAS_CHECK(cublasSetStream(experts_blas_, experts_stream_));
-    for (cudaEvent_t* e : {&to_experts_[0], &to_experts_[1], &from_experts_[0], &from_experts_[1],
-                           &counted_})
+    for (cudaEvent_t* e :
+         {&to_experts_[0], &to_experts_[1], &from_experts_[0], &from_experts_[1], &counted_})
       PMOE_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
   ~DeviceEpMoe() override {
@@ -103,8 +103,8 @@ class DeviceEpMoe final : public DeviceMoe {
     (void)cudaStreamSynchronize(main_);
     (void)cublasDestroy(router_blas_);
     (void)cublasDestroy(experts_blas_);
-    for (cudaEvent_t e : {to_experts_[0], to_experts_[1], from_experts_[0], from_experts_[1],
-                          counted_})
+    for (cudaEvent_t e :
+         {to_experts_[0], to_experts_[1], from_experts_[0], from_experts_[1], counted_})
       (void)cudaEventDestroy(e);
     (void)cudaFreeHost(rows_moved_);
   }
@@ -299,9 +299,9 @@ class DeviceEpMoe final : public DeviceMoe {
   cublasHandle_t router_blas_ = nullptr, experts_blas_ = nullptr;
   cudaEvent_t to_experts_[2] = {}, from_experts_[2] = {}, counted_ = nullptr;
   PhaseTimer timer_;
-  int64_t* rows_moved_ = nullptr;          // host-mapped: the last call's traffic in rows
-  int64_t* rows_moved_device_ = nullptr;   // the same word, as the kernel addresses it
-  bool count_pending_ = false;             // a forward's count that finish_stats has not read
+  int64_t* rows_moved_ = nullptr;         // host-mapped: the last call's traffic in rows
+  int64_t* rows_moved_device_ = nullptr;  // the same word, as the kernel addresses it
+  bool count_pending_ = false;            // a forward's count that finish_stats has not read
   DeviceRouter router_;
   DeviceExperts experts_;
   std::vector<std::unique_ptr<AllToAll>> exchanges_;  // one per micro-batch
