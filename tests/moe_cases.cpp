@@ -124,6 +124,7 @@ MoeCaseResult run_moe_case(Communicator& comm, const MoeCase& c) {
     if (!cmp.error.empty() && result.error.empty())
       result.error = detail::cat(describe(c, W), " rank ", rank, " call ", call, ": ", cmp.error);
     result.y = as_floats(y);
+    result.stats = simple ? simple->last_stats() : tp ? tp->last_stats() : ep->last_stats();
 
     if (tp && !result.y.empty()) {  // every rank must hold the same bits
       const auto all = comm.all_gather(std::as_bytes(std::span(result.y)));

@@ -36,6 +36,7 @@ struct MoeCaseResult {
   int compared = 0;      // rows compared, over all calls
   int skipped = 0;       // rows skipped for a top-k tie
   std::vector<float> y;  // this rank's output of the last call, as f32
+  MoeStats stats;        // this rank's layer's last_stats() after the last call
 };
 
 // Runs the case on `comm` (collective; every rank gets the same case) and checks it. TP also

@@ -72,7 +72,9 @@ enum class MoeTensor : uint8_t {
 float moe_weight(const MoeConfig& config, MoeTensor tensor, int expert, int64_t row, int64_t col);
 
 // What the last forward() did on this rank, for benchmarks: its work, its traffic and where its
-// time went. Times are wall-clock seconds on this rank.
+// time went. Times are wall-clock seconds on this rank. On a CUDA device, forward() does not
+// wait for its work, so last_stats() waits for what the device counts itself (EpMoe's
+// bytes_moved); a forward captured in a CUDA graph leaves those counts at 0.
 struct MoeStats {
   int64_t tokens = 0;       // tokens this rank routed
   int64_t expert_rows = 0;  // (token, expert) rows this rank's experts computed
@@ -179,7 +181,9 @@ class TpMoe {
   // Collective. x [m, feature_dim] config.dtype, the same tokens on every rank (TP replicates
   // them), 0 <= m <= max_tokens; y [m, out_dim] config.dtype (out), the same bits on every rank.
   // One all-reduce of the f32 partial outputs per call, summed in rank order. A rank that
-  // receives partials for another m than its own throws pmoe::Error naming both counts.
+  // receives partials for another m than its own throws pmoe::Error naming both counts; on a
+  // CUDA device every rank checks all the counts first (over comm, which must outlive the
+  // layer) and all throw before anything is launched.
   void forward(const Tensor& x, const Tensor& y);
 
   const MoeConfig& config() const;

@@ -37,4 +37,9 @@ void check_absent(std::string_view op, const char* name, const Tensor& t, const 
              dtype_name(t.dtype()), " ", t.shape_str());
 }
 
+void check_all_reduce_count(std::string_view op, int peer, int64_t their_n, int rank, int64_t n) {
+  PMOE_CHECK(their_n == n, op, ": rank ", peer, " all-reduces ", their_n, " elements but rank ",
+             rank, " has ", n, "; every rank must pass the same number of tokens");
+}
+
 }  // namespace pmoe::detail

@@ -2,6 +2,7 @@
 // argument, what was expected and what came.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -21,6 +22,10 @@ void check_index_tensor(std::string_view op, const char* name, const Tensor& t, 
 
 // "bf16 (bfloat16)": pmoe's name and the array libraries' name, for error messages.
 std::string dtype_words(DType t);
+
+// A sum over ranks of n elements each (TpMoe's all-reduce, CPU and device): rank `peer` gave
+// `their_n` where this rank `rank` has `n`. Throws pmoe::Error naming both when they differ.
+void check_all_reduce_count(std::string_view op, int peer, int64_t their_n, int rank, int64_t n);
 
 // An argument that must be left out here (an empty Tensor); `why` says when it is used.
 void check_absent(std::string_view op, const char* name, const Tensor& t, const char* why);

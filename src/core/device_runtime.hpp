@@ -28,6 +28,11 @@ class AllToAllBackend;
 
 constexpr size_t kIpcHandleBytes = 64;
 
+// Device memory in use, for pmoe-bench (DeviceRuntime::memory_use).
+struct DeviceMemoryUse {
+  size_t in_use = 0, peak = 0;
+};
+
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
@@ -52,6 +57,11 @@ class DeviceRuntime {
   virtual void record_event(void* event, Stream stream) const = 0;
   virtual double elapsed_ms(void* start, void* stop) const = 0;  // waits for stop
   virtual void copy_async(void* dst, const void* src, size_t bytes, Stream stream) const = 0;
+  // Device memory in use on `device`. The emulated device: its allocator's bytes now, and the
+  // most since reset_memory_peak(). CUDA keeps no peak: both are cudaMemGetInfo's total - free,
+  // the whole device's use (other processes' too), so a caller samples it where use is highest.
+  virtual DeviceMemoryUse memory_use(Device device) const = 0;
+  virtual void reset_memory_peak(Device device) const = 0;  // nothing to reset on CUDA
 };
 
 // The runtime chosen for this process (see above); throws pmoe::Error in a build without one.

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/arg_checks.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/moe.hpp"
 
@@ -79,8 +80,7 @@ void AllReduceSum::run(float* data, int64_t n, const std::string& op) {
       memory_->wait_signal(s, epoch_, {op, s, "its partial sums (all-reduce)"});
       int64_t their_n;
       std::memcpy(&their_n, region + partial_offset(s), sizeof their_n);
-      PMOE_CHECK(their_n == n, op, ": rank ", s, " all-reduces ", their_n, " elements but rank ",
-                 rank_, " has ", n, "; every rank must pass the same number of tokens");
+      detail::check_all_reduce_count(op, s, their_n, rank_, n);
       part = reinterpret_cast<const float*>(region + partial_offset(s) + kHeaderBytes);
     }
     for (int i = 0; i < mine.size(); ++i) sum[size_t(i)] += part[i];

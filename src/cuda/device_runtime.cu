@@ -127,6 +127,24 @@ class CudaRuntime final : public DeviceRuntime {
     PMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
                                     static_cast<cudaStream_t>(stream.handle)));
   }
+
+#if defined(__CUDACC__)
+  DeviceMemoryUse memory_use(Device device) const override {
+    set_device(device);
+    size_t free = 0, total = 0;
+    PMOE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return {total - free, total - free};
+  }
+  void reset_memory_peak(Device) const override {}
+#else
+  DeviceMemoryUse memory_use(Device device) const override {
+    const ::pmoe::emu::MemoryUse use = ::pmoe::emu::memory_use(device.index);
+    return {use.in_use, use.peak};
+  }
+  void reset_memory_peak(Device device) const override {
+    ::pmoe::emu::reset_memory_peak(device.index);
+  }
+#endif
 };
 
 }  // namespace

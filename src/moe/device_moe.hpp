@@ -17,6 +17,10 @@ class DeviceMoe {
   virtual ~DeviceMoe() = default;
   // x [m, H] and y [m, O] config.dtype, contiguous, on the layer's device (checked).
   virtual void forward(const Tensor& x, const Tensor& y, MoeStats& stats) = 0;
+  // Completes `stats`, as forward() left them, with what the device counted for that forward
+  // (last_stats() calls it): waits until the stream has got that far. Does nothing for a
+  // forward captured in a graph, or a second time.
+  virtual void finish_stats(MoeStats& stats) { (void)stats; }
   virtual size_t weight_bytes() const = 0;
   virtual size_t workspace_bytes() const = 0;
 };

@@ -22,6 +22,7 @@
 #include <optional>
 
 #include "moe/device_moe.hpp"
+#include "moe/ep_traffic.hpp"
 #include "moe/layer_args.hpp"
 #include "pmoe/all_to_all.hpp"
 
@@ -155,24 +156,15 @@ struct EpMoe::Impl {
     stats.experts_s += seconds_since(start);
   }
 
-  // Payload bytes this rank's tokens move between ranks: one row to each other rank that owns
-  // one of its experts, and one row back per slot whose expert lives on another rank.
+  // Payload bytes this rank's tokens move between ranks (moe/ep_traffic.hpp).
   int64_t bytes_moved(int m) const {
     const int k = config.top_k;
-    const int64_t row = int64_t(wire_dim) * dtype_size(config.dtype);
     const int32_t* idx = indices.data<int32_t>();
     int64_t rows = 0;
-    std::vector<char> seen(static_cast<size_t>(world_size));
-    for (int t = 0; t < m; ++t) {
-      std::fill(seen.begin(), seen.end(), 0);
-      for (int j = 0; j < k; ++j) {
-        const int owner = idx[t * k + j] / num_local;
-        if (owner == rank) continue;
-        rows += 1 + (seen[size_t(owner)] ? 0 : 1);  // the row back, and the token out once
-        seen[size_t(owner)] = 1;
-      }
-    }
-    return rows * row;
+    for (int t = 0; t < m; ++t)
+      rows +=
+          detail::ep_token_rows_moved(idx + int64_t(t) * k, k, config.num_experts, num_local, rank);
+    return rows * wire_dim * int64_t(dtype_size(config.dtype));
   }
 
   MoeConfig config;
@@ -277,6 +269,9 @@ size_t EpMoe::workspace_bytes() const {
   for (const auto& exchange : p.exchanges) bytes += exchange->workspace_bytes();
   return bytes;
 }
-const MoeStats& EpMoe::last_stats() const { return impl_->stats; }
+const MoeStats& EpMoe::last_stats() const {
+  if (impl_->on_device) impl_->on_device->finish_stats(impl_->stats);
+  return impl_->stats;
+}
 
 }  // namespace pmoe

@@ -63,6 +63,9 @@ size_t SimpleMoe::workspace_bytes() const {
   if (impl_->on_device) return impl_->on_device->workspace_bytes();
   return impl_->moe->workspace_bytes() + impl_->y_f32.nbytes();
 }
-const MoeStats& SimpleMoe::last_stats() const { return impl_->stats; }
+const MoeStats& SimpleMoe::last_stats() const {
+  if (impl_->on_device) impl_->on_device->finish_stats(impl_->stats);
+  return impl_->stats;
+}
 
 }  // namespace pmoe

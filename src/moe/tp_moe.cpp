@@ -94,6 +94,9 @@ size_t TpMoe::workspace_bytes() const {
   return impl_->moe->workspace_bytes() + impl_->all_reduce->workspace_bytes() +
          impl_->partial.nbytes();
 }
-const MoeStats& TpMoe::last_stats() const { return impl_->stats; }
+const MoeStats& TpMoe::last_stats() const {
+  if (impl_->on_device) impl_->on_device->finish_stats(impl_->stats);
+  return impl_->stats;
+}
 
 }  // namespace pmoe

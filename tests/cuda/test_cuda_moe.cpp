@@ -26,24 +26,22 @@ namespace {
 constexpr Activation kActivations[] = {Activation::relu, Activation::gelu, Activation::swiglu};
 
 // Runs `c` on W thread ranks of `device`; every rank must match the reference. Returns each
-// rank's output of the last call.
-std::vector<std::vector<float>> expect_case(MoeCase c, int W, Device device) {
+// rank's result (its output and stats of the last call).
+std::vector<MoeCaseResult> expect_case(MoeCase c, int W, Device device) {
   cpu::set_blas_threads(1);  // thread ranks call BLAS at once (the CPU layers and cuBLAS's shim)
   c.device = device;
   std::vector<MoeCaseResult> results(static_cast<size_t>(W));
   run_ranks(
       W, [&](Communicator& comm) { results[size_t(comm.rank())] = run_moe_case(comm, c); }, device);
-  std::vector<std::vector<float>> outputs;
   int compared = 0;
   for (const MoeCaseResult& r : results) {
     EXPECT_EQ(r.error, "") << describe(c, W);
     compared += r.compared;
-    outputs.push_back(r.y);
   }
   if (c.batch > 0) {
     EXPECT_GT(compared, 0) << describe(c, W);
   }
-  return outputs;
+  return results;
 }
 
 // The case on the device, then on the CPU: both match the reference, and each other within the
@@ -53,11 +51,12 @@ void expect_device_matches_cpu(const MoeCase& c, int W) {
   const auto cpu = expect_case(c, W, Device::cpu());
   ASSERT_EQ(device.size(), cpu.size());
   for (size_t r = 0; r < cpu.size(); ++r) {
-    ASSERT_EQ(device[r].size(), cpu[r].size()) << describe(c, W);
+    const std::vector<float>&on_device = device[r].y, &on_cpu = cpu[r].y;
+    ASSERT_EQ(on_device.size(), on_cpu.size()) << describe(c, W);
     double worst = 0, scale = 0;
-    for (size_t i = 0; i < cpu[r].size(); ++i) {
-      worst = std::max(worst, double(std::abs(device[r][i] - cpu[r][i])));
-      scale = std::max(scale, double(std::abs(cpu[r][i])));
+    for (size_t i = 0; i < on_cpu.size(); ++i) {
+      worst = std::max(worst, double(std::abs(on_device[i] - on_cpu[i])));
+      scale = std::max(scale, double(std::abs(on_cpu[i])));
     }
     EXPECT_LE(worst, reference::moe_tolerance(c.config.dtype) * scale)
         << describe(c, W) << " rank " << r;
@@ -133,6 +132,28 @@ TEST_P(MoeCuda, EpUnevenLoadsAndEmptyRanks) {
     all.micro_batches = mb;
     all.config.top_k = all.config.num_experts;
     expect_device_matches_cpu(all, W);
+  }
+}
+
+// EpMoe's bytes_moved on the device is counted by a kernel with the CPU layer's rule: the same
+// routing gives each rank the same figure on both backends, nonzero once tokens leave their rank.
+// The wire is wider than H (O > H) and the last call runs fewer tokens than the first.
+TEST_P(MoeCuda, EpBytesMovedEqualsCpu) {
+  const int W = GetParam();
+  for (int mb : {1, 2}) {
+    MoeCase c = base_case(MoeVariant::ep, W, Activation::relu, DType::bf16);
+    c.micro_batches = mb;
+    c.config.output_dim = 40;
+    c.calls = 2;
+    const auto device = expect_case(c, W, Device::cuda(0));
+    const auto cpu = expect_case(c, W, Device::cpu());
+    for (int r = 0; r < W; ++r) {
+      EXPECT_EQ(device[size_t(r)].stats.bytes_moved, cpu[size_t(r)].stats.bytes_moved)
+          << describe(c, W) << " rank " << r;
+      if (W > 1) {
+        EXPECT_GT(cpu[size_t(r)].stats.bytes_moved, 0) << describe(c, W) << " rank " << r;
+      }
+    }
   }
 }
 
@@ -222,6 +243,54 @@ TEST(MoeCudaInput, CollectiveLayersNameBadTensorsAndStayUsable) {
       Device::cuda(0));
 }
 
+// TP replicates tokens: ranks that pass different token counts all throw the CPU layer's error
+// (tests/test_moe_errors.cpp) before anything is launched, so the layer then runs a correct call
+// (a signal of the rejected call would have left the ranks' call numbers apart).
+TEST(MoeCudaInput, TpRanksWithDifferentTokenCountsAreToldBeforeLaunch) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  cpu::set_blas_threads(1);
+  const MoeConfig cfg = make_moe_config(16, 32, 4, 2);
+  const int H = cfg.feature_dim, O = cfg.out_dim();
+  std::vector<std::string> errors(2), after(2);
+  run_ranks(
+      2,
+      [&](Communicator& comm) {
+        const int r = comm.rank(), m = r == 0 ? 4 : 3;
+        TpMoe tp(comm, cfg, 4);
+        const Buffer input = reference::make_moe_input(cfg, 4, 1);
+        Buffer x(cfg.dtype, {4, H}, Device::cuda(0)), y(cfg.dtype, {4, O}, Device::cuda(0));
+        copy(x, input);
+        try {
+          tp.forward(Tensor(x.data<void>(), cfg.dtype, {m, H}, Device::cuda(0)),
+                     Tensor(y.data<void>(), cfg.dtype, {m, O}, Device::cuda(0)));
+          errors[size_t(r)] = "(no error)";
+        } catch (const Error& e) {
+          errors[size_t(r)] = e.what();
+        }
+        tp.forward(x, y);
+        synchronize(comm.stream());
+        Buffer y_host(cfg.dtype, {4, O});
+        copy(y_host, y);
+        const auto cmp =
+            reference::compare_moe(cfg, reference::reference_moe(cfg, input, {0, 1, 2, 3}), y_host,
+                                   0, reference::moe_tolerance(cfg.dtype));
+        after[size_t(r)] = cmp.compared == 0 ? "nothing compared" : cmp.error;
+      },
+      Device::cuda(0));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[size_t(r)].find(r == 0 ? "TpMoe::forward: rank 1 all-reduces 48 elements "
+                                              "but rank 0 has 64"
+                                            : "TpMoe::forward: rank 0 all-reduces 64 elements "
+                                              "but rank 1 has 48"),
+              std::string::npos)
+        << errors[size_t(r)];
+    EXPECT_NE(errors[size_t(r)].find("every rank must pass the same number of tokens"),
+              std::string::npos)
+        << errors[size_t(r)];
+    EXPECT_EQ(after[size_t(r)], "") << "rank " << r;
+  }
+}
+
 // A whole forward captured into a CUDA graph on each rank (EpMoe with both micro-batch counts:
 // two streams, AllToAll, cuBLAS, the kernels; TpMoe: its signal words) and replayed with new
 // inputs written into the captured x: every replay matches the reference.
@@ -260,6 +329,8 @@ TEST(MoeCudaGraph, ForwardCapturedAndReplayedWithNewInputs) {
             if (cudaStreamEndCapture(stream, &graph) != cudaSuccess ||
                 cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
               error = "end capture or instantiate failed";
+            if (ep && ep->last_stats().bytes_moved != 0)  // a captured forward counts nothing
+              error = "bytes_moved of a captured forward";
             for (int replay = 0; replay < 3 && error.empty(); ++replay) {
               const Buffer input = reference::make_moe_input(cfg, batch, 100 + uint64_t(replay));
               const size_t row = size_t(H) * dtype_size(cfg.dtype);

@@ -253,10 +253,14 @@ void run(Options o, const CLI::App& cmd) {
       o.dtype.c_str(), o.micro_batches, o.iters, o.warmup);
   if (!preset_note.empty()) std::printf("%s\n", preset_note.c_str());
   if (o.device == "cuda")
-    std::printf("Device: %s. Thread ranks share GPU 0, one stream each; a forward is timed to the "
-                "end of its stream; phase columns are 0 on a device (one stream of kernels, not "
-                "timed apart); Max Memory is the layer's device weights + workspace + x and y.\n",
-                runtime_label.c_str());
+    std::printf(
+        "Device: %s. Thread ranks share GPU 0, one stream each; a forward is timed to the "
+        "end of its stream, its phases by the layer's events around them; Max Memory is "
+        "the peak device memory in use while the layers and their x and y existed, per "
+        "rank holding a layer (%s).\n",
+        runtime_label.c_str(),
+        cuda_emulated() ? "the emulated allocator's peak"
+                        : "cudaMemGetInfo sampled after building and after timing");
   std::printf("\n");
   const std::string key = o.benchmark_type;
   print_markdown({column("variant", "variant"), column(key, key),

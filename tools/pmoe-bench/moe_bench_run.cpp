@@ -9,9 +9,12 @@
 //
 // On a CUDA device (--device cuda) the ranks are threads sharing GPU 0, each on its own stream;
 // x and y are in device memory, a forward's time runs from its launch to the end of its stream
-// (synchronize), and the layer's phases are not timed apart (MoeStats' times stay 0: the
-// forward is one stream of kernels). Memory is what the layer holds on the device (weights and
-// workspace, its own accounting) plus x and y, not an allocator's peak.
+// (synchronize), and the phase times are the layer's own, from events around its phases
+// (src/cuda/moe/phase_timer.hpp). Memory is the device's: the most device memory in use while
+// the layers and their x and y existed, less what was in use before, shared out evenly over the
+// ranks holding a layer (they hold the same buffers). The emulated device's allocator keeps that
+// peak; on a GPU it is cudaMemGetInfo's use sampled after the layers are built and after the
+// timed forwards (a forward allocates nothing), other processes on the GPU included.
 //
 // The GEMM rate (EP, --gemm-rate): after the layer is timed and freed, every rank times a dense
 // GEMM pair over as many rows as its experts computed ([rows, H] x [H, g F], then [rows, F] x
@@ -25,6 +28,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/device_runtime.hpp"
 #include "cpu/gemm.hpp"
 #include "moe_bench.hpp"
 #include "pmoe/error.hpp"
@@ -119,6 +123,34 @@ double time_dense_gemms(Communicator& comm, const MoeRunSpec& spec, int64_t rows
   return median_of(std::vector<double>(mine.end() - spec.iters, mine.end()));
 }
 
+// The device memory in use while this run's layers exist, on GPU 0 shared by the thread ranks.
+// Collective: start() before any rank builds its layer, sample() once they are built and again
+// after the timed forwards, each with every rank past the allocations it waits on.
+class DeviceMemoryPeak {
+ public:
+  void start(Communicator& comm, Device device) {
+    device_ = device;
+    comm.barrier();  // the previous run's memory is freed
+    if (comm.rank() == 0) detail::device_runtime().reset_memory_peak(device);
+    before_ = detail::device_runtime().memory_use(device).in_use;  // nobody allocates here
+    comm.barrier();
+  }
+  void sample(Communicator& comm) {
+    comm.barrier();
+    const detail::DeviceMemoryUse use = detail::device_runtime().memory_use(device_);
+    most_ = std::max({most_, use.peak, use.in_use});
+    comm.barrier();
+  }
+  // Bytes above the start, shared over the ranks that hold a layer.
+  double per_rank(int holders) const {
+    return double(most_ > before_ ? most_ - before_ : 0) / std::max(1, holders);
+  }
+
+ private:
+  Device device_;
+  size_t before_ = 0, most_ = 0;
+};
+
 void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
               const reference::MoeExpected& expected, std::vector<RankReport>& reports,
               std::vector<double>& iteration_ms) {
@@ -137,6 +169,8 @@ void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
 
   reset_thread_peak();
   const int64_t base = thread_memory().current_bytes;
+  DeviceMemoryPeak device_memory;
+  if (on_device) device_memory.start(comm, spec.device);
   const RowRange mine = ep ? shard_rows(spec.batch, W, rank) : RowRange{0, spec.batch};
   Layer layer;
   switch (spec.variant) {
@@ -162,6 +196,7 @@ void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
     x_device = Buffer(c.dtype, {mine.size(), c.feature_dim}, spec.device);
     y_device = Buffer(c.dtype, {y_rows, c.out_dim()}, spec.device);
     copy(x_device, x_host);
+    device_memory.sample(comm);
   }
   const Tensor x_mine = on_device ? Tensor(x_device) : x_host;
   const Tensor y_out = on_device ? Tensor(y_device) : Tensor(y);
@@ -199,9 +234,11 @@ void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
   for (double& t : iteration_ms) t /= 1000.0;  // µs -> ms
 
   report.peak_bytes = double(thread_memory().peak_bytes - base);
-  if (on_device && layer.active())
-    report.peak_bytes = double(layer.weight_bytes() + layer.workspace_bytes() +
-                               x_device.nbytes() + y_device.nbytes());
+  if (on_device) {
+    device_memory.sample(comm);
+    const int holders = spec.variant == MoeVariantKind::simple ? 1 : W;
+    report.peak_bytes = layer.active() ? device_memory.per_rank(holders) : 0;
+  }
   if (layer.active()) {
     const std::vector<MoeStats> timed(per_iteration.end() - spec.iters, per_iteration.end());
     auto phase_ms = [&](double MoeStats::*field) {

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -35,6 +36,7 @@ constexpr uint32_t kHandleMagic = 0x454f4d50;            // "PMOE"
 
 struct Allocation {
   size_t bytes = 0;     // mapped length
+  int device = 0;       // the device it was allocated on (owned allocations)
   int fd = -1;          // the file behind it
   std::string name;     // its /dev/shm name once an IPC handle was made
   bool owned = true;    // false: another process's memory, mapped by cudaIpcOpenMemHandle
@@ -53,6 +55,12 @@ std::map<uintptr_t, Allocation>& device_allocations() {
   static auto* m = new std::map<uintptr_t, Allocation>;
   return *m;
 }
+// Owned device memory per device, under `mutex`.
+std::map<int, MemoryUse>& memory_uses() {
+  static auto* m = new std::map<int, MemoryUse>;
+  return *m;
+}
+
 std::set<void*>& host_allocations() {
   static auto* s = new std::set<void*>;
   return *s;
@@ -125,8 +133,12 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
     return note_error(cudaErrorMemoryAllocation);
   }
   if (mapped <= kGarbageFillLimit) std::memset(p, 0xcd, mapped);
+  const int device = current_device();
   std::lock_guard lock(mutex);
-  device_allocations()[reinterpret_cast<uintptr_t>(p)] = Allocation{mapped, fd, {}, true};
+  device_allocations()[reinterpret_cast<uintptr_t>(p)] = Allocation{mapped, device, fd, {}, true};
+  MemoryUse& use = memory_uses()[device];
+  use.in_use += mapped;
+  use.peak = std::max(use.peak, use.in_use);
   *ptr = p;
   return cudaSuccess;
 }
@@ -145,6 +157,7 @@ cudaError_t cudaFree(void* ptr) {
   {
     std::lock_guard lock(mutex);
     device_allocations().erase(reinterpret_cast<uintptr_t>(ptr));
+    memory_uses()[allocation.device].in_use -= allocation.bytes;
   }
   if (!allocation.name.empty()) shm_unlink(allocation.name.c_str());
   munmap(ptr, allocation.bytes);
@@ -248,12 +261,23 @@ cudaError_t cudaIpcOpenMemHandle(void** ptr, cudaIpcMemHandle_t handle, unsigned
     return note_error(cudaErrorMemoryAllocation);
   }
   std::lock_guard lock(mutex);
-  device_allocations()[reinterpret_cast<uintptr_t>(p)] = Allocation{h.bytes, fd, {}, false};
+  device_allocations()[reinterpret_cast<uintptr_t>(p)] = Allocation{h.bytes, 0, fd, {}, false};
   *ptr = p;
   return cudaSuccess;
 }
 
 }  // namespace cuda_api
+
+MemoryUse memory_use(int device) {
+  std::lock_guard lock(mutex);
+  return memory_uses()[device];
+}
+
+void reset_memory_peak(int device) {
+  std::lock_guard lock(mutex);
+  MemoryUse& use = memory_uses()[device];
+  use.peak = use.in_use;
+}
 
 void ipc_drop_name(void* ptr) {
   std::lock_guard lock(mutex);

@@ -94,6 +94,11 @@ enum cudaStreamCaptureMode {
   cudaStreamCaptureModeThreadLocal = 1,
   cudaStreamCaptureModeRelaxed = 2,
 };
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
 enum cudaDeviceAttr {
   cudaDevAttrMaxThreadsPerBlock = 1,
   cudaDevAttrMultiProcessorCount = 16,
@@ -159,6 +164,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 // replays it on a stream, its branches concurrently.
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
                                  unsigned long long flags = 0);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
@@ -186,6 +192,15 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel ke
 // every peer has opened it; their mappings stay. The file cannot be linked again (O_TMPFILE), so
 // a later cudaIpcGetMemHandle on `ptr` fails with cudaErrorNotSupported.
 void ipc_drop_name(void* ptr);
+
+// Not CUDA: the emulated allocator's count of device memory on `device` (cudaMalloc's bytes,
+// page-rounded, not yet freed), and the most there was since the last reset_memory_peak (or the
+// start): what pmoe-bench reports as a layer's device memory. CUDA's allocator keeps no peak.
+struct MemoryUse {
+  size_t in_use = 0, peak = 0;
+};
+MemoryUse memory_use(int device);
+void reset_memory_peak(int device);  // peak = in_use
 
 // The launch of the emulated device: `body` runs once per thread of every block of `grid`, in
 // stream order. What src/cuda/launch.cuh calls where nvcc would use <<<...>>>.

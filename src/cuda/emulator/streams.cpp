@@ -630,6 +630,20 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t handle, cudaStreamCaptureMode) {
   return cudaSuccess;
 }
 
+// The legacy stream never captures here (cudaStreamBeginCapture refuses it).
+cudaError_t cudaStreamIsCapturing(cudaStream_t handle, cudaStreamCaptureStatus* status) {
+  *status = cudaStreamCaptureStatusNone;
+  if (is_legacy(handle)) return cudaSuccess;
+  StreamImpl* stream = resolve(handle);
+  if (!stream) return note_error(cudaErrorInvalidResourceHandle);
+  const std::shared_ptr<CaptureImpl> capture = capture_of(stream).first;
+  if (!capture) return cudaSuccess;
+  std::lock_guard lock(capture->mutex);
+  *status =
+      capture->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
 // Every stream of the capture leaves it, whether the graph comes out or not.
 cudaError_t cudaStreamEndCapture(cudaStream_t handle, cudaGraph_t* graph) {
   StreamImpl* stream = resolve(handle);

@@ -19,6 +19,11 @@
 //
 // Each half has its own expert_x / expert_y (d(B).recv writes while experts(A) reads); the f32
 // workspace is shared, since the expert stream runs the halves one after the other.
+//
+// MoeStats::bytes_moved: a one-block kernel after the router counts the routing's traffic
+// (moe/ep_traffic.hpp, the CPU layer's rule) into host-mapped memory; last_stats() waits for it.
+// The phase times come from events around each exchange call and each batch's experts, on the
+// stream that runs them (phase_timer.hpp); with two micro-batches, experts overlap exchanges.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -28,6 +33,7 @@
 #include "cuda/flavor.hpp"
 #include "cuda/moe/device_experts.hpp"
 #include "cuda/moe/device_router.hpp"
+#include "cuda/moe/phase_timer.hpp"
 #include "moe/device_moe.hpp"
 #include "pmoe/all_to_all.hpp"
 
@@ -40,6 +46,7 @@ class DeviceEpMoe final : public DeviceMoe {
  public:
   DeviceEpMoe(Communicator& comm, const MoeConfig& config, int max_tokens, int micro_batches)
       : config_(config),
+        rank_(comm.rank()),
         world_(comm.size()),
         num_local_(config.num_experts / comm.size()),
         wire_(std::max(config.feature_dim, config.out_dim())),
@@ -48,8 +55,14 @@ class DeviceEpMoe final : public DeviceMoe {
         main_((set_device(comm.device()), static_cast<cudaStream_t>(comm.stream().handle))),
         experts_stream_(micro_batches == 2 ? static_cast<cudaStream_t>(comm.side_stream().handle)
                                            : main_),
+        timer_(1 + 5 * micro_batches),  // route; per batch 2 dispatch, experts, 2 combine
         router_(config, max_tokens, comm.device()),
         experts_(config, comm.rank() * num_local_, num_local_, 0, config.ffn_dim, comm.device()) {
+    // Before the AllToAlls' collective construction: page-locking may wait for the whole device,
+    // where a peer past it could already be waiting in its first forward for this rank.
+    PMOE_CUDA_CHECK(cudaHostAlloc(&rows_moved_, sizeof(int64_t), cudaHostAllocMapped));
+    PMOE_CUDA_CHECK(
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&rows_moved_device_), rows_moved_, 0));
     const Device device = comm.device();
     const int H = config.feature_dim, O = config.out_dim(), k = config.top_k;
     const int64_t R = slots();
@@ -81,7 +94,8 @@ class DeviceEpMoe final : public DeviceMoe {
     PMOE_CUBLAS_CHECK(cublasSetStream(router_blas_, main_));
     PMOE_CUBLAS_CHECK(cublasCreate(&experts_blas_));
     PMOE_CUBLAS_CHECK(cublasSetStream(experts_blas_, experts_stream_));
-    for (cudaEvent_t* e : {&to_experts_[0], &to_experts_[1], &from_experts_[0], &from_experts_[1]})
+    for (cudaEvent_t* e :
+         {&to_experts_[0], &to_experts_[1], &from_experts_[0], &from_experts_[1], &counted_})
       PMOE_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
   ~DeviceEpMoe() override {
@@ -89,8 +103,10 @@ class DeviceEpMoe final : public DeviceMoe {
     (void)cudaStreamSynchronize(main_);
     (void)cublasDestroy(router_blas_);
     (void)cublasDestroy(experts_blas_);
-    for (cudaEvent_t e : {to_experts_[0], to_experts_[1], from_experts_[0], from_experts_[1]})
+    for (cudaEvent_t e :
+         {to_experts_[0], to_experts_[1], from_experts_[0], from_experts_[1], counted_})
       (void)cudaEventDestroy(e);
+    (void)cudaFreeHost(rows_moved_);
   }
 
   void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override {
@@ -102,8 +118,11 @@ class DeviceEpMoe final : public DeviceMoe {
     stats.expert_flops = experts_.flops(stats.expert_rows);
 
     // Route, and stage the tokens at the wire width.
+    timer_.start(main_);
+    timer_.begin(&MoeStats::route_s, main_);
     const float* xf = rows_as_f32(x.data(), config_.dtype, m, H, x_f32_.data<float>(), main_);
     router_.route(router_blas_, main_, m, xf, indices_.data<int32_t>(), weights_.data<float>());
+    count_rows_moved(m);
     std::byte* x_send = static_cast<std::byte*>(x.data());
     std::byte* y_recv = static_cast<std::byte*>(y.data());
     if (H < wire_) {
@@ -119,6 +138,7 @@ class DeviceEpMoe final : public DeviceMoe {
       x_send = x_wire_.data<std::byte>();
     }
     if (O < wire_) y_recv = y_wire_.data<std::byte>();
+    timer_.end(main_);
 
     if (micro_batches_ == 1) {
       const Batch all = batch(0, 0, m, x_send, y_recv);
@@ -155,6 +175,14 @@ class DeviceEpMoe final : public DeviceMoe {
     }
   }
 
+  void finish_stats(MoeStats& stats) override {
+    timer_.finish(stats);
+    if (!count_pending_) return;
+    count_pending_ = false;
+    PMOE_CUDA_CHECK(cudaEventSynchronize(counted_));
+    stats.bytes_moved = *rows_moved_ * wire_ * int64_t(dtype_size(config_.dtype));
+  }
+
   size_t weight_bytes() const override { return router_.weight_bytes() + experts_.weight_bytes(); }
   size_t workspace_bytes() const override {
     size_t bytes = router_.workspace_bytes() + x_f32_.nbytes() + x_wire_.nbytes() +
@@ -189,14 +217,36 @@ class DeviceEpMoe final : public DeviceMoe {
 
   void dispatch(const Batch& b, Phase phase) {
     const Device device = indices_.tensor().device();
+    timer_.begin(&MoeStats::dispatch_s, main_);
     exchanges_[size_t(b.index)]->dispatch(b.x, Tensor(), b.indices,
                                           Tensor(batch_counts(b), DType::i32, {num_local_}, device),
                                           expert_x_[size_t(b.index)], Tensor(), phase);
+    timer_.end(main_);
   }
 
   void combine(const Batch& b, Phase phase) {
+    timer_.begin(&MoeStats::combine_s, main_);
     exchanges_[size_t(b.index)]->combine(expert_y_[size_t(b.index)], b.indices, b.weights, b.y,
                                          phase);
+    timer_.end(main_);
+  }
+
+  // The call's traffic in rows, counted on the main stream after the router. A captured forward
+  // leaves it to its replays: last_stats() then has no count to wait for.
+  void count_rows_moved(int m) {
+    CountEpRows c;
+    c.indices = indices_.data<int32_t>();
+    c.rows = rows_moved_device_;
+    c.m = m;
+    c.top_k = config_.top_k;
+    c.num_experts = config_.num_experts;
+    c.num_local = num_local_;
+    c.rank = rank_;
+    launch_count_ep_rows(c, main_);
+    PMOE_CUDA_CHECK(cudaEventRecord(counted_, main_));
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    PMOE_CUDA_CHECK(cudaStreamIsCapturing(main_, &capture));
+    count_pending_ = capture == cudaStreamCaptureStatusNone;
   }
 
   // The experts of batch b on the expert stream, after what the main stream holds (its
@@ -217,6 +267,7 @@ class DeviceEpMoe final : public DeviceMoe {
     const int H = config_.feature_dim, O = config_.out_dim();
     const int64_t R = slots();
     const int32_t* counts = batch_counts(b);
+    timer_.begin(&MoeStats::experts_s, experts_stream_);
     WidenRows w;
     w.src = expert_x_[size_t(b.index)].data<void>();
     w.src_ld = wire_;
@@ -239,13 +290,18 @@ class DeviceEpMoe final : public DeviceMoe {
     n.row_limits = counts;
     n.group_rows = R;
     launch_narrow_rows(n, config_.dtype, experts_stream_);
+    timer_.end(experts_stream_);
   }
 
   MoeConfig config_;
-  int world_, num_local_, wire_, per_batch_, micro_batches_;
+  int rank_, world_, num_local_, wire_, per_batch_, micro_batches_;
   cudaStream_t main_, experts_stream_;
   cublasHandle_t router_blas_ = nullptr, experts_blas_ = nullptr;
-  cudaEvent_t to_experts_[2] = {}, from_experts_[2] = {};
+  cudaEvent_t to_experts_[2] = {}, from_experts_[2] = {}, counted_ = nullptr;
+  PhaseTimer timer_;
+  int64_t* rows_moved_ = nullptr;         // host-mapped: the last call's traffic in rows
+  int64_t* rows_moved_device_ = nullptr;  // the same word, as the kernel addresses it
+  bool count_pending_ = false;            // a forward's count that finish_stats has not read
   DeviceRouter router_;
   DeviceExperts experts_;
   std::vector<std::unique_ptr<AllToAll>> exchanges_;  // one per micro-batch

@@ -18,6 +18,7 @@
 #include "cuda/flavor.hpp"
 #include "cuda/moe/device_experts.hpp"
 #include "cuda/moe/device_router.hpp"
+#include "cuda/moe/phase_timer.hpp"
 #include "pmoe/moe.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
@@ -52,7 +53,9 @@ class DeviceLocalMoe {
   DeviceLocalMoe& operator=(const DeviceLocalMoe&) = delete;
 
   // y (device, [m, O], `y_dtype`: config.dtype, or f32 for TP's partials) = the layer over x.
-  void forward(const Tensor& x, void* y, DType y_dtype, MoeStats& stats) {
+  // Its phases (route, experts, the gating sum as combine) are bracketed on `timer`, started.
+  static constexpr int kPhases = 3;
+  void forward(const Tensor& x, void* y, DType y_dtype, MoeStats& stats, PhaseTimer& timer) {
     const int m = int(x.size(0)), H = config_.feature_dim, E = config_.num_experts;
     const int k = config_.top_k, O = config_.out_dim();
     stats.tokens = m;
@@ -60,9 +63,12 @@ class DeviceLocalMoe {
     stats.expert_rows = int64_t(E) * m;  // every slot is computed
     stats.expert_flops = experts_.flops(stats.expert_rows);
     if (m == 0) return;
+    timer.begin(&MoeStats::route_s, stream_);
     const float* xf = rows_as_f32(x.data(), config_.dtype, m, H, x_f32_.data<float>(), stream_);
     router_.route(cublas_, stream_, m, xf, indices_.data<int32_t>(), weights_.data<float>());
+    timer.end(stream_);
 
+    timer.begin(&MoeStats::experts_s, stream_);
     GroupPairs g;
     g.indices = indices_.data<int32_t>();
     g.counts = counts_.data<int32_t>();
@@ -84,6 +90,7 @@ class DeviceLocalMoe {
     launch_gather_rows(gather, stream_);
     experts_.run(cublas_, stream_, m, gathered_.data<float>(), hidden_.data<float>(),
                  out_.data<float>(), counts_.data<int32_t>());
+    timer.end(stream_);
 
     WeightedSum w;
     w.rows = out_.data<float>();
@@ -93,7 +100,9 @@ class DeviceLocalMoe {
     w.m = m;
     w.top_k = k;
     w.O = O;
+    timer.begin(&MoeStats::combine_s, stream_);
     launch_weighted_sum(w, y_dtype, stream_);
+    timer.end(stream_);
   }
 
   size_t weight_bytes() const { return router_.weight_bytes() + experts_.weight_bytes(); }

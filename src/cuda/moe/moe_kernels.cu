@@ -17,6 +17,7 @@
 
 #include "cuda/launch.cuh"
 #include "cuda/memory_ops.cuh"
+#include "moe/ep_traffic.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/moe.hpp"
 
@@ -176,6 +177,21 @@ __global__ void __launch_bounds__(kBlockThreads) sum_partials_kernel(const SumPa
   }
 }
 
+// Each thread sums its tokens, thread 0 the threads' sums in thread order.
+__global__ void __launch_bounds__(kBlockThreads) count_ep_rows_kernel(const CountEpRows c) {
+  __shared__ int64_t partial[kBlockThreads];
+  int64_t rows = 0;
+  for (int t = int(threadIdx.x); t < c.m; t += kBlockThreads)
+    rows += ::pmoe::detail::ep_token_rows_moved(c.indices + int64_t(t) * c.top_k, c.top_k,
+                                                c.num_experts, c.num_local, c.rank);
+  partial[threadIdx.x] = rows;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  int64_t total = 0;
+  for (int i = 0; i < kBlockThreads; ++i) total += partial[i];
+  *c.rows = total;
+}
+
 // One kernel template per element type, f32 or bf16.
 template <template <typename> class Kernel, typename Args>
 void launch_typed(const char* what, DType dtype, int blocks, cudaStream_t stream, const Args& a) {
@@ -273,6 +289,10 @@ void launch_activate(const Activate& a, cudaStream_t stream) {
 void launch_weighted_sum(const WeightedSum& w, DType dtype, cudaStream_t stream) {
   if (int64_t(w.m) * w.O == 0) return;
   launch_typed<Weighted>("MoE weighted_sum", dtype, blocks_for(int64_t(w.m) * w.O), stream, w);
+}
+
+void launch_count_ep_rows(const CountEpRows& c, cudaStream_t stream) {
+  launch(count_ep_rows_kernel, 1, stream, c);
 }
 
 void launch_sum_partials(const SumPartials& s, DType dtype, cudaStream_t stream) {

@@ -122,4 +122,14 @@ struct SumPartials {
 };
 void launch_sum_partials(const SumPartials& s, DType dtype, cudaStream_t stream);
 
+// EpMoe's traffic over a call's routing (moe/ep_traffic.hpp, the CPU layer's rule), in one
+// block: *rows = the sum of ep_token_rows_moved over the m rows of indices [m, k], in a fixed
+// order. *rows may be host-mapped memory, read by the host once the stream has passed the kernel.
+struct CountEpRows {
+  const int32_t* indices = nullptr;  // [m, k]
+  int64_t* rows = nullptr;
+  int m = 0, top_k = 0, num_experts = 0, num_local = 0, rank = 0;
+};
+void launch_count_ep_rows(const CountEpRows& c, cudaStream_t stream);
+
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

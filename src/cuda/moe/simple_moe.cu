@@ -14,17 +14,22 @@ class DeviceSimpleMoe final : public DeviceMoe {
  public:
   DeviceSimpleMoe(const MoeConfig& config, int max_tokens, Device device, Stream stream)
       : config_(config),
-        moe_(config, max_tokens, 0, config.ffn_dim, (set_device(device), device),
-             static_cast<cudaStream_t>(stream.handle)) {}
+        stream_((set_device(device), static_cast<cudaStream_t>(stream.handle))),
+        timer_(cuda::DeviceLocalMoe::kPhases),
+        moe_(config, max_tokens, 0, config.ffn_dim, device, stream_) {}
 
   void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override {
-    moe_.forward(x, y.data(), config_.dtype, stats);
+    timer_.start(stream_);
+    moe_.forward(x, y.data(), config_.dtype, stats, timer_);
   }
+  void finish_stats(MoeStats& stats) override { timer_.finish(stats); }
   size_t weight_bytes() const override { return moe_.weight_bytes(); }
   size_t workspace_bytes() const override { return moe_.workspace_bytes(); }
 
  private:
   MoeConfig config_;
+  cudaStream_t stream_;
+  cuda::PhaseTimer timer_;
   cuda::DeviceLocalMoe moe_;
 };
 
