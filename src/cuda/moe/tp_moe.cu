@@ -15,9 +15,10 @@
 // writes only its own memory; the done words keep it from overwriting a region a peer still
 // reads. Waits are bounded (PMOE_TIMEOUT_S); a timed-out wait is raised at the next call's entry.
 // Nothing waits on the host, so a forward can be captured in a CUDA graph.
-#include <atomic>
 #include <memory>
 #include <vector>
+
+#include <cuda/atomic>
 
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
@@ -99,10 +100,11 @@ class DeviceTpMoe final : public DeviceMoe {
  private:
   // A wait of an earlier call timed out: the protocol is broken.
   void throw_if_faulted() const {
-    using Word = std::atomic_ref<int32_t>;
-    const int32_t peer = Word(fault_->peer).load(std::memory_order_acquire);
+    // cuda::atomic_ref: loads the emulated device judges (src/cuda/emulator/host_view.hpp).
+    using Word = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
+    const int32_t peer = Word(fault_->peer).load(::cuda::memory_order_acquire);
     if (peer < 0) return;
-    const int32_t what = Word(fault_->what).load(std::memory_order_relaxed);
+    const int32_t what = Word(fault_->what).load(::cuda::memory_order_relaxed);
     throw Error(cat("TpMoe::forward on rank ", rank_, " (", device_.str(), "): rank ", peer,
                     what == kWaitDone ? " did not finish reading the previous partials"
                                       : " did not deliver its partial output",
