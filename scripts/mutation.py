@@ -26,17 +26,22 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Every kernel source the emulated device compiles (globs, so new files join): the AllToAll and
-# overlap kernels, the device transport's emulated flavour and the store helper. Left out:
+# Every kernel source the emulated device compiles (globs, so new files join): the AllToAll,
+# overlap and MoE kernels, the device transport's emulated flavour and the store helper. Left out:
 # transport/gin_remote.cuh and gin_ring_check.cu (NCCL GIN: GPU builds only, which nothing here
 # runs) and the host-only files (no pattern below matches them anyway).
 KERNEL_GLOBS = ["src/cuda/all_to_all/*.cu", "src/cuda/all_to_all/*.cuh", "src/cuda/overlap/*.cu",
-                "src/cuda/overlap/*.cuh", "src/cuda/transport/*.cuh", "src/cuda/memory_ops.cuh"]
+                "src/cuda/overlap/*.cuh", "src/cuda/moe/*.cu", "src/cuda/moe/*.cuh",
+                "src/cuda/transport/*.cuh", "src/cuda/memory_ops.cuh"]
 NOT_EMULATED = {"src/cuda/transport/gin_remote.cuh"}
-# Every binary `ctest -L cuda` runs (one left unbuilt would fail every mutant).
+# Every binary `ctest -L cuda` runs. One left unbuilt is no test to ctest (gtest_discover_tests
+# registers an unlabelled placeholder), so its tests silently drop out of every mutant's run, as
+# test_cuda_moe's, test_cuda_graph's and test_cuda_all_to_all_traffic's did until the MoE kernels
+# joined; a plain add_test's (mpi.cuda_remote) fails the unmutated tree instead.
 TEST_TARGETS = ["test_cuda_all_to_all", "test_cuda_grid", "test_cuda_device_utils",
                 "test_cuda_emulator", "test_cuda_ipc", "test_cuda_overlap", "test_cuda_cublas",
-                "test_emulated_ipc"]
+                "test_emulated_ipc", "test_cuda_moe", "test_cuda_graph",
+                "test_cuda_all_to_all_traffic", "test_mpi_cuda_remote"]
 
 
 def kernel_files():
@@ -46,7 +51,8 @@ def kernel_files():
     return sorted(files - NOT_EMULATED)
 BEGIN, END = "<!-- mutation table: begin -->", "<!-- mutation table: end -->"
 
-STRIDE = r"\+= (?:gridDim\.x|blockDim\.x|stride)\b"  # a grid- or block-stride loop
+# A grid- or block-stride loop (the MoE kernels step by grid_step(): gridDim.x * blockDim.x).
+STRIDE = r"\+= (?:(?:gridDim\.x|blockDim\.x|stride)\b|grid_step\(\))"
 
 # (class, what the table calls it, pattern, replacement, which lines: a regex the line must match)
 OPERATORS = [
@@ -63,6 +69,7 @@ OPERATORS = [
     ("offset", "off by one in a destination offset", r"\+ 1 \+ i\)", "+ i)", None),
     ("stride", "skip in a grid-stride loop", r"\+= gridDim\.x\)", "+= 2 * gridDim.x)", None),
     ("stride", "skip in a grid-stride loop", r"\+= stride\)", "+= 2 * stride)", r"gridDim|stride\)"),
+    ("stride", "skip in a grid-stride loop", r"\+= grid_step\(\)\)", "+= 2 * grid_step())", None),
 ]
 
 # Mutants that cannot change what any kernel does, by (file, classes, text of the mutated line and
