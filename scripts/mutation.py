@@ -248,14 +248,15 @@ def merge_into(table_text, results, note):
     """The table with the rows of `results` replaced, the summary recounted and `note` added under
     the header: for a rerun of a few mutants (--merge). A row is matched by class, mutant and
     place; failing that (its file changed since the table was made), by class, mutant and file;
-    failing that, by class and file where the table and the rerun have one such mutant each."""
+    failing that, by class and file where the table and the rerun have one such mutant each.
+    A mutant found in no row (its source is new since the table was made) is added at the end."""
     lines = table_text.split("\n")
     rows = {i: row_fields(line) for i, line in enumerate(lines) if row_fields(line)}
 
     def same_class_and_file(fields, r):
         return fields[1] == r["mutant"]["what"] and fields[3] == os.path.basename(r["mutant"]["file"])
 
-    replaced = 0
+    replaced = added = 0
     for r in results:
         key, verdict = row_key_and_verdict(r)
         text = key.split(" | ")[1]
@@ -268,6 +269,12 @@ def merge_into(table_text, results, note):
         if found:
             lines[found[0]] = f"| {rows[found[0]][0]} {key} {verdict} |"
             replaced += 1
+        else:
+            last = max(rows)
+            number = max(int(f[0]) for f in rows.values()) + 1
+            lines.insert(last + 1, f"| {number} {key} {verdict} |")
+            rows[last + 1] = row_fields(lines[last + 1])
+            added += 1
     verdicts = []
     for line in lines:
         m = re.match(r"^\| \d+ \| .* \| `[^`]+:\d+` \| (.*) \|$", line)
@@ -279,8 +286,8 @@ def merge_into(table_text, results, note):
             line = summary(verdicts)
         out.append(line)
     out.insert(1, "")
-    out.insert(2, note)
-    return "\n".join(out), replaced
+    out.insert(2, note.format(replaced=replaced, added=added))
+    return "\n".join(out)
 
 
 def main():
@@ -352,10 +359,8 @@ def main():
         if BEGIN in doc and END in doc and args.merge:
             old = doc[doc.index(BEGIN) + len(BEGIN):doc.index(END)].strip("\n")
             note = (f"Rerun with `scripts/mutation.py --only '{args.only}' --merge` at commit "
-                    f"`{commit}`, {when}: {len(mutants)} rows replaced.")
-            merged, replaced = merge_into(old, results, note)
-            if replaced != len(results):
-                print(f"only {replaced} of {len(results)} rows found in {args.doc}", file=sys.stderr)
+                    f"`{commit}`, {when}: {{replaced}} rows replaced, {{added}} added.")
+            merged = merge_into(old, results, note)
             doc = doc[:doc.index(BEGIN) + len(BEGIN)] + "\n" + merged + "\n" + doc[doc.index(END):]
             open(args.doc, "w").write(doc)
         elif BEGIN in doc and END in doc:
