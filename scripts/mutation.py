@@ -113,7 +113,13 @@ EQUIVALENT = {
 # overlap fault word's peer (signals.cu) until the emulated device kept the order in which the
 # host sees host-mapped words, src/cuda/emulator/host_view.hpp.) Reported as survivors; `make
 # mutation` fails on any survivor listed in neither table.
-KNOWN_GAPS = {}
+KNOWN_GAPS = {
+    ("tp_moe.cu", ("order",), "Word(fault_->peer).load(::cuda::memory_order_acquire)"):
+        "no CUDA test times a TpMoe wait out, and a host that synchronised first sees the fault "
+        "word whole whatever the order; a stale `what` would only change the message for a wait "
+        "for the peer's done signal (the same reader as OverlapStreams::throw_if_faulted, whose "
+        "writer signals.cu is killed)",
+}
 
 
 def lookup(table, mutant):
