@@ -670,8 +670,8 @@ TEST(AllToAllCuda, RankThatNeverArrivesIsNamed) {
   }, Device::cuda(0));
   unsetenv("PMOE_TIMEOUT_S");
   for (int r : {0, 1}) {
-    EXPECT_NE(unsynchronised[size_t(r)].find("rank 2 did not arrive within 1 s"), std::string::npos)
-        << unsynchronised[size_t(r)];
+    const std::string& early = unsynchronised[size_t(r)];
+    EXPECT_NE(early.find("rank 2 did not arrive within 1 s"), std::string::npos) << early;
     EXPECT_NE(errors[size_t(r)].find("rank 2 did not arrive within 1 s"), std::string::npos)
         << errors[size_t(r)];
     EXPECT_EQ(counted[size_t(r)], std::vector<int32_t>({0, 0})) << "rank " << r;

@@ -183,7 +183,8 @@ cudaError_t cudaFreeHost(void* ptr) {
   if (!ptr) return cudaSuccess;
   {
     std::lock_guard lock(mutex);
-    if (!host_allocations().erase(reinterpret_cast<uintptr_t>(ptr))) return note_error(cudaErrorInvalidValue);
+    if (!host_allocations().erase(reinterpret_cast<uintptr_t>(ptr)))
+      return note_error(cudaErrorInvalidValue);
   }
   std::free(ptr);
   return cudaSuccess;
@@ -191,7 +192,8 @@ cudaError_t cudaFreeHost(void* ptr) {
 
 cudaError_t cudaHostGetDevicePointer(void** device_ptr, void* host_ptr, unsigned) {
   std::lock_guard lock(mutex);
-  if (!host_allocations().count(reinterpret_cast<uintptr_t>(host_ptr))) return note_error(cudaErrorInvalidValue);
+  if (!host_allocations().count(reinterpret_cast<uintptr_t>(host_ptr)))
+    return note_error(cudaErrorInvalidValue);
   *device_ptr = host_ptr;  // host-mapped memory is host memory here
   return cudaSuccess;
 }
