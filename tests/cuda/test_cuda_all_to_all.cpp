@@ -12,6 +12,8 @@
 #include <functional>
 #include <iterator>
 #include <ostream>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "all_to_all_cases.hpp"
@@ -625,11 +627,13 @@ TEST(AllToAllCuda, MoreRanksThanHardwareQueuesIsAnError) {
 }
 
 // A rank that never calls dispatch: the other ranks' kernels give up after PMOE_TIMEOUT_S, count
-// no rows for any expert, and the host raises an error naming it.
+// no rows for any expert, and the host raises an error naming it: first while the kernels may
+// still run, as every launch's entry reads the error record (without synchronising: it must see
+// the record whole once it sees its code), then after a synchronisation.
 TEST(AllToAllCuda, RankThatNeverArrivesIsNamed) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   setenv("PMOE_TIMEOUT_S", "1", 1);
-  std::vector<std::string> errors(3);
+  std::vector<std::string> errors(3), unsynchronised(3);
   std::vector<std::vector<int32_t>> counted(3);
   run_ranks(3, [&](Communicator& comm) {
     const AllToAllConfig cfg = make_config(4, 6, 2, 32);
@@ -645,6 +649,16 @@ TEST(AllToAllCuda, RankThatNeverArrivesIsNamed) {
     host_counts.data<int32_t>()[0] = host_counts.data<int32_t>()[1] = 12345;  // not a count
     copy(counts, host_counts);
     a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (std::string& early = unsynchronised[size_t(comm.rank())];
+         early.empty() && std::chrono::steady_clock::now() < deadline;) {
+      try {
+        a2a.check_errors();
+        std::this_thread::yield();
+      } catch (const Error& e) {
+        early = e.what();
+      }
+    }
     synchronize(comm.stream());
     copy(host_counts, counts);
     counted[size_t(comm.rank())].assign(host_counts.data<int32_t>(), host_counts.data<int32_t>() + 2);
@@ -656,6 +670,8 @@ TEST(AllToAllCuda, RankThatNeverArrivesIsNamed) {
   }, Device::cuda(0));
   unsetenv("PMOE_TIMEOUT_S");
   for (int r : {0, 1}) {
+    const std::string& early = unsynchronised[size_t(r)];
+    EXPECT_NE(early.find("rank 2 did not arrive within 1 s"), std::string::npos) << early;
     EXPECT_NE(errors[size_t(r)].find("rank 2 did not arrive within 1 s"), std::string::npos)
         << errors[size_t(r)];
     EXPECT_EQ(counted[size_t(r)], std::vector<int32_t>({0, 0})) << "rank " << r;

@@ -2,15 +2,20 @@
 // on their own: block_copy at every pairing of source and destination misalignment and at sizes
 // around each access width, and copy_to_each to up to 3 destinations (some left out) at sizes
 // around its unrolled stride and at aligned and unaligned offsets, against memcpy, with the
-// bytes around the destinations untouched.
+// bytes around the destinations untouched. And the overlap ops' wait kernel's fault report, as a
+// host that does not synchronise reads it (src/cuda/overlap/signals.cu).
 // Built for the emulated device and for a GPU (tests/cuda/cuda_test_flavor.hpp).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "cuda/all_to_all/device_utils.cuh"
 #include "cuda/cuda_test_flavor.hpp"
+#include "cuda/overlap/signals.cuh"
 
 namespace pmoe::testing {
 namespace {
@@ -137,6 +142,39 @@ TEST(DeviceUtils, CopyToEachMatchesMemcpyToEveryIncludedDestination) {
   cudaFree(device_cases);
   cudaFree(device_src);
   cudaFree(device_dst);
+}
+
+// The overlap ops' wait kernel (src/cuda/overlap/signals.cu) for a peer that never signals: it
+// gives up and names the peer and the wait in the host-mapped fault word, which the host reads at
+// the next call's entry without synchronising (OverlapStreams::throw_if_faulted): once it sees the
+// peer, with acquire, it must see which wait it was.
+TEST(OverlapSignals, ATimedOutWaitNamesItsPeerAndWaitToAHostThatDoesNotSynchronise) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  using Word = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
+  uint64_t* words = nullptr;  // the peer's signal word (never raised), then the call number
+  ASSERT_EQ(cudaMalloc(&words, 2 * sizeof(uint64_t)), cudaSuccess);
+  const uint64_t host_words[2] = {0, 1};
+  ASSERT_EQ(cudaMemcpy(words, host_words, sizeof host_words, cudaMemcpyHostToDevice), cudaSuccess);
+  cuda::OverlapFault *fault = nullptr, *device_fault = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&fault), sizeof *fault, cudaHostAllocMapped),
+            cudaSuccess);
+  fault->peer = -1;
+  fault->what = 0;
+  ASSERT_EQ(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_fault), fault, 0),
+            cudaSuccess);
+  cuda::wait_for_signal(words, words + 1, 0, uint64_t(1e6), 3, cuda::kWaitDone, device_fault,
+                        nullptr);
+  int32_t peer = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((peer = Word(fault->peer).load(::cuda::memory_order_acquire)) < 0 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  EXPECT_EQ(peer, 3);
+  EXPECT_EQ(Word(fault->what).load(::cuda::memory_order_relaxed), cuda::kWaitDone)
+      << "the host saw the peer before the wait it timed out in";
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFreeHost(fault);
+  cudaFree(words);
 }
 
 }  // namespace

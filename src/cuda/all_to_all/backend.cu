@@ -11,6 +11,8 @@
 #include <string>
 #include <utility>
 
+#include <cuda/atomic>
+
 #include "all_to_all/backend.hpp"
 #include "core/device_runtime.hpp"
 #include "all_to_all/layout.hpp"
@@ -234,15 +236,16 @@ class CudaAllToAll final : public AllToAllBackend {
   };
 
   // The host-mapped mirror, which a kernel may be writing: atomically, the code first (a kernel
-  // stores it last, with release).
+  // stores it last, with release), through cuda::atomic_ref, whose loads the emulated device
+  // judges (src/cuda/emulator/host_view.hpp).
   ErrorRecord recorded() const {
     auto& e = *static_cast<cuda::ErrorWord*>(error_host_);
-    auto load = [](int32_t& field, std::memory_order order) {
-      return std::atomic_ref<int32_t>(field).load(order);
+    auto load = [](int32_t& field, ::cuda::memory_order order) {
+      return ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>(field).load(order);
     };
-    const int32_t code = load(e.code, std::memory_order_acquire);
-    return {code, load(e.detail, std::memory_order_relaxed), load(e.step, std::memory_order_relaxed),
-            load(e.value, std::memory_order_relaxed)};
+    const int32_t code = load(e.code, ::cuda::memory_order_acquire);
+    return {code, load(e.detail, ::cuda::memory_order_relaxed),
+            load(e.step, ::cuda::memory_order_relaxed), load(e.value, ::cuda::memory_order_relaxed)};
   }
 
   [[noreturn]] void raise(const ErrorRecord& r) const {

@@ -4,11 +4,13 @@
 // seq_cst) of device or system scope also releases the calling thread's held stores to this
 // location, and an acquire of that scope takes what was released here, while a relaxed one or
 // one of block scope does neither, so a scope or order too weak on either side shows as stale
-// data.
+// data. Stores of system scope to host-mapped memory, and the host's loads of it, also keep the
+// order in which the host may see them (host_view.hpp).
 #pragma once
 
 #include <atomic>
 
+#include "cuda/emulator/host_view.hpp"
 #include "cuda/emulator/late_stores.hpp"
 
 namespace cuda {
@@ -28,8 +30,10 @@ class atomic_ref {
  public:
   explicit atomic_ref(T& object) : object_(&object), ref_(object) {}
   T load(memory_order order = memory_order_seq_cst) const {
-    const T value = ref_.load(order);
+    T value = ref_.load(order);
     read(order);
+    if (Scope == thread_scope_system)  // a host thread's load of a host-mapped word (host_view.hpp)
+      ::pmoe::emu::host_view_load(object_, &value, sizeof(T), acquires(order));
     return value;
   }
   void store(T value, memory_order order = memory_order_seq_cst) const {
@@ -71,17 +75,26 @@ class atomic_ref {
  private:
   static constexpr bool kBeyondTheBlock =
       Scope == thread_scope_system || Scope == thread_scope_device;
-  // Before the write: what its release half (or the thread's fences) publishes at this location.
+  static bool releases(memory_order order) {
+    return order == memory_order_release || order == memory_order_acq_rel ||
+           order == memory_order_seq_cst;
+  }
+  static bool acquires(memory_order order) {
+    return order == memory_order_acquire || order == memory_order_acq_rel ||
+           order == memory_order_seq_cst || order == memory_order_consume;
+  }
+  // Before the write: what its release half (or the thread's fences) publishes at this location,
+  // and, to host-mapped memory, what the host sees of it (host_view.hpp).
   void write(memory_order order) const {
-    const bool releases = order == memory_order_release || order == memory_order_acq_rel ||
-                          order == memory_order_seq_cst;
-    if (kBeyondTheBlock) ::pmoe::emu::atomic_write_at(object_, releases);
+    if (kBeyondTheBlock) ::pmoe::emu::atomic_write_at(object_, releases(order));
+    if (Scope == thread_scope_system) {
+      const T before = ref_.load(memory_order_relaxed);
+      ::pmoe::emu::host_view_store(object_, &before, sizeof(T), releases(order));
+    }
   }
   // After the read: what its acquire half takes from this location (late_stores.hpp).
   void read(memory_order order) const {
-    const bool acquires = order == memory_order_acquire || order == memory_order_acq_rel ||
-                          order == memory_order_seq_cst || order == memory_order_consume;
-    if (kBeyondTheBlock) ::pmoe::emu::atomic_read_at(object_, acquires);
+    if (kBeyondTheBlock) ::pmoe::emu::atomic_read_at(object_, acquires(order));
   }
   T* object_;
   std::atomic_ref<T> ref_;

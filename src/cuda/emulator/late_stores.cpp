@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda/emulator/device_api.hpp"
+#include "cuda/emulator/host_view.hpp"
 
 namespace pmoe::emu {
 namespace {
@@ -177,6 +178,7 @@ void write_fenced_stores() { write_now(/*held=*/false); }
 void fence_of_device_scope() {
   const ThreadState* me = current_thread;
   if (!me || !late_stores_enabled()) return;
+  host_view_fence();
   if (!reader_side()) {
     release_held_stores();
     return;
@@ -227,7 +229,8 @@ void atomic_write_at(const void* at, bool releases) {
 
 void atomic_read_at(const void* at, bool acquires) {
   const ThreadState* me = current_thread;
-  if (!me || !reader_side()) return;
+  // A host thread (no kernel thread) acquires too: a host-mapped word a kernel released at.
+  if (!reader_side() || (!me && !acquires)) return;
   if (!acquires) {
     auto& observed = block_held.observed;
     for (const auto& [who, where] : observed)

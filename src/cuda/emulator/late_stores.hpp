@@ -32,6 +32,9 @@
 // Packages are kept per location, so an acquire writes them for every reader at once (a reader
 // that acquires nothing still sees what another reader acquired: weaker than CUDA, never
 // stricter).
+// A host thread's acquire (a cuda::atomic_ref load of a host-mapped word) writes the packages
+// pending where it reads, as a kernel thread's does; what the host sees of the atomic stores
+// themselves is host_view.hpp's.
 #pragma once
 
 #include <cstddef>

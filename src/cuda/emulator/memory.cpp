@@ -16,11 +16,11 @@
 #include <memory>
 #include <mutex>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "comm/shm_segment.hpp"
+#include "cuda/emulator/host_view.hpp"
 #include "cuda/emulator/late_stores.hpp"
 #include "cuda/emulator/streams.hpp"
 #include "pmoe/error.hpp"
@@ -61,9 +61,9 @@ std::map<int, MemoryUse>& memory_uses() {
   return *m;
 }
 
-std::set<void*>& host_allocations() {
-  static auto* s = new std::set<void*>;
-  return *s;
+std::map<uintptr_t, size_t>& host_allocations() {  // start: bytes
+  static auto* m = new std::map<uintptr_t, size_t>;
+  return *m;
 }
 
 size_t page_rounded(size_t bytes) {
@@ -86,6 +86,20 @@ bool is_device(const void* p) {
   --it;
   return address < it->first + it->second.bytes;
 }
+
+}  // namespace
+
+bool is_host_mapped(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard lock(mutex);
+  auto& all = host_allocations();
+  auto it = all.upper_bound(address);
+  if (it == all.begin()) return false;
+  --it;
+  return address < it->first + it->second;
+}
+
+namespace {
 
 // A copy in stream order. Data from host memory is staged now, as CUDA stages pageable memory,
 // so the caller may reuse its buffer at once; a copy to host memory is waited for when `sync`.
@@ -172,7 +186,7 @@ cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
   *ptr = std::aligned_alloc(4096, page_rounded(bytes ? bytes : 1));
   if (!*ptr) return note_error(cudaErrorMemoryAllocation);
   std::lock_guard lock(mutex);
-  host_allocations().insert(*ptr);
+  host_allocations().emplace(reinterpret_cast<uintptr_t>(*ptr), bytes);
   return cudaSuccess;
 }
 
@@ -182,7 +196,8 @@ cudaError_t cudaFreeHost(void* ptr) {
   if (!ptr) return cudaSuccess;
   {
     std::lock_guard lock(mutex);
-    if (!host_allocations().erase(ptr)) return note_error(cudaErrorInvalidValue);
+    if (!host_allocations().erase(reinterpret_cast<uintptr_t>(ptr)))
+      return note_error(cudaErrorInvalidValue);
   }
   std::free(ptr);
   return cudaSuccess;
@@ -190,7 +205,8 @@ cudaError_t cudaFreeHost(void* ptr) {
 
 cudaError_t cudaHostGetDevicePointer(void** device_ptr, void* host_ptr, unsigned) {
   std::lock_guard lock(mutex);
-  if (!host_allocations().count(host_ptr)) return note_error(cudaErrorInvalidValue);
+  if (!host_allocations().count(reinterpret_cast<uintptr_t>(host_ptr)))
+    return note_error(cudaErrorInvalidValue);
   *device_ptr = host_ptr;  // host-mapped memory is host memory here
   return cudaSuccess;
 }

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "cuda/emulator/grid.hpp"
+#include "cuda/emulator/host_view.hpp"
 #include "cuda/emulator/schedule.hpp"
 #include "cuda/emulator/streams.hpp"
 
@@ -337,6 +338,7 @@ cudaError_t wait_stream(cudaStream_t handle) {
   }
   if (is_legacy(handle) && captures_on_this_thread > 0) return cudaErrorStreamCaptureImplicit;
   stream->wait_for(stream->enqueued());
+  host_view_synchronized();
   return stream->take_sticky();
 }
 
@@ -348,6 +350,7 @@ void wait_device(int device) {
       if (stream->device == device) targets.emplace_back(stream, stream->enqueued());
   }
   for (const auto& [stream, target] : targets) stream->wait_for(target);
+  host_view_synchronized();
 }
 
 namespace {
@@ -497,7 +500,9 @@ cudaError_t cudaStreamQuery(cudaStream_t handle) {
   StreamImpl* stream = resolve(handle);
   if (!stream) return note_error(cudaErrorInvalidResourceHandle);
   std::lock_guard lock(stream->mutex);
-  return stream->completed == stream->submitted ? cudaSuccess : cudaErrorNotReady;
+  if (stream->completed != stream->submitted) return cudaErrorNotReady;
+  host_view_synchronized();
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
@@ -551,6 +556,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   std::unique_lock lock(event->mutex);
   const uint64_t target = event->recorded;
   event->changed.wait(lock, [&] { return event->completed >= target; });
+  host_view_synchronized();
   return cudaSuccess;
 }
 
@@ -558,7 +564,9 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!event) return note_error(cudaErrorInvalidResourceHandle);
   if (captured_record(event).first) return note_error(cudaErrorCapturedEvent);
   std::lock_guard lock(event->mutex);
-  return event->completed >= event->recorded ? cudaSuccess : cudaErrorNotReady;
+  if (event->completed < event->recorded) return cudaErrorNotReady;
+  host_view_synchronized();
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {

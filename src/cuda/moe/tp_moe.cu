@@ -15,6 +15,7 @@
 // writes only its own memory; the done words keep it from overwriting a region a peer still
 // reads. Waits are bounded (PMOE_TIMEOUT_S); a timed-out wait is raised at the next call's entry.
 // Nothing waits on the host, so a forward can be captured in a CUDA graph.
+<<<<<<< HEAD
 //
 // Before it enqueues anything, forward() exchanges every rank's element count on the host (one
 // all_gather of 8 bytes): ranks given different token counts all throw the CPU layer's
@@ -22,11 +23,18 @@
 // a host rendezvous per call: a rank's forward returns once every rank has entered its own.
 #include <atomic>
 #include <cstring>
+=======
+>>>>>>> e20
 #include <memory>
 #include <span>
 #include <vector>
 
+<<<<<<< HEAD
 #include "core/arg_checks.hpp"
+=======
+#include <cuda/atomic>
+
+>>>>>>> e20
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
@@ -124,10 +132,11 @@ class DeviceTpMoe final : public DeviceMoe {
 
   // A wait of an earlier call timed out: the protocol is broken.
   void throw_if_faulted() const {
-    using Word = std::atomic_ref<int32_t>;
-    const int32_t peer = Word(fault_->peer).load(std::memory_order_acquire);
+    // cuda::atomic_ref: loads the emulated device judges (src/cuda/emulator/host_view.hpp).
+    using Word = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
+    const int32_t peer = Word(fault_->peer).load(::cuda::memory_order_acquire);
     if (peer < 0) return;
-    const int32_t what = Word(fault_->what).load(std::memory_order_relaxed);
+    const int32_t what = Word(fault_->what).load(::cuda::memory_order_relaxed);
     throw Error(cat("TpMoe::forward on rank ", rank_, " (", device_.str(), "): rank ", peer,
                     what == kWaitDone ? " did not finish reading the previous partials"
                                       : " did not deliver its partial output",

@@ -6,11 +6,12 @@
 // copy kernel on kCopyBlocks blocks (copy_kernel.cuh), so that a GPU can measure both.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
 #include <vector>
+
+#include <cuda/atomic>
 
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
@@ -100,10 +101,11 @@ class OverlapStreams {
   // A wait of an earlier call that timed out: the protocol is broken (the front end retires
   // the op). Read without synchronising; a timeout is seen at the latest by the call after.
   void throw_if_faulted(const char* op, int rank) const {
-    using Word = std::atomic_ref<int32_t>;
-    const int32_t peer = Word(fault_->peer).load(std::memory_order_acquire);
+    // cuda::atomic_ref: loads the emulated device judges (src/cuda/emulator/host_view.hpp).
+    using Word = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
+    const int32_t peer = Word(fault_->peer).load(::cuda::memory_order_acquire);
     if (peer < 0) return;
-    const int32_t what = Word(fault_->what).load(std::memory_order_relaxed);
+    const int32_t what = Word(fault_->what).load(::cuda::memory_order_relaxed);
     throw Error(detail::cat(op, " on rank ", rank, " (", device_.str(), "): rank ", peer,
                             what == kWaitDone ? " did not finish reading the previous call"
                                               : " did not deliver a piece",
