@@ -15,26 +15,19 @@
 // writes only its own memory; the done words keep it from overwriting a region a peer still
 // reads. Waits are bounded (PMOE_TIMEOUT_S); a timed-out wait is raised at the next call's entry.
 // Nothing waits on the host, so a forward can be captured in a CUDA graph.
-<<<<<<< HEAD
 //
 // Before it enqueues anything, forward() exchanges every rank's element count on the host (one
 // all_gather of 8 bytes): ranks given different token counts all throw the CPU layer's
 // pmoe::Error (core/arg_checks.hpp) and no signal moves, so the layer stays usable. The price is
 // a host rendezvous per call: a rank's forward returns once every rank has entered its own.
-#include <atomic>
 #include <cstring>
-=======
->>>>>>> e20
 #include <memory>
 #include <span>
 #include <vector>
 
-<<<<<<< HEAD
-#include "core/arg_checks.hpp"
-=======
 #include <cuda/atomic>
 
->>>>>>> e20
+#include "core/arg_checks.hpp"
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
