@@ -253,19 +253,28 @@ std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
   auto regions = std::make_shared<MpiRegions>();
   regions->device = device();
   std::vector<std::byte*> data(size_t(size_), nullptr);
+  std::vector<uint64_t*> signals(size_t(size_), nullptr);
+  auto find_signals = [&] {
+    for (int r = 0; r < size_; ++r)
+      if (data[size_t(r)])
+        signals[size_t(r)] = reinterpret_cast<uint64_t*>(data[size_t(r)] + data_bytes);
+    regions->transport = transport_;
+    regions->serial = serial;
+  };
   if (device().kind == Device::Kind::cuda) {
     map_device_regions(*regions, data, total, *this, node_ranks_, agree);
+    find_signals();
   } else {
-    detail::map_node_segments(regions->segments, data, total, rank_, node_ranks_, name_of, agree);
+    // Off-node messages land in host memory only. Registered before the last exchange: a peer
+    // puts only after that exchange, and the transport drops a message whose region it does not
+    // know (mpi.moe.offnode once lost a dispatch signal so, under load).
+    detail::map_node_segments(regions->segments, data, total, rank_, node_ranks_, name_of, agree,
+                              [&] {
+                                find_signals();
+                                transport_->add_region(serial, data[size_t(rank_)],
+                                                       signals[size_t(rank_)]);
+                              });
   }
-
-  std::vector<uint64_t*> signals(size_t(size_), nullptr);
-  for (int r = 0; r < size_; ++r)
-    if (data[size_t(r)]) signals[size_t(r)] = reinterpret_cast<uint64_t*>(data[size_t(r)] + data_bytes);
-  regions->transport = transport_;
-  regions->serial = serial;
-  if (device().kind == Device::Kind::cpu)  // off-node messages land in host memory only
-    transport_->add_region(serial, data[size_t(rank_)], signals[size_t(rank_)]);
   return std::make_unique<MpiSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
                                               std::move(signals), regions, group(), timeout_s(),
                                               regions->device);
