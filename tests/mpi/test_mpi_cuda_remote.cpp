@@ -1,9 +1,10 @@
-// 4 MPI processes on the emulated CUDA device, as 2 nodes x 2 ranks and 4 nodes x 1, direct and
-// hierarchical (relays forward to their node's other process; with 1 rank a node, to
-// themselves) (ctest runs it under mpiexec -n 4): CUDA AllToAll with ranks_per_node, node peers through the emulated CUDA
-// IPC, off-node peers through the emulated remote path between processes (each rank's proxy
-// delivers into the peers' regions that this process maps, keeping only GIN's ordering), against
-// the reference, bit-identical to the same calls on one node, with the remote bytes counted.
+// 4 MPI processes on the emulated CUDA device (ctest runs it under mpiexec -n 4), as 2 nodes x 2
+// ranks and 4 nodes x 1, direct and hierarchical (relays forward to their node's other process;
+// with 1 rank a node, to themselves): CUDA AllToAll with ranks_per_node, node peers through the
+// emulated CUDA IPC, off-node peers through the emulated remote path between processes (each
+// rank's proxy delivers into the peers' regions that this process maps, keeping only GIN's
+// ordering), against the reference, bit-identical to the same calls on one node, with the remote
+// bytes counted.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -103,7 +104,8 @@ INSTANTIATE_TEST_SUITE_P(Nodes, CudaRemoteMpi,
                                            Split{1, CrossNode::hierarchical}),
                          [](const auto& info) {
                            const Split s = info.param;
-                           return std::string(s.per_node == 2 ? "TwoNodesOfTwo" : "FourNodesOfOne") +
+                           const char* split = s.per_node == 2 ? "TwoNodesOfTwo" : "FourNodesOfOne";
+                           return std::string(split) +
                                   (s.cross_node == CrossNode::hierarchical ? "Hierarchical" : "");
                          });
 

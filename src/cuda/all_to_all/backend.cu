@@ -245,7 +245,8 @@ class CudaAllToAll final : public AllToAllBackend {
     };
     const int32_t code = load(e.code, ::cuda::memory_order_acquire);
     return {code, load(e.detail, ::cuda::memory_order_relaxed),
-            load(e.step, ::cuda::memory_order_relaxed), load(e.value, ::cuda::memory_order_relaxed)};
+            load(e.step, ::cuda::memory_order_relaxed),
+            load(e.value, ::cuda::memory_order_relaxed)};
   }
 
   [[noreturn]] void raise(const ErrorRecord& r) const {

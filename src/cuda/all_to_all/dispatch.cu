@@ -104,7 +104,8 @@ __device__ void forward_relay_blocks(const AllToAllParams& p, uint64_t epoch, bo
     const size_t block = lay.relay_in(node);
     const auto* head = reinterpret_cast<const int32_t*>(region + block);
     for (int q = 0; q < head[0]; ++q) {
-      const auto* from = reinterpret_cast<const int32_t*>(region + lay.relay_token_offset(block, q));
+      const auto* from =
+          reinterpret_cast<const int32_t*>(region + lay.relay_token_offset(block, q));
       auto slot_at = [&](int i) { return from[lay.relay_header_dest_slot(i)]; };
       for (int i = threadIdx.x; i < R; i += blockDim.x) {  // headers: a thread per node rank
         if (slot_at(i) < 0) continue;
@@ -114,7 +115,8 @@ __device__ void forward_relay_blocks(const AllToAllParams& p, uint64_t epoch, bo
           const int expert = from[lay.relay_header_expert(x)];
           if (expert / L != i) continue;
           store_to_peer(header + AllToAllLayout::header_expert(pairs), expert % L);
-          store_to_peer(header + AllToAllLayout::header_slot(pairs), from[lay.relay_header_slot(x)]);
+          store_to_peer(header + AllToAllLayout::header_slot(pairs),
+                        from[lay.relay_header_slot(x)]);
           store_to_peer(header + AllToAllLayout::header_position(pairs),
                         from[lay.relay_header_position(x)]);
           ++pairs;
@@ -425,7 +427,8 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
         const int dest = node * R + r;
         store_to_peer(head + lay.relay_head_count(r), p.send_count[dest]);
         for (int e = 0; e < L; ++e)
-          store_to_peer(head + lay.relay_head_expert_count(r, e), p.send_expert_count[dest * L + e]);
+          store_to_peer(head + lay.relay_head_expert_count(r, e),
+                        p.send_expert_count[dest * L + e]);
       }
     }
     __threadfence_system();
