@@ -254,24 +254,32 @@ def row_fields(line):
     return m and (m.group(1), m.group(2), m.group(3), m.group(4))
 
 
-def merge_into(table_text, results, note):
+def merge_into(table_text, results, note, all_mutants):
     """The table with the rows of `results` replaced, the summary recounted and `note` added under
     the header: for a rerun of a few mutants (--merge). A row is matched by class, mutant and
-    place; failing that (its file changed since the table was made), by class, mutant and file;
-    failing that, by class and file where the table and the rerun have one such mutant each.
-    A mutant found in no row (its source is new since the table was made) is added at the end."""
+    place; failing that (its file changed since the table was made), by class, mutant and file
+    where that text is unique both in the table and among `all_mutants` (a second
+    `__syncthreads();` of the file must not take another's row); failing that, by class and file
+    where the table and the rerun have one such mutant each. A mutant found in no row (its source
+    is new since the table was made) is added at the end."""
     lines = table_text.split("\n")
     rows = {i: row_fields(line) for i, line in enumerate(lines) if row_fields(line)}
 
     def same_class_and_file(fields, r):
         return fields[1] == r["mutant"]["what"] and fields[3] == os.path.basename(r["mutant"]["file"])
 
+    def same_text(m, r):
+        return (m["what"], m["file"], m["before"], m["after"]) == (
+            r["mutant"]["what"], r["mutant"]["file"], r["mutant"]["before"], r["mutant"]["after"])
+
     replaced = added = 0
     for r in results:
         key, verdict = row_key_and_verdict(r)
         text = key.split(" | ")[1]
         found = [i for i, f in rows.items() if lines[i].startswith(f"| {f[0]} {key} ")]
-        found = found or [i for i, f in rows.items() if same_class_and_file(f, r) and f[2] == text]
+        if not found and sum(same_text(m, r) for m in all_mutants) == 1:
+            found = [i for i, f in rows.items() if same_class_and_file(f, r) and f[2] == text]
+            found = found if len(found) == 1 else []
         if not found:
             candidates = [i for i, f in rows.items() if same_class_and_file(f, r)]
             rerun = [q for q in results if same_class_and_file(rows[candidates[0]], q)] if candidates else []
@@ -310,7 +318,7 @@ def main():
                     help="with --doc: replace only the rerun mutants' rows of the table there")
     args = ap.parse_args()
 
-    mutants = find_mutants()
+    mutants = all_mutants = find_mutants()
     if args.only:
         mutants = [m for m in mutants if re.search(args.only, m["id"])]
     if args.list:
@@ -370,7 +378,7 @@ def main():
             old = doc[doc.index(BEGIN) + len(BEGIN):doc.index(END)].strip("\n")
             note = (f"Rerun with `scripts/mutation.py --only '{args.only}' --merge` at commit "
                     f"`{commit}`, {when}: {{replaced}} rows replaced, {{added}} added.")
-            merged = merge_into(old, results, note)
+            merged = merge_into(old, results, note, all_mutants)
             doc = doc[:doc.index(BEGIN) + len(BEGIN)] + "\n" + merged + "\n" + doc[doc.index(END):]
             open(args.doc, "w").write(doc)
         elif BEGIN in doc and END in doc:

@@ -142,9 +142,10 @@ __device__ void forward_relay_blocks(const AllToAllParams& p, uint64_t epoch, bo
         store_to_peer(reinterpret_cast<int32_t*>(to + lay.expert_count_offset(source, e)),
                       head[lay.relay_head_expert_count(i, e)]);
     }
-    __syncthreads();  // every thread's stores, before thread 0's fence and signals
+    // Every thread's stores, before thread 0's signals: a release of system scope after the
+    // barrier publishes them all (cumulative), so no fence is needed; the peers are on this node.
+    __syncthreads();
     if (threadIdx.x == 0) {
-      __threadfence_system();
       for (int i = 0; i < R; ++i)
         signal_release(p.signals[my_node * R + i] + lay.signal_word(lay.dispatch_signal(source)),
                        epoch);
