@@ -135,6 +135,11 @@ struct AllToAllLayout {
     total_bytes = relay_in_offset + size_t(nodes) * relay_block;
   }
 
+  // The rank on `node` with `rank`'s local index: a source's relay there, and a relay's source
+  // from there (hierarchical only).
+  PMOE_HOST_DEVICE int peer_on_node(int rank, int node) const {
+    return node * ranks_per_node + rank % ranks_per_node;
+  }
   // Relay blocks (hierarchical only). Header words of a relay slot: token, n, the slot at each
   // rank of the node, then n (expert within the node, top-k slot, position) triples.
   PMOE_HOST_DEVICE int relay_header_dest_slot(int local_rank) const { return 2 + local_rank; }

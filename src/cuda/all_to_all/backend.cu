@@ -354,7 +354,7 @@ class CudaAllToAll final : public AllToAllBackend {
     if (!layout_.hierarchical || step != int32_t(Step::dispatch_recv) ||
         source / R == params_.rank / R)
       return "";
-    const int relay = params_.rank / R * R + source % R;
+    const int relay = layout_.peer_on_node(source, params_.rank / R);
     if (relay == params_.rank) return "";  // this rank waited for the relay block itself
     return cat("; its tokens come through rank ", relay, ", this node's relay for it");
   }

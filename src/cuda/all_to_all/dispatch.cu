@@ -95,7 +95,7 @@ __device__ void forward_relay_blocks(const AllToAllParams& p, uint64_t epoch, bo
   const std::byte* region = p.regions[p.rank];
   auto peer = [&](int i) { return p.regions[my_node * R + i]; };  // node peers: load/store
   for (int n = 1; n < lay.nodes; ++n) {
-    const int node = (my_node + n) % lay.nodes, source = node * R + p.rank % R;
+    const int node = (my_node + n) % lay.nodes, source = lay.peer_on_node(p.rank, node);
     if (threadIdx.x == 0 && !wait_signal(p.transport, lay.relay_signal(source), epoch,
                                          p.timeout_ns, p.error, source, Step::dispatch_recv))
       failed = true;
@@ -446,7 +446,7 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
       }
     }
     for (int n = 1; relay && n < N; ++n) {  // each other node's relay block, whole, to its relay
-      const int node = (my_node + n) % N, relay_rank = node * R + p.rank % R;
+      const int node = (my_node + n) % N, relay_rank = lay.peer_on_node(p.rank, node);
       if (!put_signal(p.transport, relay_rank, lay.relay_in(my_node), lay.relay_out(node),
                       lay.relay_head_bytes + size_t(p.relay_count[node]) * lay.relay_token_stride,
                       lay.relay_signal(p.rank)))
