@@ -7,10 +7,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
 #if !defined(PMOE_TEST_ON_GPU)
+#include "cuda/emulator/runtime_api.hpp"
 #include "cuda/emulator/schedule.hpp"
 #endif
 
@@ -42,6 +44,15 @@ inline const bool kDeviceSettingsPrintedOnFailure = [] {
   return true;
 }();
 #endif
+
+// Kernels this thread has launched (counted by the emulated device; a GPU build checks nothing).
+inline uint64_t kernels_launched() {
+#if defined(PMOE_TEST_ON_GPU)
+  return 0;
+#else
+  return emu::kernels_launched_by_this_thread();
+#endif
+}
 
 }  // namespace pmoe::testing
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -146,34 +147,29 @@ TEST(DeviceUtils, CopyToEachMatchesMemcpyToEveryIncludedDestination) {
 
 // The overlap ops' wait kernel (src/cuda/overlap/signals.cu) for a peer that never signals: it
 // gives up and names the peer and the wait in the host-mapped fault word, which the host reads at
-// the next call's entry without synchronising (OverlapStreams::throw_if_faulted): once it sees the
-// peer, with acquire, it must see which wait it was.
+// the next call's entry without synchronising (FaultWord::read, for the overlap ops and TpMoe):
+// once it sees the peer it must see which wait it was. Both sides are the library's own, so a
+// relaxed release in the kernel or a relaxed acquire in the reader fails here.
 TEST(OverlapSignals, ATimedOutWaitNamesItsPeerAndWaitToAHostThatDoesNotSynchronise) {
   PMOE_REQUIRE_CUDA_RUNTIME();
-  using Word = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
   uint64_t* words = nullptr;  // the peer's signal word (never raised), then the call number
   ASSERT_EQ(cudaMalloc(&words, 2 * sizeof(uint64_t)), cudaSuccess);
   const uint64_t host_words[2] = {0, 1};
   ASSERT_EQ(cudaMemcpy(words, host_words, sizeof host_words, cudaMemcpyHostToDevice), cudaSuccess);
-  cuda::OverlapFault *fault = nullptr, *device_fault = nullptr;
-  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&fault), sizeof *fault, cudaHostAllocMapped),
-            cudaSuccess);
-  fault->peer = -1;
-  fault->what = 0;
-  ASSERT_EQ(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_fault), fault, 0),
-            cudaSuccess);
-  cuda::wait_for_signal(words, words + 1, 0, uint64_t(1e6), 3, cuda::kWaitDone, device_fault,
-                        nullptr);
-  int32_t peer = -1;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while ((peer = Word(fault->peer).load(::cuda::memory_order_acquire)) < 0 &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::yield();
-  EXPECT_EQ(peer, 3);
-  EXPECT_EQ(Word(fault->what).load(::cuda::memory_order_relaxed), cuda::kWaitDone)
-      << "the host saw the peer before the wait it timed out in";
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  cudaFreeHost(fault);
+  {
+    const cuda::FaultWord fault;
+    EXPECT_FALSE(fault.read().has_value()) << "a fault before any wait";
+    cuda::wait_for_signal(words, words + 1, 0, uint64_t(1e6), 3, cuda::kWaitDone, fault.device(),
+                          nullptr);
+    std::optional<cuda::OverlapFault> seen;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!(seen = fault.read()) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    ASSERT_TRUE(seen.has_value()) << "no fault within 20 s";
+    EXPECT_EQ(seen->peer, 3);
+    EXPECT_EQ(seen->what, cuda::kWaitDone) << "the host saw the peer before the wait it timed out in";
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
   cudaFree(words);
 }
 

@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 
 // After the standard headers: the emulated device's defines qualifiers such as __noinline__.
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -189,6 +193,31 @@ TEST(MoeCudaShapes, SimpleOddShapes) {
   }
 }
 
+// More work than one pass of a kernel's grid (moe_kernels.cu: at most 64 blocks of 256 threads,
+// 16,384 threads): 16,500 tokens per rank take the router's loop and every element-wise loop
+// round more than once, and 16,400 experts the grouping's, so a stride that skips leaves rows the
+// reference sees unset. bf16, so the EP wire's widen and narrow run too, and O != H, so its
+// staging copies do.
+TEST(MoeCudaShapes, MoreWorkThanOneGridPass) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  constexpr int kTokens = 16'500;
+  // EP with O = 12 > H = 8 stages x at the wire width, and with O = 4 < H stages y.
+  for (auto [v, out] : {std::pair{MoeVariant::simple, 12}, {MoeVariant::tp, 12},
+                        {MoeVariant::ep, 12}, {MoeVariant::ep, 4}}) {
+    const int W = v == MoeVariant::simple ? 1 : 2;
+    MoeCase c;
+    c.config = make_moe_config(8, 8, 4, 2, Activation::swiglu, DType::bf16, out);
+    c.variant = v;
+    c.micro_batches = v == MoeVariant::ep ? 2 : 1;
+    c.batch = v == MoeVariant::ep ? W * kTokens : kTokens;  // EP shards, TP replicates
+    expect_case(c, W, Device::cuda(0));
+  }
+  MoeCase experts;
+  experts.config = make_moe_config(4, 4, 16'400, 2, Activation::relu, DType::f32);
+  experts.batch = 8;
+  expect_case(experts, 1, Device::cuda(0));
+}
+
 // A tensor on the wrong device, a wrong dtype or shape: named, before anything is launched; the
 // layer stays usable.
 TEST(MoeCudaInput, BadTensorsAreNamed) {
@@ -289,6 +318,58 @@ TEST(MoeCudaInput, TpRanksWithDifferentTokenCountsAreToldBeforeLaunch) {
         << errors[size_t(r)];
     EXPECT_EQ(after[size_t(r)], "") << "rank " << r;
   }
+}
+
+// A TpMoe rank whose partial never lands: rank 1 enters forward, so the host exchange of token
+// counts passes, but captures it into a graph it never launches. Rank 0's wait gives up after
+// PMOE_TIMEOUT_S and writes the fault word; its next forward names rank 1 and the wait, before it
+// launches anything.
+TEST(MoeCudaInput, TpRankWhosePartialNeverLandsIsNamed) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  cpu::set_blas_threads(1);
+  setenv("PMOE_TIMEOUT_S", "1", 1);
+  const MoeConfig cfg = make_moe_config(8, 16, 4, 2);
+  std::string second;
+  std::atomic<bool> first_call_done{false};
+  uint64_t launched_by_second = 0;
+  run_ranks(
+      2,
+      [&](Communicator& comm) {
+        TpMoe tp(comm, cfg, 4);
+        Buffer x(DType::f32, {4, 8}, Device::cuda(0)), y(DType::f32, {4, 8}, Device::cuda(0));
+        if (comm.rank() == 1) {
+          auto stream = static_cast<cudaStream_t>(comm.stream().handle);
+          for (int call = 0; call < 2; ++call) {
+            // The second waits until rank 0 has seen its first call time out, so that this
+            // rank's host exchange does not time out meanwhile.
+            while (call == 1 && !first_call_done.load()) std::this_thread::yield();
+            cudaGraph_t graph = nullptr;
+            EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                      cudaSuccess);
+            tp.forward(x, y);
+            EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+            if (graph) cudaGraphDestroy(graph);  // never launched: no partial, no signal
+          }
+          return;
+        }
+        tp.forward(x, y);            // its wait for rank 1's partial gives up on the device
+        synchronize(comm.stream());  // bounded by the timeout
+        first_call_done = true;
+        const uint64_t launched = kernels_launched();
+        try {
+          tp.forward(x, y);
+        } catch (const Error& e) {
+          second = e.what();
+        }
+        launched_by_second = kernels_launched() - launched;
+      },
+      Device::cuda(0));
+  unsetenv("PMOE_TIMEOUT_S");
+  EXPECT_NE(second.find("TpMoe::forward on rank 0 (cuda:0): rank 1 did not deliver its partial "
+                        "output within 1 s"),
+            std::string::npos)
+      << second;
+  EXPECT_EQ(launched_by_second, 0u) << "a call after the timeout launched a kernel";
 }
 
 // A whole forward captured into a CUDA graph on each rank (EpMoe with both micro-batch counts:

@@ -23,15 +23,6 @@
 namespace pmoe::testing {
 namespace {
 
-// Kernels this thread has launched (counted by the emulated device; a GPU build checks nothing).
-uint64_t kernels_launched() {
-#if defined(PMOE_TEST_ON_GPU)
-  return 0;
-#else
-  return emu::kernels_launched_by_this_thread();
-#endif
-}
-
 OverlapResult expect_case_on_device(int W, OverlapCase c) {
   c.device = Device::cuda(0);
   std::vector<OverlapResult> results(static_cast<size_t>(W));

@@ -25,8 +25,6 @@
 #include <span>
 #include <vector>
 
-#include <cuda/atomic>
-
 #include "core/arg_checks.hpp"
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
@@ -65,16 +63,9 @@ class DeviceTpMoe final : public DeviceMoe {
     }
     parts_ = Buffer(DType::i64, {world_}, device_);  // W device pointers
     copy(parts_, Tensor(parts.data(), DType::i64, {world_}));
-    PMOE_CUDA_CHECK(cudaHostAlloc(&fault_, sizeof(OverlapFault), cudaHostAllocMapped));
-    fault_->peer = -1;
-    fault_->what = 0;
-    PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&fault_device_), fault_, 0));
     comm.barrier();  // every rank's memory and stream exist before any peer's first wait
   }
-  ~DeviceTpMoe() override {
-    (void)cudaStreamSynchronize(stream_);
-    (void)cudaFreeHost(fault_);
-  }
+  ~DeviceTpMoe() override { (void)cudaStreamSynchronize(stream_); }
 
   void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override {
     const int64_t n = x.size(0) * config_.out_dim();
@@ -86,14 +77,14 @@ class DeviceTpMoe final : public DeviceMoe {
     for (int q = 0; q < world_; ++q)  // q may still be reading this rank's previous partial
       if (q != rank_)
         wait_for_signal(memory_->signal_word(q, kDoneSlot), call, 1, timeout_ns_, q, kWaitDone,
-                        fault_device_, stream_);
+                        fault_.device(), stream_);
     moe_.forward(x, memory_->local(), DType::f32, stats, timer_);
     timer_.begin(&MoeStats::reduce_s, stream_);
     raise_signal(memory_->signal_word(rank_, kLandedSlot), call, stream_);
     for (int q = 0; q < world_; ++q)
       if (q != rank_)
         wait_for_signal(memory_->signal_word(q, kLandedSlot), call, 0, timeout_ns_, q, kWaitPiece,
-                        fault_device_, stream_);
+                        fault_.device(), stream_);
     SumPartials sum;
     sum.parts = parts_.data<const float*>();
     sum.world = world_;
@@ -125,13 +116,10 @@ class DeviceTpMoe final : public DeviceMoe {
 
   // A wait of an earlier call timed out: the protocol is broken.
   void throw_if_faulted() const {
-    // cuda::atomic_ref: loads the emulated device judges (src/cuda/emulator/host_view.hpp).
-    using Word = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
-    const int32_t peer = Word(fault_->peer).load(::cuda::memory_order_acquire);
-    if (peer < 0) return;
-    const int32_t what = Word(fault_->what).load(::cuda::memory_order_relaxed);
-    throw Error(cat("TpMoe::forward on rank ", rank_, " (", device_.str(), "): rank ", peer,
-                    what == kWaitDone ? " did not finish reading the previous partials"
+    const std::optional<OverlapFault> fault = fault_.read();
+    if (!fault) return;
+    throw Error(cat("TpMoe::forward on rank ", rank_, " (", device_.str(), "): rank ", fault->peer,
+                    fault->what == kWaitDone ? " did not finish reading the previous partials"
                                       : " did not deliver its partial output",
                     " within ", timeout_ns_ / 1e9, " s; build a new layer"));
   }
@@ -146,8 +134,7 @@ class DeviceTpMoe final : public DeviceMoe {
   cuda::DeviceLocalMoe moe_;
   std::unique_ptr<SymmetricMemory> memory_;
   Buffer parts_;  // [W] const float*: every rank's region, for the sum kernel
-  OverlapFault* fault_ = nullptr;
-  OverlapFault* fault_device_ = nullptr;
+  FaultWord fault_;  // written by the waits, read at the next call's entry
 };
 
 }  // namespace

@@ -11,8 +11,6 @@
 #include <string_view>
 #include <vector>
 
-#include <cuda/atomic>
-
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
@@ -46,10 +44,6 @@ class OverlapStreams {
     for (cudaEvent_t& e : events_) PMOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     PMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     PMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
-    PMOE_CUDA_CHECK(cudaHostAlloc(&fault_, sizeof(OverlapFault), cudaHostAllocMapped));
-    fault_->peer = -1;
-    fault_->what = 0;
-    PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&fault_device_), fault_, 0));
     int sms = 0;
     PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_.index));
     blocks_ = grid_blocks(sms);
@@ -63,7 +57,6 @@ class OverlapStreams {
     for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
     (void)cudaEventDestroy(fork_);
     (void)cudaEventDestroy(join_);
-    (void)cudaFreeHost(fault_);
   }
   OverlapStreams(const OverlapStreams&) = delete;
   OverlapStreams& operator=(const OverlapStreams&) = delete;
@@ -72,7 +65,7 @@ class OverlapStreams {
   cudaStream_t copy() const { return copy_; }
   cublasHandle_t cublas() const { return cublas_; }
   cudaEvent_t piece_event(int i) const { return events_[size_t(i)]; }
-  OverlapFault* fault() const { return fault_device_; }
+  OverlapFault* fault() const { return fault_.device(); }
   uint64_t timeout_ns() const { return timeout_ns_; }
   int blocks() const { return blocks_; }  // grid of an element-wise kernel over the device
 
@@ -101,13 +94,10 @@ class OverlapStreams {
   // A wait of an earlier call that timed out: the protocol is broken (the front end retires
   // the op). Read without synchronising; a timeout is seen at the latest by the call after.
   void throw_if_faulted(const char* op, int rank) const {
-    // cuda::atomic_ref: loads the emulated device judges (src/cuda/emulator/host_view.hpp).
-    using Word = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
-    const int32_t peer = Word(fault_->peer).load(::cuda::memory_order_acquire);
-    if (peer < 0) return;
-    const int32_t what = Word(fault_->what).load(::cuda::memory_order_relaxed);
-    throw Error(detail::cat(op, " on rank ", rank, " (", device_.str(), "): rank ", peer,
-                            what == kWaitDone ? " did not finish reading the previous call"
+    const std::optional<OverlapFault> fault = fault_.read();
+    if (!fault) return;
+    throw Error(detail::cat(op, " on rank ", rank, " (", device_.str(), "): rank ", fault->peer,
+                            fault->what == kWaitDone ? " did not finish reading the previous call"
                                               : " did not deliver a piece",
                             " within ", timeout_ns_ / 1e9, " s"));
   }
@@ -118,8 +108,7 @@ class OverlapStreams {
   cudaStream_t copy_ = nullptr;
   std::vector<cudaEvent_t> events_;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
-  OverlapFault* fault_ = nullptr;
-  OverlapFault* fault_device_ = nullptr;
+  FaultWord fault_;
   cublasHandle_t cublas_ = nullptr;
   uint64_t timeout_ns_;
   bool copy_by_kernel_;

@@ -6,6 +6,10 @@
 //   a peer's word:                 >= c - behind ?   wait_for_signal: acquire, bounded
 #include "cuda/overlap/signals.cuh"
 
+#include <cuda/atomic>
+
+#include "cuda/check.hpp"
+
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
 
@@ -31,6 +35,23 @@ __global__ void wait_kernel(uint64_t* word, const uint64_t* call, uint64_t behin
 }
 
 }  // namespace
+
+FaultWord::FaultWord() {
+  PMOE_CUDA_CHECK(cudaHostAlloc(&host_, sizeof(OverlapFault), cudaHostAllocMapped));
+  host_->peer = -1;
+  host_->what = 0;
+  PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
+}
+
+FaultWord::~FaultWord() { (void)cudaFreeHost(host_); }
+
+std::optional<OverlapFault> FaultWord::read() const {
+  // cuda::atomic_ref: loads the emulated device judges (src/cuda/emulator/host_view.hpp).
+  using Word = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
+  const int32_t peer = Word(host_->peer).load(::cuda::memory_order_acquire);
+  if (peer < 0) return std::nullopt;
+  return OverlapFault{peer, Word(host_->what).load(::cuda::memory_order_relaxed)};
+}
 
 void count_call(uint64_t* call, cudaStream_t stream) {
   launch_shaped(count_kernel, dim3(1), dim3(1), stream, call);

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "cuda/all_to_all/device_utils.cuh"
 #include "cuda/flavor.hpp"
@@ -29,6 +30,26 @@ struct OverlapFault {
 };
 
 enum OverlapWait : int32_t { kWaitPiece = 1, kWaitDone = 2 };
+
+// An op's fault word: host-mapped memory that its timed-out waits write (what, then peer with
+// release) and that the host reads at each call's entry without synchronising. The overlap ops and
+// TpMoe share it, so there is one reader to get right.
+class FaultWord {
+ public:
+  FaultWord();  // peer = -1: no wait has timed out
+  ~FaultWord();
+  FaultWord(const FaultWord&) = delete;
+  FaultWord& operator=(const FaultWord&) = delete;
+
+  OverlapFault* device() const { return device_; }  // what the wait kernels write
+  // The wait that timed out, if one has: its peer read with acquire, so that `what` is that
+  // wait's. A timeout is seen at the latest once the host has synchronised with the stream.
+  std::optional<OverlapFault> read() const;
+
+ private:
+  OverlapFault* host_ = nullptr;
+  OverlapFault* device_ = nullptr;
+};
 
 // *call += 1: the number of the call that the work enqueued after it belongs to.
 void count_call(uint64_t* call, cudaStream_t stream);
