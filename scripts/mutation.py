@@ -112,14 +112,11 @@ EQUIVALENT = {
 # the host's acquire of the AllToAll error mirror's code (backend.cu) and the release of the
 # overlap fault word's peer (signals.cu) until the emulated device kept the order in which the
 # host sees host-mapped words, src/cuda/emulator/host_view.hpp; TpMoe's own reader of its fault
-# word until it shared the overlap ops' FaultWord, whose reader a test polls.) Reported as
-# survivors; `make mutation` fails on any survivor listed in neither table.
-KNOWN_GAPS = {
-    ("moe_kernels.cu", ("stride",), "+= 2 * grid_step())"):
-        "the MoE tests' shapes fit this loop's elements in one pass of its grid (blocks_for "
-        "launches up to 64 blocks of 256 threads: 16,384 elements), where a doubled stride skips "
-        "nothing; a test with more elements than that would catch it",
-}
+# word until it shared the overlap ops' FaultWord, whose reader a test polls; the MoE kernels'
+# doubled grid strides until MoeCudaShapes.MoreWorkThanOneGridPass gave their loops more than
+# one pass of work.) Reported as survivors; `make mutation` fails on any survivor listed in
+# neither table.
+KNOWN_GAPS: dict = {}
 
 
 def lookup(table, mutant):

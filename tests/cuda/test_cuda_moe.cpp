@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 // After the standard headers: the emulated device's defines qualifiers such as __noinline__.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -193,6 +194,43 @@ TEST(MoeCudaShapes, SimpleOddShapes) {
   }
 }
 
+// The grouping kernel runs one thread per expert, so only more experts than its grid's 16,384
+// threads take its loop round twice, and a skipping stride shows only where a token picks one of
+// the experts past the first pass. Of candidate tokens routed by the CPU router, SimpleMoe on the
+// device runs the first 8 that pick such an expert, against the reference.
+void expect_tokens_of_the_last_experts_grouped() {
+  constexpr int kExperts = 16'400, kFirstPass = 64 * 256, kTokens = 8, kCandidates = 500;
+  const MoeConfig cfg = make_moe_config(4, 4, kExperts, 2, Activation::relu, DType::f32);
+  const int H = cfg.feature_dim, k = cfg.top_k;
+  Buffer x(DType::f32, {kTokens, H});
+  Router router(cfg);
+  int found = 0;
+  for (uint64_t seed = 1; seed <= 40 && found < kTokens; ++seed) {
+    const Buffer candidates = reference::make_moe_input(cfg, kCandidates, seed);
+    Buffer indices(DType::i32, {kCandidates, k}), weights(DType::f32, {kCandidates, k});
+    router.route(candidates, indices, weights);
+    for (int t = 0; t < kCandidates && found < kTokens; ++t) {
+      const int32_t* picked = indices.data<int32_t>() + t * k;
+      if (*std::max_element(picked, picked + k) < kFirstPass) continue;
+      std::copy_n(candidates.data<float>() + t * H, H, x.data<float>() + found * H);
+      ++found;
+    }
+  }
+  ASSERT_EQ(found, kTokens) << "too few candidate tokens pick one of the last experts";
+  SimpleMoe layer(cfg, kTokens, Device::cuda(0));
+  Buffer x_device(DType::f32, {kTokens, H}, Device::cuda(0));
+  Buffer y_device(DType::f32, {kTokens, H}, Device::cuda(0)), y(DType::f32, {kTokens, H});
+  copy(x_device, x);
+  layer.forward(x_device, y_device);
+  synchronize(Stream());
+  copy(y, y_device);
+  const auto cmp = reference::compare_moe(
+      cfg, reference::reference_moe(cfg, x, reference::all_rows(kTokens)), y, 0,
+      reference::moe_tolerance(cfg.dtype));
+  EXPECT_EQ(cmp.error, "");
+  EXPECT_GT(cmp.compared, 0);
+}
+
 // More work than one pass of a kernel's grid (moe_kernels.cu: at most 64 blocks of 256 threads,
 // 16,384 threads): 16,500 tokens per rank take the router's loop and every element-wise loop
 // round more than once, and 16,400 experts the grouping's, so a stride that skips leaves rows the
@@ -212,10 +250,7 @@ TEST(MoeCudaShapes, MoreWorkThanOneGridPass) {
     c.batch = v == MoeVariant::ep ? W * kTokens : kTokens;  // EP shards, TP replicates
     expect_case(c, W, Device::cuda(0));
   }
-  MoeCase experts;
-  experts.config = make_moe_config(4, 4, 16'400, 2, Activation::relu, DType::f32);
-  experts.batch = 8;
-  expect_case(experts, 1, Device::cuda(0));
+  expect_tokens_of_the_last_experts_grouped();
 }
 
 // A tensor on the wrong device, a wrong dtype or shape: named, before anything is launched; the
