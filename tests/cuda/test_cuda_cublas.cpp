@@ -1,7 +1,8 @@
 // One device, one host thread: cuBLAS's GEMMs (on the emulated device, the shim that runs the host
 // BLAS on the streams: src/cuda/emulator/cublas_api.hpp) against a plain triple loop in double,
 // for f32, f16 and bf16 with f32 compute, both transposes, padded leading dimensions, batches,
-// beta == 0 over NaNs, k == 0, stream order, graph capture and rejected arguments.
+// beta == 0 over NaNs, k == 0, stream order, graph capture, rejected arguments, and batches
+// whose matrices device arrays of pointers name.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -154,6 +155,83 @@ INSTANTIATE_TEST_SUITE_P(
       const char* t = c.type == CUDA_R_32F ? "f32" : c.type == CUDA_R_16F ? "f16" : "bf16";
       return std::string(t) + (c.ta == CUBLAS_OP_N ? "_N" : "_T") + (c.tb == CUBLAS_OP_N ? "N" : "T");
     });
+
+// cublasGemmBatchedEx (the MoE layers' tiled experts): GEMM i on the matrices that device
+// arrays of pointers name, in any order and sharing an operand, arrays copied in on the stream
+// just before the call (cuBLAS reads them when the stream runs it). Every C against the loop.
+TEST(CublasGemmBatched, PointerArraysReadInStreamOrder) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  for (cudaDataType type : {CUDA_R_32F, CUDA_R_16BF}) {
+    const int m = 5, n = 6, k = 7, lda = m + 1, ldb = k, ldc = m + 2, batch = 3;
+    const size_t a_size = size_t(lda) * k, b_size = size_t(ldb) * n, c_size = size_t(ldc) * n;
+    std::mt19937 rng(11 + int(type));
+    HostMatrix A = random_matrix(type, 2 * a_size, rng);
+    HostMatrix B = random_matrix(type, batch * b_size, rng);
+    HostMatrix C(type, batch * c_size);
+    char *dA, *dB, *dC;
+    expect_ok(cudaMalloc(&dA, A.bytes.size()), "cudaMalloc");
+    expect_ok(cudaMalloc(&dB, B.bytes.size()), "cudaMalloc");
+    expect_ok(cudaMalloc(&dC, C.bytes.size()), "cudaMalloc");
+    const size_t e = size_t(bytes_of(type));
+    // GEMM i: A block a_of[i] (0 twice), B block batch - 1 - i, C block (i + 1) % batch.
+    const int a_of[batch] = {1, 0, 0};
+    std::vector<const void*> a_ptrs, b_ptrs;
+    std::vector<void*> c_ptrs;
+    for (int i = 0; i < batch; ++i) {
+      a_ptrs.push_back(dA + a_of[i] * a_size * e);
+      b_ptrs.push_back(dB + (batch - 1 - i) * b_size * e);
+      c_ptrs.push_back(dC + ((i + 1) % batch) * c_size * e);
+    }
+    void** arrays;
+    expect_ok(cudaMalloc(&arrays, 3 * batch * sizeof(void*)), "cudaMalloc");
+    cudaStream_t stream;
+    expect_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    expect_ok(cudaMemcpyAsync(dA, A.bytes.data(), A.bytes.size(), cudaMemcpyHostToDevice, stream),
+              "copy");
+    expect_ok(cudaMemcpyAsync(dB, B.bytes.data(), B.bytes.size(), cudaMemcpyHostToDevice, stream),
+              "copy");
+    for (int which = 0; which < 3; ++which) {
+      const void* src = which == 0 ? static_cast<const void*>(a_ptrs.data())
+                        : which == 1 ? static_cast<const void*>(b_ptrs.data())
+                                     : static_cast<const void*>(c_ptrs.data());
+      expect_ok(cudaMemcpyAsync(arrays + which * batch, src, batch * sizeof(void*),
+                                cudaMemcpyHostToDevice, stream),
+                "copy");
+    }
+    cublasHandle_t handle;
+    expect_ok(cublasCreate(&handle), "cublasCreate");
+    expect_ok(cublasSetStream(handle, stream), "cublasSetStream");
+    const float alpha = 1.0f, beta = 0.0f;
+    expect_ok(cublasGemmBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha,
+                                  const_cast<const void* const*>(arrays), type, lda,
+                                  const_cast<const void* const*>(arrays + batch), type, ldb, &beta,
+                                  arrays + 2 * batch, type, ldc, batch, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT),
+              "cublasGemmBatchedEx");
+    HostMatrix out(type, C.values.size());
+    expect_ok(
+        cudaMemcpyAsync(out.bytes.data(), dC, out.bytes.size(), cudaMemcpyDeviceToHost, stream),
+        "copy");
+    expect_ok(cudaStreamSynchronize(stream), "sync");
+    for (int i = 0; i < batch; ++i)
+      for (int c = 0; c < n; ++c)
+        for (int r = 0; r < m; ++r) {
+          double want = 0;
+          for (int x = 0; x < k; ++x)
+            want += double(A.values[a_of[i] * a_size + size_t(x) * lda + r]) *
+                    B.values[(batch - 1 - i) * b_size + size_t(c) * ldb + x];
+          const double got = out.from_bytes(((i + 1) % batch) * c_size + size_t(c) * ldc + r);
+          ASSERT_NEAR(got, want, tolerance(type, k) * (1 + std::abs(want)))
+              << "GEMM " << i << " C[" << r << ", " << c << "]";
+        }
+    expect_ok(cublasDestroy(handle), "cublasDestroy");
+    expect_ok(cudaStreamDestroy(stream), "stream");
+    cudaFree(arrays);
+    cudaFree(dA);
+    cudaFree(dB);
+    cudaFree(dC);
+  }
+}
 
 // A small f32 GemmEx on the legacy stream (no cublasSetStream): C = A . B.
 struct Small {

@@ -194,6 +194,30 @@ TEST(MoeCudaShapes, SimpleOddShapes) {
   }
 }
 
+// The experts' GEMMs run over tiles of the rows in use (src/cuda/moe/device_experts.hpp), not
+// over every slot: SimpleMoe's 64 tokens at top-2 of 8 experts are 128 rows, computed as tiles
+// of 16 with at most one partial tile an expert, where every slot would be 8 x 64. EpMoe plans
+// for the most a rank can receive, R min(k, E_local) rows, below every slot (E_local R) when
+// E_local > k.
+TEST(MoeCudaShapes, TiledExpertsComputeTheRowsInUseNotEverySlot) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  MoeCase simple;
+  simple.config = make_moe_config(16, 16, 8, 2, Activation::gelu, DType::f32);
+  simple.batch = 64;
+  const MoeStats s = expect_case(simple, 1, Device::cuda(0))[0].stats;
+  EXPECT_GE(s.expert_rows, 64 * 2);
+  EXPECT_LE(s.expert_rows, 64 * 2 + 8 * 16);
+  MoeCase ep = simple;
+  ep.variant = MoeVariant::ep;
+  ep.config.top_k = 1;
+  ep.micro_batches = 2;
+  for (const MoeCaseResult& r : expect_case(ep, 2, Device::cuda(0))) {
+    const int64_t R = 2 * 16;  // W x tokens per micro-batch (32 tokens a rank, in two halves)
+    EXPECT_LE(r.stats.expert_rows, 2 * (R * 1 + 4 * 16));  // two micro-batches
+    EXPECT_LT(r.stats.expert_rows, 2 * 4 * R);
+  }
+}
+
 // The grouping kernel runs one thread per expert, so only more experts than its grid's 16,384
 // threads take its loop round twice, and a skipping stride shows only where a token picks one of
 // the experts past the first pass. Of candidate tokens routed by the CPU router, SimpleMoe on the

@@ -59,6 +59,7 @@ struct Operand {
   cudaDataType type;
   int ld;
   long long stride;
+  const void* const* array = nullptr;  // cublasGemmBatchedEx: one pointer a GEMM, read at run
 };
 
 struct Gemm {
@@ -71,12 +72,21 @@ struct Gemm {
   int ldc;
   long long stride_c;
   int batch;
+  void* const* c_array = nullptr;
 };
 
+// The i-th GEMM's matrix: the array's pointer (read when the stream runs the GEMM, as cuBLAS
+// reads its device arrays), or base + i * stride elements.
+const char* matrix(const Operand& o, int i) {
+  if (o.array) return static_cast<const char*>(o.array[i]);
+  return static_cast<const char*>(o.data) + i * o.stride * element_bytes(o.type);
+}
+
 void run_one(const Gemm& g, int i) {
-  const char* a = static_cast<const char*>(g.a.data) + i * g.a.stride * element_bytes(g.a.type);
-  const char* b = static_cast<const char*>(g.b.data) + i * g.b.stride * element_bytes(g.b.type);
-  char* c = static_cast<char*>(g.c) + i * g.stride_c * element_bytes(g.c_type);
+  const char* a = matrix(g.a, i);
+  const char* b = matrix(g.b, i);
+  char* c = g.c_array ? static_cast<char*>(g.c_array[i])
+                      : static_cast<char*>(g.c) + i * g.stride_c * element_bytes(g.c_type);
   // Stored shapes (column-major): A is m x k, or k x m when transposed; B likewise.
   const int a_rows = g.ta == CblasNoTrans ? g.m : g.k, a_cols = g.ta == CblasNoTrans ? g.k : g.m;
   const int b_rows = g.tb == CblasNoTrans ? g.k : g.n, b_cols = g.tb == CblasNoTrans ? g.n : g.k;
@@ -119,13 +129,15 @@ cublasStatus_t enqueue_gemm(cublasHandle_t handle, cublasOperation_t transa,
                             cublasOperation_t transb, int m, int n, int k, const void* alpha,
                             Operand a, Operand b, const void* beta, void* C, cudaDataType c_type,
                             int ldc, long long stride_c, int batch,
-                            cublasComputeType_t compute) {
+                            cublasComputeType_t compute, void* const* c_array = nullptr) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!known_type(a.type) || !known_type(b.type) || !known_type(c_type) ||
       compute != CUBLAS_COMPUTE_32F)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   // cuBLAS's own checks: sizes, leading dimensions at least the stored rows, real operations.
   const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
+  if ((a.array != nullptr) != (c_array != nullptr) || (b.array != nullptr) != (c_array != nullptr))
+    return CUBLAS_STATUS_INVALID_VALUE;
   if (!valid_op(transa) || !valid_op(transb) || m < 0 || n < 0 || k < 0 || batch < 0 ||
       alpha == nullptr || beta == nullptr || a.ld < std::max(1, a_rows) ||
       b.ld < std::max(1, b_rows) || ldc < std::max(1, m))
@@ -134,7 +146,7 @@ cublasStatus_t enqueue_gemm(cublasHandle_t handle, cublasOperation_t transa,
   const Gemm gemm{transa == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
                   transb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
                   m, n, k, *static_cast<const float*>(alpha), *static_cast<const float*>(beta),
-                  a, b, C, c_type, ldc, stride_c, batch};
+                  a, b, C, c_type, ldc, stride_c, batch, c_array};
   const cudaError_t status = enqueue(handle->stream, [gemm] {
     for (int i = 0; i < gemm.batch; ++i) run_one(gemm, i);
   });
@@ -217,6 +229,21 @@ cublasStatus_t cublasGemmStridedBatchedEx(
   return enqueue_gemm(handle, transa, transb, m, n, k, alpha, {A, Atype, lda, strideA},
                       {B, Btype, ldb, strideB}, beta, C, Ctype, ldc, strideC, batchCount,
                       computeType);
+}
+
+cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                   cublasOperation_t transb, int m, int n, int k,
+                                   const void* alpha, const void* const Aarray[],
+                                   cudaDataType Atype, int lda, const void* const Barray[],
+                                   cudaDataType Btype, int ldb, const void* beta,
+                                   void* const Carray[], cudaDataType Ctype, int ldc,
+                                   int batchCount, cublasComputeType_t computeType,
+                                   cublasGemmAlgo_t) {
+  if (batchCount > 0 && (Aarray == nullptr || Barray == nullptr || Carray == nullptr))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  return enqueue_gemm(handle, transa, transb, m, n, k, alpha, {nullptr, Atype, lda, 0, Aarray},
+                      {nullptr, Btype, ldb, 0, Barray}, beta, nullptr, Ctype, ldc, 0, batchCount,
+                      computeType, Carray);
 }
 
 }  // namespace cublas_api

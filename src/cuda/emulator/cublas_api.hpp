@@ -60,6 +60,16 @@ cublasStatus_t cublasGemmStridedBatchedEx(
     const void* B, cudaDataType Btype, int ldb, long long strideB, const void* beta, void* C,
     cudaDataType Ctype, int ldc, long long strideC, int batchCount,
     cublasComputeType_t computeType, cublasGemmAlgo_t algo);
+// batchCount GEMMs, the i-th on Aarray[i], Barray[i], Carray[i]: arrays of device pointers that
+// the stream reads when it runs the GEMMs (so a kernel before them on the stream may write them).
+cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                   cublasOperation_t transb, int m, int n, int k,
+                                   const void* alpha, const void* const Aarray[],
+                                   cudaDataType Atype, int lda, const void* const Barray[],
+                                   cudaDataType Btype, int ldb, const void* beta,
+                                   void* const Carray[], cudaDataType Ctype, int ldc,
+                                   int batchCount, cublasComputeType_t computeType,
+                                   cublasGemmAlgo_t algo);
 
 }  // namespace cublas_api
 }  // namespace pmoe::emu

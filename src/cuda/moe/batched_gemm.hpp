@@ -1,6 +1,7 @@
-// Row-major f32 GEMMs through cuBLAS for the MoE layers on a device: one matrix, or a batch of
-// equal-sized ones at fixed strides (cublasGemmStridedBatchedEx; on the emulated device the shim
-// in src/cuda/emulator/cublas.cpp). Row-major C = A . B is column-major C^T = B^T . A^T, so
+// Row-major f32 GEMMs through cuBLAS for the MoE layers on a device: a batch of equal-sized ones
+// at fixed strides (cublasGemmStridedBatchedEx), or at addresses in device arrays that a kernel
+// before them wrote (cublasGemmBatchedEx); on the emulated device the shim in
+// src/cuda/emulator/cublas.cpp. Row-major C = A . B is column-major C^T = B^T . A^T, so
 // cuBLAS is called with B first and m, n swapped.
 #pragma once
 
@@ -21,6 +22,20 @@ inline void gemm_batched_row_major(cublasHandle_t handle, int m, int n, int k, c
                                                CUDA_R_32F, ldb, stride_b, A, CUDA_R_32F, lda,
                                                stride_a, &beta, C, CUDA_R_32F, ldc, stride_c, batch,
                                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// For b < batch: *C[b] [m, n] = *A[b] [m, k] . *B[b] [k, n]; A, B and C are device arrays of
+// device pointers, read when the stream runs the GEMMs.
+inline void gemm_arrays_row_major(cublasHandle_t handle, int m, int n, int k,
+                                  const float* const* A, int lda, const float* const* B, int ldb,
+                                  float* const* C, int ldc, int batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  const float alpha = 1.0f, beta = 0.0f;
+  PMOE_CUBLAS_CHECK(cublasGemmBatchedEx(
+      handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, reinterpret_cast<const void* const*>(B),
+      CUDA_R_32F, ldb, reinterpret_cast<const void* const*>(A), CUDA_R_32F, lda, &beta,
+      reinterpret_cast<void* const*>(C), CUDA_R_32F, ldc, batch, CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

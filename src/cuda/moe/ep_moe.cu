@@ -1,5 +1,7 @@
-// EpMoe on a device: route on the rank's stream, AllToAll dispatch, the local experts as batched
-// GEMMs over every received slot, AllToAll combine. Nothing reads the counts on the host.
+// EpMoe on a device: route on the rank's stream, AllToAll dispatch, the local experts as GEMMs
+// over tiles of the received rows (device_experts.hpp), AllToAll combine. Nothing reads the
+// counts on the host, so the tiles are planned for the most rows a rank can receive, R
+// min(k, E_local) a micro-batch: below every slot (E_local R) only where E_local > k.
 //
 // Buffers per rank (C = tokens per micro-batch, R = W * C slots per local expert, wire =
 // max(H, O) as on the CPU):
@@ -57,7 +59,8 @@ class DeviceEpMoe final : public DeviceMoe {
                                            : main_),
         timer_(1 + 5 * micro_batches),  // route; per batch 2 dispatch, experts, 2 combine
         router_(config, max_tokens, comm.device()),
-        experts_(config, comm.rank() * num_local_, num_local_, 0, config.ffn_dim, comm.device()) {
+        experts_(config, comm.rank() * num_local_, num_local_, 0, config.ffn_dim, max_rows(),
+                 comm.device()) {
     // Before the AllToAlls' collective construction: page-locking may wait for the whole device,
     // where a peer past it could already be waiting in its first forward for this rank.
     PMOE_CUDA_CHECK(cudaHostAlloc(&rows_moved_, sizeof(int64_t), cudaHostAllocMapped));
@@ -114,7 +117,7 @@ class DeviceEpMoe final : public DeviceMoe {
     const size_t elem = dtype_size(config_.dtype);
     stats.tokens = m;
     stats.router_flops = router_.flops(m);
-    stats.expert_rows = int64_t(micro_batches_) * num_local_ * slots();  // every slot computed
+    stats.expert_rows = micro_batches_ * experts_.tile_plan(slots(), max_rows()).rows();
     stats.expert_flops = experts_.flops(stats.expert_rows);
 
     // Route, and stage the tokens at the wire width.
@@ -185,9 +188,9 @@ class DeviceEpMoe final : public DeviceMoe {
 
   size_t weight_bytes() const override { return router_.weight_bytes() + experts_.weight_bytes(); }
   size_t workspace_bytes() const override {
-    size_t bytes = router_.workspace_bytes() + x_f32_.nbytes() + x_wire_.nbytes() +
-                   y_wire_.nbytes() + indices_.nbytes() + weights_.nbytes() + counts_.nbytes() +
-                   rows_f32_.nbytes() + hidden_.nbytes() + out_.nbytes();
+    size_t bytes = router_.workspace_bytes() + experts_.workspace_bytes() + x_f32_.nbytes() +
+                   x_wire_.nbytes() + y_wire_.nbytes() + indices_.nbytes() + weights_.nbytes() +
+                   counts_.nbytes() + rows_f32_.nbytes() + hidden_.nbytes() + out_.nbytes();
     for (const Buffer& b : expert_x_) bytes += b.nbytes();
     for (const Buffer& b : expert_y_) bytes += b.nbytes();
     for (const auto& exchange : exchanges_) bytes += exchange->workspace_bytes();
@@ -201,6 +204,9 @@ class DeviceEpMoe final : public DeviceMoe {
   };
 
   int64_t slots() const { return int64_t(world_) * per_batch_; }
+  // The most rows a micro-batch can bring this rank's experts: each of the R tokens that can
+  // arrive goes to at most min(k, E_local) of them.
+  int64_t max_rows() const { return slots() * std::min(config_.top_k, num_local_); }
   int32_t* batch_counts(const Batch& b) const {
     return counts_.data<int32_t>() + b.index * num_local_;
   }
@@ -278,7 +284,7 @@ class DeviceEpMoe final : public DeviceMoe {
     w.row_limits = counts;
     w.group_rows = R;
     launch_widen_rows(w, config_.dtype, experts_stream_);
-    experts_.run(experts_blas_, experts_stream_, int(R), rows_f32_.data<float>(),
+    experts_.run(experts_blas_, experts_stream_, int(R), max_rows(), rows_f32_.data<float>(),
                  hidden_.data<float>(), out_.data<float>(), counts);
     NarrowRows n;
     n.src = out_.data<float>();

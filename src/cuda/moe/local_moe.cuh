@@ -1,15 +1,15 @@
 // SimpleMoe's and TpMoe's computation on a device (the CPU's LocalMoe): route, group the
 // (token, slot) pairs by expert into slots of capacity m (an expert gets each token at most
-// once), gather, both expert GEMMs batched over all E experts, then the gating sum. Everything is
-// enqueued on one stream; the counts stay on the device.
+// once), gather, both expert GEMMs over tiles of the rows in use (device_experts.hpp), then the
+// gating sum. Everything is enqueued on one stream; the counts stay on the device.
 //
 //   x_f32        [max_tokens, H] f32        x widened (bf16 models), else x itself
 //   indices      [max_tokens, k] i32        weights [max_tokens, k] f32
 //   counts       [E] i32                    token_of_row [E, m] i32, row_of_pair [m, k] i32
 //   gathered     [E, m, H] f32              hidden [E, m, g F'] f32, out [E, m, O] f32
 //
-// The batched GEMMs cost E m rows where the CPU computes k m: E / k times the FLOPs of the rows
-// in use (docs/gpu.md), the price of sizes the host never reads.
+// The rows in use are exactly m k, so the tiled GEMMs compute at most m k + E T rows (T <= 128
+// tile rows) where the CPU computes m k; the buffers keep every slot (E m rows).
 #pragma once
 
 #include <chrono>
@@ -30,7 +30,8 @@ class DeviceLocalMoe {
       : config_(config),
         stream_(stream),
         router_(config, max_tokens, device),
-        experts_(config, 0, config.num_experts, ffn_begin, ffn_end, device) {
+        experts_(config, 0, config.num_experts, ffn_begin, ffn_end,
+                 int64_t(max_tokens) * config.top_k, device) {
     const int H = config.feature_dim, E = config.num_experts, k = config.top_k;
     const int O = config.out_dim();
     if (config.dtype != DType::f32) x_f32_ = Buffer(DType::f32, {max_tokens, H}, device);
@@ -60,7 +61,7 @@ class DeviceLocalMoe {
     const int k = config_.top_k, O = config_.out_dim();
     stats.tokens = m;
     stats.router_flops = router_.flops(m);
-    stats.expert_rows = int64_t(E) * m;  // every slot is computed
+    stats.expert_rows = experts_.tile_plan(m, int64_t(m) * k).rows();  // the tiles' rows
     stats.expert_flops = experts_.flops(stats.expert_rows);
     if (m == 0) return;
     timer.begin(&MoeStats::route_s, stream_);
@@ -88,8 +89,8 @@ class DeviceLocalMoe {
     gather.capacity = m;
     gather.H = H;
     launch_gather_rows(gather, stream_);
-    experts_.run(cublas_, stream_, m, gathered_.data<float>(), hidden_.data<float>(),
-                 out_.data<float>(), counts_.data<int32_t>());
+    experts_.run(cublas_, stream_, m, int64_t(m) * k, gathered_.data<float>(),
+                 hidden_.data<float>(), out_.data<float>(), counts_.data<int32_t>());
     timer.end(stream_);
 
     WeightedSum w;
@@ -107,7 +108,8 @@ class DeviceLocalMoe {
 
   size_t weight_bytes() const { return router_.weight_bytes() + experts_.weight_bytes(); }
   size_t workspace_bytes() const {
-    return router_.workspace_bytes() + x_f32_.nbytes() + indices_.nbytes() + weights_.nbytes() +
+    return router_.workspace_bytes() + experts_.workspace_bytes() + x_f32_.nbytes() +
+           indices_.nbytes() + weights_.nbytes() +
            counts_.nbytes() + token_of_row_.nbytes() + row_of_pair_.nbytes() + gathered_.nbytes() +
            hidden_.nbytes() + out_.nbytes();
   }

@@ -124,6 +124,41 @@ __global__ void __launch_bounds__(kBlockThreads) group_pairs_kernel(const GroupP
   }
 }
 
+// Thread 0 numbers the tiles (a prefix sum over the groups); then each thread writes its groups'
+// tiles, and the dead tiles after the live ones. first_tile is the block's own scratch, so plain
+// stores and the barrier publish it (store_to_peer is for what later kernels read).
+__global__ void __launch_bounds__(kBlockThreads) plan_tiles_kernel(const PlanTiles p) {
+  if (threadIdx.x == 0) {
+    int32_t tiles = 0;
+    for (int g = 0; g < p.groups; ++g) {
+      p.first_tile[g] = tiles;
+      tiles += (p.counts[g] + p.tile - 1) / p.tile;
+    }
+    p.first_tile[p.groups] = tiles;
+  }
+  __syncthreads();  // first_tile, written by thread 0, is read by every thread
+  for (int g = int(threadIdx.x); g < p.groups; g += blockDim.x) {
+    const int32_t first = p.first_tile[g], end = min(p.first_tile[g + 1], p.max_tiles);
+    const int32_t last_start = max(p.counts[g], p.tile) - p.tile;
+    for (int32_t t = first; t < end; ++t) {
+      const int64_t row = g * p.group_rows + min((t - first) * p.tile, last_start);
+      store_to_peer(p.x_tiles + t, p.x + row * p.x_ld);
+      store_to_peer(p.w1_tiles + t, p.w1 + g * p.w1_stride);
+      store_to_peer(p.hidden_tiles + t, p.hidden + row * p.hidden_ld);
+      store_to_peer(p.w2_tiles + t, p.w2 + g * p.w2_stride);
+      store_to_peer(p.out_tiles + t, p.out + row * p.out_ld);
+    }
+  }
+  const int32_t live = p.first_tile[p.groups];
+  for (int32_t t = live + int32_t(threadIdx.x); t < p.max_tiles; t += blockDim.x) {
+    store_to_peer(p.x_tiles + t, p.x);
+    store_to_peer(p.w1_tiles + t, p.w1);
+    store_to_peer(p.hidden_tiles + t, p.dead_hidden);
+    store_to_peer(p.w2_tiles + t, p.w2);
+    store_to_peer(p.out_tiles + t, p.dead_out);
+  }
+}
+
 __global__ void __launch_bounds__(kBlockThreads) gather_rows_kernel(const GatherRows g) {
   const int64_t rows = int64_t(g.num_experts) * g.capacity;
   for (int64_t e = first_index(); e < rows * g.H; e += grid_step()) {
@@ -273,6 +308,11 @@ void launch_top_k_softmax(const TopKSoftmax& t, cudaStream_t stream) {
 
 void launch_group_pairs(const GroupPairs& g, cudaStream_t stream) {
   launch(group_pairs_kernel, blocks_for(g.num_experts), stream, g);
+}
+
+void launch_plan_tiles(const PlanTiles& p, cudaStream_t stream) {
+  if (p.max_tiles == 0) return;
+  launch(plan_tiles_kernel, 1, stream, p);
 }
 
 void launch_gather_rows(const GatherRows& g, cudaStream_t stream) {

@@ -79,6 +79,42 @@ struct GroupPairs {
 };
 void launch_group_pairs(const GroupPairs& g, cudaStream_t stream);
 
+// The experts' GEMMs run as batches of equal tiles of `tile` rows (device_experts.hpp), planned
+// on the device from the counts, in one block: group g (an expert; rows g * group_rows + i for
+// i < counts[g]) gets ceil(counts[g] / tile) tiles, in group order. Tile j of a group starts at
+// row min(j tile, max(count, tile) - tile) of it: the last one is moved back to end at the count
+// (overlapping its neighbour, which computes the same rows the same way), and no tile leaves its
+// group (tile <= group_rows). Tiles past the live ones, up to max_tiles, read group 0 and write
+// the dead_* scratch rows, so a batch of max_tiles GEMMs, a size the host knows, does the call.
+// For tile t starting at global row r of group g:
+//   x_tiles[t] = x + r x_ld              w1_tiles[t] = w1 + g w1_stride
+//   hidden_tiles[t] = hidden + r hidden_ld  w2_tiles[t] = w2 + g w2_stride
+//   out_tiles[t] = out + r out_ld
+struct PlanTiles {
+  const int32_t* counts = nullptr;  // [groups], each <= group_rows
+  int groups = 0, tile = 0, max_tiles = 0;
+  int64_t group_rows = 0;
+  int32_t* first_tile = nullptr;  // [groups + 1] scratch: each group's first tile, then the total
+  const float* x = nullptr;
+  int64_t x_ld = 0;
+  const float* w1 = nullptr;
+  int64_t w1_stride = 0;
+  float* hidden = nullptr;
+  int64_t hidden_ld = 0;
+  const float* w2 = nullptr;
+  int64_t w2_stride = 0;
+  float* out = nullptr;
+  int64_t out_ld = 0;
+  float* dead_hidden = nullptr;  // [tile, hidden_ld]
+  float* dead_out = nullptr;     // [tile, out_ld]
+  const float** x_tiles = nullptr;  // each [max_tiles]
+  const float** w1_tiles = nullptr;
+  float** hidden_tiles = nullptr;
+  const float** w2_tiles = nullptr;
+  float** out_tiles = nullptr;
+};
+void launch_plan_tiles(const PlanTiles& p, cudaStream_t stream);
+
 // gathered[e * capacity + i, :] = x[token_of_row[e * capacity + i], :] for i < counts[e] (f32).
 struct GatherRows {
   const float* x = nullptr;  // [m, H]
