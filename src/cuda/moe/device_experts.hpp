@@ -10,7 +10,7 @@
 //   W2      [count, F', O] f32
 //   out     [count, C, O] f32         = act(hidden) . W2 over the same tiles
 //
-// T is the power of two in [16, 128] nearest above the rows an expert has on average (at most
+// T is the least power of two in [16, 128] at or above the rows an expert has on average (at most
 // C), and the batch is min(count ceil(C / T), ceil(max_rows / T) + count) tiles, so a call
 // computes at most max_rows + count T rows, where a batch over every slot computed count C.
 // Tiles past the live ones compute scratch rows. The weights are the CPU Experts' values (f32,
