@@ -96,7 +96,9 @@ TEST_F(GraphCapture, AJoinThroughAnotherBranchCounts) {
   EXPECT_CUDA(cudaStreamWaitEvent(origin_, join_, 0));
   EXPECT_EQ(cudaStreamEndCapture(origin_, &graph), cudaSuccess);
   EXPECT_NE(graph, nullptr);
-  if (graph) EXPECT_CUDA(cudaGraphDestroy(graph));
+  if (graph) {
+    EXPECT_CUDA(cudaGraphDestroy(graph));
+  }
 }
 
 TEST_F(GraphCapture, AForkNotJoinedBackEndsTheCaptureWithAnError) {
@@ -144,7 +146,9 @@ TEST_F(GraphCapture, OnlyTheOriginEndsTheCaptureAndCapturedEventsCannotBeQueried
   EXPECT_EQ(cudaStreamEndCapture(side_, &graph), cudaErrorStreamCaptureUnmatched);
   EXPECT_EQ(graph, nullptr);
   (void)cudaStreamEndCapture(origin_, &graph);  // CUDA may have invalidated the capture
-  if (graph) EXPECT_CUDA(cudaGraphDestroy(graph));
+  if (graph) {
+    EXPECT_CUDA(cudaGraphDestroy(graph));
+  }
 }
 
 }  // namespace
