@@ -19,6 +19,13 @@ Phase parse_phase(const std::string& phase) {
   throw Error("phase must be 'both', 'send' or 'recv', got '" + phase + "'");
 }
 
+// AllToAllConfig::cross_node by its name; pmoe::Error naming both choices otherwise.
+CrossNode parse_cross_node(const std::string& name) {
+  if (name == "direct") return CrossNode::direct;
+  if (name == "hierarchical") return CrossNode::hierarchical;
+  throw Error("AllToAll: cross_node must be 'direct' or 'hierarchical', got '" + name + "'");
+}
+
 }  // namespace
 
 void bind_all_to_all(nb::module_& m) {
@@ -31,7 +38,8 @@ bit-identical run after run. Every call validates its arguments before sending a
           "__init__",
           [](AllToAll* self, Communicator& comm, int max_num_tokens, int num_experts,
              int experts_per_token, int hidden_dim, const std::string& in_dtype, int scale_block,
-             const std::string& out_dtype, bool in_place_buffers) {
+             const std::string& out_dtype, bool in_place_buffers, int ranks_per_node,
+             const std::string& cross_node) {
             AllToAllConfig c;
             c.max_num_tokens = max_num_tokens;
             c.num_experts = num_experts;
@@ -41,15 +49,21 @@ bit-identical run after run. Every call validates its arguments before sending a
             c.scale_block = scale_block;
             c.out_dtype = parse_dtype(out_dtype);
             c.in_place_buffers = in_place_buffers;
+            c.ranks_per_node = ranks_per_node;
+            c.cross_node = parse_cross_node(cross_node);
             nb::gil_scoped_release release;  // collective: peers are constructing too
             new (self) AllToAll(comm, c);
           },
           nb::arg("comm"), nb::kw_only(), nb::arg("max_num_tokens"), nb::arg("num_experts"),
           nb::arg("experts_per_token"), nb::arg("hidden_dim"), nb::arg("in_dtype") = "bf16",
           nb::arg("scale_block") = 0, nb::arg("out_dtype") = "bf16",
-          nb::arg("in_place_buffers") = false, nb::keep_alive<1, 2>(),
+          nb::arg("in_place_buffers") = false, nb::arg("ranks_per_node") = 0,
+          nb::arg("cross_node") = "direct", nb::keep_alive<1, 2>(),
           "Collective over comm. in_dtype: f32, bf16, f16 or f8e4m3 (then scale_block > 0 "
-          "elements per f32 scale); out_dtype: f32, bf16 or f16.")
+          "elements per f32 scale); out_dtype: f32, bf16 or f16. ranks_per_node > 0: ranks "
+          "[n R, (n + 1) R) form node n (0: the communicator's own nodes); cross_node: "
+          "'direct' or 'hierarchical' (CUDA only: one relay block per remote node, "
+          "docs/gpu-all-to-all.md).")
       .def(
           "dispatch",
           [](AllToAll& self, nb::handle x, nb::handle indices, nb::handle expert_num_tokens,

@@ -141,6 +141,9 @@ def test_bad_config_raises_with_message():
     expect_error(lambda comm: small_op(comm, experts_per_token=5),
                  r"experts_per_token must be in \[1, num_experts = 4\], got 5")
     expect_error(lambda comm: small_op(comm, in_dtype="f64"), "unknown dtype 'f64'")
+    expect_error(lambda comm: small_op(comm, cross_node="ring"),
+                 "cross_node must be 'direct' or 'hierarchical', got 'ring'")
+    expect_error(lambda comm: small_op(comm, cross_node="hierarchical"), "ranks_per_node")
 
 
 def test_bad_arrays_raise_with_message():

@@ -34,8 +34,12 @@ def test_cuda_ranks_run_in_every_build():
     assert 0 not in (seen[0][1], seen[1][1]) and seen[0][1] != seen[1][1]  # a stream per rank
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_dispatch_combine_on_device_arrays(world_size):
+@pytest.mark.parametrize("world_size,ranks_per_node,cross_node",
+                         [(1, 0, "direct"), (2, 0, "direct"), (4, 0, "direct"),
+                          (4, 2, "direct"), (4, 2, "hierarchical")])
+def test_dispatch_combine_on_device_arrays(world_size, ranks_per_node, cross_node):
+    """ranks_per_node = 2 splits the 4 ranks into two nodes (remote puts between them, on the
+    emulated device through its proxy), each cross_node mode with its own kernels."""
     max_tokens, num_experts, hidden = 6, 2 * world_size, 64
     top_k = min(3, num_experts)
     inputs = [make_inputs(r, max_tokens - r % 2, num_experts, top_k, hidden, "f32", seed=3)
@@ -46,7 +50,8 @@ def test_dispatch_combine_on_device_arrays(world_size):
         device = comm.device
         a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=num_experts,
                             experts_per_token=top_k, hidden_dim=hidden, in_dtype="f32",
-                            out_dtype="f32")
+                            out_dtype="f32", ranks_per_node=ranks_per_node,
+                            cross_node=cross_node)
         local, rows = a2a.num_local_experts, world_size * max_tokens
         x, indices, weights = (on_device(a, device) for a in inputs[comm.rank])
         m = len(inputs[comm.rank][0])
