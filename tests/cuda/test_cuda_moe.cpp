@@ -386,7 +386,9 @@ TEST(MoeCudaInput, TpRanksWithDifferentTokenCountsAreToldBeforeLaunch) {
 TEST(MoeCudaInput, TpRankWhosePartialNeverLandsIsNamed) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   cpu::set_blas_threads(1);
-  setenv("PMOE_TIMEOUT_S", "1", 1);
+  // 2 s: long enough for the ranks' collective construction under the sanitizers, which this
+  // timeout bounds too.
+  setenv("PMOE_TIMEOUT_S", "2", 1);
   const MoeConfig cfg = make_moe_config(8, 16, 4, 2);
   std::string second;
   std::atomic<bool> first_call_done{false};
@@ -425,7 +427,7 @@ TEST(MoeCudaInput, TpRankWhosePartialNeverLandsIsNamed) {
       Device::cuda(0));
   unsetenv("PMOE_TIMEOUT_S");
   EXPECT_NE(second.find("TpMoe::forward on rank 0 (cuda:0): rank 1 did not deliver its partial "
-                        "output within 1 s"),
+                        "output within 2 s"),
             std::string::npos)
       << second;
   EXPECT_EQ(launched_by_second, 0u) << "a call after the timeout launched a kernel";
