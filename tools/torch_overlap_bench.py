@@ -15,7 +15,8 @@ A [M, K] and B [K, N] (src/reference/overlap_reference.cpp, operand_value), cut 
 
 Device: CUDA tensors on GPU LOCAL_RANK with NCCL where torch.cuda.is_available() (pmoe-bench then
 runs --device cuda under mpirun, one process per GPU, as torchrun places them), else CPU tensors
-with gloo (pmoe-bench --device cpu, thread ranks, as by default). Where the backend lacks one of
+with gloo (pmoe-bench --device cpu: thread ranks, as by default, or with --pmoe-mpirun
+processes). Where the backend lacks one of
 the two collectives, an equivalent runs instead (all_gather of a list + cat; all_to_all_single +
 a sum in rank order), and the output names the op that ran.
 
@@ -261,9 +262,10 @@ def run_pmoe(args, op, W, cuda):
                "--ranks", str(W), "--iters", str(args.iters), "--warmup", str(args.warmup),
                "--seed", str(args.seed), "--device", "cuda" if cuda else "cpu", "--json", out]
         env = dict(os.environ)
-        if cuda:  # one process per GPU, as torchrun places its ranks
+        if cuda or args.pmoe_mpirun:  # processes (on a GPU: one per GPU, as torchrun's ranks)
             cmd = [shutil.which("mpiexec") or "mpiexec", "-n", str(W), "--bind-to", "none"] + cmd
-            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+            env = dict({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                        "OMPI_MCA_rmaps_base_oversubscribe": "1"}, **env)
         print("+ " + " ".join(cmd), flush=True)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode != 0:
@@ -318,9 +320,10 @@ def markdown(doc):
             p = doc["pmoe"][f"{op}/{W}"]
             s, pc = p["summary"], p["config"]
             t = next(r for r in doc["rows"] if r["op"] == op and r["ranks"] == W)
-            how = (f"{pc['runtime']}, {p['machine']['launcher']}, "
-                   f"BLAS threads {pc['blas_threads']}" if pc["device"] == "cpu"
-                   else f"{pc['runtime']}, {p['machine']['launcher']}, copy {pc['copy']}")
+            how = f"{pc['runtime']}, {p['machine']['launcher']}, " + (
+                f"BLAS threads {pc['blas_threads']}, transfers "
+                + ("on a communication thread" if pc["communication_thread"] else "between GEMMs")
+                if pc["device"] == "cpu" else f"copy {pc['copy']}")
             ratio = t["total"]["median_ms"] / s["overlapped_ms"]
             lines.append(f"| {W} | pmoe | {how} | {s['serial_comm_ms']:.3f} | "
                          f"{s['serial_gemm_ms']:.3f} | {s['serial_total_ms']:.3f} | "
@@ -348,6 +351,9 @@ def main():
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: cuda where torch sees a GPU")
     parser.add_argument("--pmoe-bench", help="the binary (default: build/default's)")
+    parser.add_argument("--pmoe-mpirun", action="store_true",
+                        help="run pmoe-bench under mpiexec -n W, processes like torchrun's "
+                             "(always so on a GPU; else its ranks are threads of one process)")
     parser.add_argument("--label", default="", help="a line for the table's header")
     parser.add_argument("--out", help="write OUT.json and OUT.md")
     parser.add_argument("--force-fallback", action="store_true",
