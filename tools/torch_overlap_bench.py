@@ -1,4 +1,4 @@
-"""pmoe-bench ag-gemm / gemm-rs with one more row: the same GEMM written the PyTorch way, under torchrun.
+"""pmoe-bench ag-gemm / gemm-rs with one more row: the PyTorch way of the same op, under torchrun.
 
     python3 tools/torch_overlap_bench.py M N K --dtype float16 --ranks 2,4 --out bench/results/NAME
         for each W: runs `pmoe-bench ag-gemm` and `gemm-rs` at M N K on W ranks, then
@@ -33,6 +33,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -46,6 +47,9 @@ DTYPES = {"f32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16"
           "f16": "float16", "float16": "float16"}
 OPS = ("ag-gemm", "gemm-rs")
 STEPS = ("comm", "gemm", "total")
+# What runs where the backend lacks a collective (or with --force-fallback).
+FALLBACK = {"all_gather": "all_gather into row views",
+            "reduce_scatter": "all_to_all_single + sum in rank order"}
 
 
 # --- pmoe's inputs and error bound, in NumPy -------------------------------------------------
@@ -93,7 +97,8 @@ def worker(args):
     else:
         device = torch.device("cpu")
         torch.set_num_threads(args.threads)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=300),
+                            device_id=device if cuda else None)
     rank, W = dist.get_rank(), dist.get_world_size()
     M, N, K = args.m, args.n, args.k
     dtype = getattr(torch, DTYPES[args.dtype])
@@ -115,22 +120,21 @@ def worker(args):
             dist.all_to_all_single(blocks, full)
             torch.sum(blocks.view(W, M // W, N), dim=0, out=out)
 
-    # Which collectives this backend has: tried once, the same on every rank.
-    ops = {}
+    # Which collectives this backend has: each tried once (the same on every rank); where the
+    # call fails, its fallback runs.
+    ops = dict(FALLBACK)
     probe = torch.zeros(2 * W, 2, dtype=dtype, device=device)
-    for name, want, fallback, call in (
-            ("all_gather", "all_gather_into_tensor", "all_gather into row views",
+    for name, want, call in (
+            ("all_gather", "all_gather_into_tensor",
              lambda: dist.all_gather_into_tensor(probe, probe[:2].clone())),
-            ("reduce_scatter", "reduce_scatter_tensor", "all_to_all_single + sum in rank order",
+            ("reduce_scatter", "reduce_scatter_tensor",
              lambda: dist.reduce_scatter_tensor(probe[:2].clone(), probe))):
         try:
-            call()
-            ops[name] = want
+            if not args.force_fallback:
+                call()
+                ops[name] = want
         except (RuntimeError, NotImplementedError, ValueError):
-            ops[name] = fallback
-    if args.force_fallback:
-        ops = {"all_gather": "all_gather into row views",
-               "reduce_scatter": "all_to_all_single + sum in rank order"}
+            pass  # ops[name] stays the fallback
 
     def sync():
         if cuda:
@@ -299,7 +303,7 @@ def markdown(doc):
     c = doc["config"]
     lines = [f"# pmoe overlap vs the PyTorch way: M={c['m']} N={c['n']} K={c['k']} {c['dtype']}",
              "", f"Command: `{doc['command']}`  ",
-             f"Commit: {doc['commit']}. Machine: {doc['machine']['cpu']}, "
+             f"Commit: {doc['commit']}, {doc['date']}. Machine: {doc['machine']['cpu']}, "
              f"{doc['machine']['cores']} cores, GPU: {doc['machine']['gpu']}. "
              f"torch {doc['torch']}.  ",
              f"Load before: {doc['load_before']}; after: {doc['load_after']}.", ""]
@@ -373,7 +377,8 @@ def main():
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     cuda = args.device == "cuda"
-    args.pmoe_bench = args.pmoe_bench or os.path.join(root, "build/default/tools/pmoe-bench/pmoe-bench")
+    args.pmoe_bench = args.pmoe_bench or os.path.join(root,
+                                                      "build/default/tools/pmoe-bench/pmoe-bench")
     ranks = [int(w) for w in args.ranks.split(",")]
     if cuda and max(ranks) > torch.cuda.device_count():
         sys.exit(f"--ranks {args.ranks}: NCCL needs a GPU per rank, torch sees "
@@ -387,7 +392,8 @@ def main():
         rows += run_torch(args, W, threads)
     commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    doc = {"command": "python3 " + " ".join(sys.argv), "commit": commit,
+    doc = {"command": "python3 " + shlex.join(sys.argv), "commit": commit,
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "machine": machine(cuda), "torch": torch.__version__, "label": args.label,
            "load_before": load_before,
            "load_after": " ".join(f"{v:.2f}" for v in os.getloadavg()),
