@@ -17,15 +17,15 @@ Device: CUDA tensors on GPU LOCAL_RANK with NCCL where torch.cuda.is_available()
 runs --device cuda under mpirun, one process per GPU, as torchrun places them), else CPU tensors
 with gloo (pmoe-bench --device cpu: thread ranks, as by default, or with --pmoe-mpirun
 processes). Where the backend lacks one of
-the two collectives, an equivalent runs instead (all_gather of a list + cat; all_to_all_single +
-a sum in rank order), and the output names the op that ran.
+the two collectives, an equivalent runs instead (all_gather into row views of A;
+all_to_all_single + a sum in rank order), and the output names the op that ran.
 
-Protocol, the one pmoe-bench uses: before timing, every rank's C_r is compared with a float64
-reference computed on the CPU from the operands as stored, within pmoe's own error bound (f32
-accumulation over K, one rounding per value stored or sent in the dtype); a wrong answer on any
-rank exits non-zero. Then warm-ups, and per iteration each step (collective alone, GEMM alone,
-the two back to back) after a barrier (and, on a GPU, a device synchronize), timed with CUDA
-events or perf_counter; an iteration's time is the slowest rank's (all-reduce MAX); medians
+Protocol, the one pmoe-bench uses: before and after timing, every rank's whole C_r is compared
+with a float64 reference (on the rank's device) from the operands as stored, within pmoe's own
+error bound (f32 accumulation over K, one rounding per value stored or sent in the dtype); a
+wrong answer on any rank exits non-zero. Then warm-ups, and per iteration each step (collective
+alone, GEMM alone, the two back to back) after a barrier (and, on a GPU, a device synchronize),
+timed with CUDA events or perf_counter; an iteration's time is the slowest rank's (all-reduce MAX); medians
 reported. On the CPU, torch gets as many threads per rank as pmoe's BLAS.
 """
 import argparse
@@ -179,8 +179,8 @@ def worker(args):
                 state["C"] = torch.matmul(state["A"], B_r)
 
             # Reference: the gathered A (every rank's rows, in rank order) times B_r.
-            a = stored(0, range(M), range(K)).double()
-            b = B_r.cpu().double()
+            a = stored(0, range(M), range(K)).to(device).double()
+            b = B_r.double()
             want = a @ b
             bound = tolerance(DTYPES[args.dtype], K, a.abs() @ b.abs(), want.abs())
         else:
@@ -197,8 +197,8 @@ def worker(args):
                 reduce_scatter(state["C"], state["P"])
 
             # Reference: block `rank`'s rows of sum over s of A_s . B_s.
-            a = stored(0, range(rank * M // W, (rank + 1) * M // W), range(K)).double()
-            b = stored(1, range(K), range(N)).double()
+            a = stored(0, range(rank * M // W, (rank + 1) * M // W), range(K)).to(device).double()
+            b = stored(1, range(K), range(N)).to(device).double()
             partials = [a[:, s * K // W:(s + 1) * K // W] @ b[s * K // W:(s + 1) * K // W]
                         for s in range(W)]
             want = sum(partials)
@@ -210,19 +210,21 @@ def worker(args):
             first()
             second()
 
-        total()
-        sync()
-        error = (state["C"].cpu().double() - want).abs()
-        bad = torch.tensor([int((~(error <= bound)).sum())], device=device)  # NaN counts as bad
-        worst = float((error - bound).max())
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        if int(bad):
-            dist.destroy_process_group()
-            raise SystemExit(f"torch {op}: rank {rank}: the check failed (the worst rank: "
-                             f"{int(bad)} elements off; here the largest excess over the bound "
-                             f"is {worst:.3g})")
+        def check(when):
+            total()
+            error = (state["C"].double() - want).abs()
+            bad = (~(error <= bound)).sum().reshape(1)  # NaN counts as bad
+            worst = float((error - bound).max())
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+            if int(bad):
+                dist.destroy_process_group()
+                raise SystemExit(f"torch {op}: rank {rank}: the check {when} failed (the worst "
+                                 f"rank: {int(bad)} elements off; here the largest excess over "
+                                 f"the bound is {worst:.3g})")
 
+        check("before timing")
         times = timed([comm, gemm, total])
+        check("after timing")
         row = {"impl": "pytorch", "op": op, "ranks": W, "device": args.device,
                "backend": dist.get_backend(),
                "collective": ops["all_gather" if op == "ag-gemm" else "reduce_scatter"],
