@@ -25,8 +25,8 @@ with a float64 reference (on the rank's device) from the operands as stored, wit
 error bound (f32 accumulation over K, one rounding per value stored or sent in the dtype); a
 wrong answer on any rank exits non-zero. Then warm-ups, and per iteration each step (collective
 alone, GEMM alone, the two back to back) after a barrier (and, on a GPU, a device synchronize),
-timed with CUDA events or perf_counter; an iteration's time is the slowest rank's (all-reduce MAX); medians
-reported. On the CPU, torch gets as many threads per rank as pmoe's BLAS.
+timed with CUDA events or perf_counter; an iteration's time is the slowest rank's (all-reduce
+MAX); medians reported. On the CPU, torch gets as many threads per rank as pmoe's BLAS.
 """
 import argparse
 import datetime
