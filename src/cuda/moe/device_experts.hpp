@@ -34,9 +34,9 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 class DeviceExperts {
  public:
   // Experts [first, first + count), hidden columns [ffn_begin, ffn_end), on `device`, for calls
-  // with up to max_max_rows rows in use.
+  // with up to rows_bound rows in use.
   DeviceExperts(const MoeConfig& config, int first, int count, int ffn_begin, int ffn_end,
-                int64_t max_max_rows, Device device)
+                int64_t rows_bound, Device device)
       : config_(config), count_(count), width_(ffn_end - ffn_begin), halves_(config.w1_halves()) {
     const int H = config.feature_dim, O = config.out_dim(), ld1 = halves_ * width_;
     std::vector<float> w1(size_t(count) * H * ld1), w2(size_t(count) * width_ * O);
@@ -53,9 +53,9 @@ class DeviceExperts {
     w2_ = Buffer(DType::f32, {count, width_, O}, device);
     copy(w1_, Tensor(w1.data(), DType::f32, {count, H, ld1}));
     copy(w2_, Tensor(w2.data(), DType::f32, {count, width_, O}));
-    // Whatever C and max_rows a call brings (max_rows <= max_max_rows), its batch is at most this
+    // Whatever C and max_rows a call brings (max_rows <= rows_bound), its batch is at most this
     // (tile_plan: T < 128 only where max_rows / count <= T or T = C).
-    max_tiles_ = 2 * int64_t(count) + (max_max_rows + kMaxTile - 1) / kMaxTile;
+    max_tiles_ = 2 * int64_t(count) + (rows_bound + kMaxTile - 1) / kMaxTile;
     first_tile_ = Buffer(DType::i32, {count + 1}, device);
     tile_pointers_ = Buffer(DType::i64, {5, max_tiles_}, device);
     dead_hidden_ = Buffer(DType::f32, {kMaxTile, ld1}, device);
