@@ -14,8 +14,10 @@ debian_packages=(
   libboost-context-dev  # fibers: the threads of a block on the emulated CUDA device
   clang libclang-rt-14-dev  # make fuzz: libFuzzer and the sanitizer runtimes for Clang
 )
-# The Python module, its tests, --plot; torch for pmoe.torch and its torchrun tests (PyPI's wheel).
-python_packages=(numpy pytest nanobind matplotlib torch)
+# The Python module, its tests, --plot; torch for pmoe.torch and its torchrun tests (PyPI's wheel);
+# transformers (5.23 brought the expert-parallel registry pmoe.transformers extends) and
+# accelerate (transformers' distributed loading needs it) for the integration's tests.
+python_packages=(numpy pytest nanobind matplotlib torch "transformers>=5.23.0" "accelerate>=1.0")
 
 missing=()
 for pkg in "${debian_packages[@]}"; do
@@ -32,7 +34,16 @@ fi
 if ((${#python_packages[@]})); then
   missing=()
   for pkg in "${python_packages[@]}"; do
-    python3 -m pip show -q "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    python3 - "$pkg" <<'PY' || missing+=("$pkg")
+import re, sys
+from importlib.metadata import PackageNotFoundError, version
+name, _, minimum = sys.argv[1].partition(">=")
+numbers = lambda text: tuple(int(n) for n in re.findall(r"\d+", text)[:3])
+try:
+    sys.exit(0 if numbers(version(name)) >= numbers(minimum) else 1)
+except PackageNotFoundError:
+    sys.exit(1)
+PY
   done
   if ((${#missing[@]})); then
     echo "setup: installing Python packages: ${missing[*]}"
