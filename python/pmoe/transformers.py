@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from . import _pmoe
 from .torch import AllToAll, combine, communicator, dispatch
+from .torch._autograd import arrived_rows
 
 #: The first transformers with EPImplementationInterface, the registry this module extends.
 MIN_TRANSFORMERS_VERSION = "5.23.0"
@@ -195,7 +196,7 @@ class PmoeEP(EPImplementation):
                                           hidden_states.shape[-1], hidden_states.dtype)
         a2a = self.exchange.fit(hidden_states.shape[0])
         indices = top_k_index.detach()
-        expert_x, counts = dispatch(a2a, hidden_states.contiguous(), indices)
+        expert_x, counts = dispatch(a2a, hidden_states.contiguous(), indices, zero_padding=False)
         expert_y = self._run_experts(expert_x, counts)
         y = combine(a2a, expert_y, indices, top_k_weights)
         if self.tp_mesh.size() > 1:
@@ -206,8 +207,8 @@ class PmoeEP(EPImplementation):
         """This rank's experts on the rows that arrived: packed, run top-1 with unit weights (the
         routing weights are combine's), and put back in the rows they came from."""
         local, rows = expert_x.shape[0], expert_x.shape[1]
-        arrived = torch.arange(rows).unsqueeze(0) < counts.unsqueeze(1)   # [E_local, rows]
-        packed = expert_x[arrived]
+        live = arrived_rows(counts, rows)
+        packed = _ArrivedRows.apply(expert_x, live)
         ids = torch.repeat_interleave(torch.arange(local), counts.long()).unsqueeze(1)
         if packed.shape[0] == 0:
             # Run the experts on one zero row all the same, so that their parameters stay in the
@@ -216,8 +217,43 @@ class PmoeEP(EPImplementation):
                                        packed.new_ones(1, 1))[:0]
         else:
             out = self.experts_forward(packed, ids, packed.new_ones(packed.shape[0], 1))
-        expert_y = expert_x.new_zeros(local, rows, out.shape[-1], dtype=expert_x.dtype)
-        return expert_y.index_put((arrived,), out.to(expert_x.dtype))
+        return _IntoRows.apply(out.to(expert_x.dtype), live, local, rows)
+
+
+class _ArrivedRows(torch.autograd.Function):
+    """expert rows [E_local, rows, H] -> the rows that arrived, packed [n, H]. The gradient's
+    padding is left unwritten: dispatch's backward (a combine) reads only the rows that arrived."""
+
+    @staticmethod
+    def forward(ctx, expert_x, live):
+        ctx.save_for_backward(live)
+        ctx.shape = expert_x.shape
+        return expert_x.view(-1, expert_x.shape[-1]).index_select(0, live)
+
+    @staticmethod
+    def backward(ctx, grad_packed):
+        live, = ctx.saved_tensors
+        grad = grad_packed.new_empty(ctx.shape)
+        grad.view(-1, ctx.shape[-1]).index_copy_(0, live, grad_packed)
+        return grad, None
+
+
+class _IntoRows(torch.autograd.Function):
+    """The packed rows [n, H] back into [E_local, rows, H], the padding unwritten: combine reads
+    only the rows that arrived."""
+
+    @staticmethod
+    def forward(ctx, packed, live, local, rows):
+        ctx.save_for_backward(live)
+        expert_y = packed.new_empty(local * rows, packed.shape[-1])
+        expert_y.index_copy_(0, live, packed)
+        return expert_y.view(local, rows, packed.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_expert_y):
+        live, = ctx.saved_tensors
+        return grad_expert_y.reshape(-1, grad_expert_y.shape[-1]).index_select(0, live), \
+            None, None, None
 
 
 EPImplementationInterface.register(NAME, PmoeEP)

@@ -62,11 +62,14 @@ class _Op:
         self.op.combine(torch.zeros(self.local, self.rows, self.hidden, dtype=self._torch_dtype()),
                         idx, torch.zeros(idx.shape, dtype=torch.float32), y)
 
-    def dispatch(self, x, indices):
+    def dispatch(self, x, indices, zero_padding=True):
+        """(expert_x, counts); rows past an expert's count are zero, or, without zero_padding,
+        whatever the memory held (no pass over the whole padded buffer)."""
         if self.pending is not None:
             self._settle()
         counts = torch.zeros(self.local, dtype=torch.int32)
-        expert_x = torch.zeros(self.local, self.rows, self.hidden, dtype=x.dtype)
+        make = torch.zeros if zero_padding else torch.empty
+        expert_x = make(self.local, self.rows, self.hidden, dtype=x.dtype)
         self.op.dispatch(x, indices, counts, expert_x)
         self.pending = indices
         return expert_x, counts
@@ -173,8 +176,8 @@ class AllToAll:
 
 class _Dispatch(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, indices, a2a):
-        expert_x, counts = a2a._forward.dispatch(x.detach(), indices)
+    def forward(ctx, x, indices, a2a, zero_padding):
+        expert_x, counts = a2a._forward.dispatch(x.detach(), indices, zero_padding)
         ctx.a2a, ctx.indices, ctx.m = a2a, indices, x.shape[0]
         ctx.mark_non_differentiable(counts)
         return expert_x, counts
@@ -185,7 +188,7 @@ class _Dispatch(torch.autograd.Function):
         grad = grad_expert_x.to(a2a.dtype).contiguous()
         ones = torch.ones(ctx.indices.shape, dtype=torch.float32)
         grad_x = a2a._backward.combine(grad, ctx.indices, ones)
-        return grad_x, None, None
+        return grad_x, None, None, None
 
 
 class _Combine(torch.autograd.Function):
@@ -201,26 +204,41 @@ class _Combine(torch.autograd.Function):
     def backward(ctx, grad_y):
         a2a, indices = ctx.a2a, ctx.indices
         expert_y, weights = ctx.saved_tensors
-        k, local = a2a.top_k, a2a.num_local_experts
-        grad_rows, counts = a2a._backward.dispatch(grad_y.to(a2a.dtype).contiguous(), indices)
+        k, local, hidden = a2a.top_k, a2a.num_local_experts, a2a.hidden_dim
+        grad_rows, counts = a2a._backward.dispatch(grad_y.to(a2a.dtype).contiguous(), indices,
+                                                   zero_padding=False)
         # Which slot of its token each row serves, and that slot's weight.
         slot_info = torch.cat([weights.detach().float(), indices.float()], dim=1).contiguous()
-        info_rows, _ = a2a._slots.dispatch(slot_info, indices)
+        info_rows, _ = a2a._slots.dispatch(slot_info, indices, zero_padding=False)
         rows = info_rows.shape[1]
-        expert_ids = torch.arange(a2a.first_expert, a2a.first_expert + local).view(local, 1, 1)
-        valid = (torch.arange(rows).view(1, rows) < counts.view(local, 1)).unsqueeze(-1)
-        is_slot = (info_rows[:, :, k:] == expert_ids) & valid  # [E_local, rows, k]
-        row_weight = (info_rows[:, :, :k] * is_slot).sum(-1, keepdim=True)
-        grad_expert_y = (grad_rows.float() * row_weight).to(expert_y.dtype)
-        # <grad_y[t], expert_y[row]> in the row's slot column; zero elsewhere and in the padding.
-        dots = (grad_rows.float() * expert_y.detach().float()).sum(-1, keepdim=True)
-        back = torch.cat([is_slot * dots, torch.zeros_like(info_rows[:, :, k:])], dim=2)
+        # Only the rows that arrived are read: the padding is never computed on.
+        live = arrived_rows(counts, rows)
+        grads = grad_rows.view(-1, hidden).index_select(0, live).float()
+        info = info_rows.view(-1, 2 * k).index_select(0, live)
+        expert_of_row = (live // rows + a2a.first_expert).unsqueeze(1).float()
+        is_slot = info[:, k:] == expert_of_row  # [rows that arrived, k]
+        row_weight = (info[:, :k] * is_slot).sum(-1, keepdim=True)
+        grad_expert_y = torch.zeros(local * rows, hidden, dtype=expert_y.dtype)
+        grad_expert_y.index_copy_(0, live, (grads * row_weight).to(expert_y.dtype))
+        # <grad_y[t], expert_y[row]> in the row's slot column; zero in the others. Combine reads
+        # only the rows that arrived, so the padding of `back` is left as it is.
+        dots = (grads * expert_y.detach().reshape(-1, hidden).index_select(0, live).float())
+        back = torch.empty(local * rows, 2 * k)
+        back.index_copy_(0, live, torch.cat([is_slot * dots.sum(-1, keepdim=True),
+                                             torch.zeros_like(info[:, k:])], dim=1))
         ones = torch.ones(indices.shape, dtype=torch.float32)
-        grad_w = a2a._slots.combine(back.contiguous(), indices, ones)[:, :k]
-        return grad_expert_y, grad_w.to(ctx.weights_dtype), None, None
+        grad_w = a2a._slots.combine(back.view(local, rows, 2 * k), indices, ones)[:, :k]
+        return grad_expert_y.view(local, rows, hidden), grad_w.to(ctx.weights_dtype), None, None
 
 
-def dispatch(a2a, x, indices):
+def arrived_rows(counts, rows):
+    """The flat indices, into an [E_local * rows] view of dispatch's expert rows, of the rows
+    that hold tokens: rows [0, counts[e]) of each local expert e, in that order."""
+    arrived = torch.arange(rows).unsqueeze(0) < counts.unsqueeze(1)
+    return arrived.view(-1).nonzero().squeeze(1)
+
+
+def dispatch(a2a, x, indices, *, zero_padding=True):
     """Sends each token of x to its experts; differentiable in x.
 
     a2a      pmoe.torch.AllToAll
@@ -229,10 +247,12 @@ def dispatch(a2a, x, indices):
              twice in a row
     returns  (expert_x [E_local, W * max_num_tokens, H], expert_num_tokens [E_local] int32):
              rows of local expert e are expert_x[e, :expert_num_tokens[e]], ordered by (source
-             rank, source token); the rest are zero. Raises pmoe.Error on bad input.
+             rank, source token); the rest are zero, or, with zero_padding=False, left as the
+             memory was (for callers that read only the rows that arrived, as combine does;
+             it saves a pass over the whole padded buffer). Raises pmoe.Error on bad input.
     """
     a2a.check_tokens("x", x, a2a.hidden_dim, a2a.dtype)
-    return _Dispatch.apply(x, a2a.routing(indices, x.shape[0]), a2a)
+    return _Dispatch.apply(x, a2a.routing(indices, x.shape[0]), a2a, zero_padding)
 
 
 def combine(a2a, expert_y, indices, weights):

@@ -1,0 +1,303 @@
+"""pmoe against transformers' own "all_to_all" as the expert-parallel implementation of a
+transformers MoE model, under torchrun, on the same model, ranks and tokens.
+
+    python3 tools/transformers_ep_bench.py --ranks 2,4 --tokens 64,256,1024 --out bench/results/NAME
+        launches `torchrun --standalone --nproc-per-node W` for each W; writes NAME.json, NAME.md
+
+Three measurements per model, W and tokens per rank m, each for ep_implementation "pmoe" and
+"all_to_all", forward and backward:
+- exchange: the implementation alone, with experts that return their rows (no expert compute):
+  dispatch + combine, and their backward;
+- block: one MoE block of the model (router, experts split over the ranks, shared experts where
+  the family has them), built from its config, with the model's own EP plan applied;
+- step: a training step of the whole model (from_pretrained with DistributedConfig(fsdp_size=W,
+  ep_size=W, ep_implementation=...)): forward, backward, AdamW step.
+Every rank holds its own m tokens. Before timing, each measurement is checked: the exchange
+against the closed form (y = x * sum of the weights, and its gradients), the block and the
+first step's loss between the two implementations; a wrong answer exits non-zero.
+
+Protocol: a barrier before every timed iteration, the iteration's time being the slowest rank's
+(an all-reduce MAX at the end), warm-ups first. The models are small random ones (hf_models.py):
+a Mixtral-like (8 experts, top-2) and a DeepSeek-like (32 experts, top-8, a shared expert),
+hidden 512, two layers.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "python", "tests"))
+sys.path.insert(0, HERE)
+
+MODELS = {
+    "mixtral-like": dict(model_type="mixtral", hidden=512, num_experts=8, top_k=2, layers=2,
+                         vocab=1024),
+    "deepseek-like": dict(model_type="deepseek_v3", hidden=512, num_experts=32, top_k=8,
+                          layers=2, vocab=1024),
+}
+IMPLEMENTATIONS = ("pmoe", "all_to_all")
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+    import transformers
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM
+    from transformers.distributed.configuration_utils import DistributedConfig
+    from transformers.distributed.expert_parallel import (EPImplementationInterface,
+                                                          apply_expert_parallelism)
+
+    import pmoe.transformers  # noqa: F401  registers "pmoe"
+    from hf_models import save_tiny, tiny_config
+
+    torch.set_num_threads(1)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("ep", "tp"))
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    rows = []
+
+    def timed(fn):
+        times = []
+        for i in range(args.warmup + args.iters):
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            if i >= args.warmup:
+                times.append(time.perf_counter() - start)
+        slowest = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        return [t * 1e6 for t in slowest.tolist()]
+
+    def record(model, what, impl, m, times):
+        rows.append({"model": model, "what": what, "impl": impl, "ep": world, "tokens": m,
+                     "mean_us": statistics.mean(times), "std_us": statistics.pstdev(times),
+                     "median_us": statistics.median(times), "min_us": min(times)})
+
+    def check(name, got, want):
+        got, want = got.detach().float(), want.detach().float()
+        scale = max(want.abs().max().item(), 1e-6)
+        err = (got - want).abs().max().item()
+        if not err <= tol * scale:
+            raise SystemExit(f"rank {rank}: {name}: max error {err:.3g} > {tol} * {scale:.3g}")
+
+    class RowsBack(torch.nn.Module):
+        """Experts that return their rows, times their (unit) weights: no compute."""
+
+        def __init__(self, local):
+            super().__init__()
+            self.num_experts = local
+
+        def forward(self, rows, ids, weights):
+            return rows * weights.to(rows.dtype)
+
+    for name, spec in MODELS.items():
+        if name not in args.models:
+            continue
+        config = tiny_config(**spec)
+        hidden, experts, top_k = spec["hidden"], spec["num_experts"], spec["top_k"]
+        tmp = tempfile.mkdtemp(prefix="pmoe-bench-") if rank == 0 else None
+        path = [os.path.join(tmp, name) if rank == 0 else None]
+        if rank == 0:
+            save_tiny(path[0], spec["model_type"], seed=0,
+                      **{k: v for k, v in spec.items() if k != "model_type"})
+        dist.broadcast_object_list(path, src=0)
+        for m in args.tokens:
+            gen = torch.Generator().manual_seed(100 * rank + m)
+            x = torch.randn(m, hidden, generator=gen).to(dtype)
+            idx = torch.rand(m, experts, generator=gen).topk(top_k, dim=-1).indices
+            w = torch.rand(m, top_k, generator=gen)
+            w = w / w.sum(-1, keepdim=True)
+            grad_y = torch.randn(m, hidden, generator=gen).to(dtype)
+            ids = torch.randint(0, spec["vocab"], (1, m), generator=gen)
+
+            # The exchange alone.
+            for impl in IMPLEMENTATIONS:
+                ep = EPImplementationInterface()[impl](RowsBack(experts // world), mesh["ep"],
+                                                       mesh["tp"])
+                xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+
+                def exchange():
+                    xg.grad = wg.grad = None
+                    y = ep(xg, idx, wg)
+                    y.backward(grad_y)
+                    return y
+
+                y = exchange()
+                total = w.sum(-1, keepdim=True)
+                check(f"{name} {impl} exchange y", y, x.float() * total)
+                check(f"{name} {impl} exchange grad x", xg.grad, grad_y.float() * total)
+                check(f"{name} {impl} exchange grad w", wg.grad,
+                      (grad_y.float() @ x.float().t()).diagonal().unsqueeze(1).expand(m, top_k))
+                record(name, "exchange", impl, m, timed(exchange))
+
+            # One MoE block, with the model's EP plan.
+            plan = {key.split("mlp.", 1)[1]: style
+                    for key, style in config.base_model_ep_plan.items() if ".mlp." in key}
+            outputs = {}
+            for impl in IMPLEMENTATIONS:
+                torch.manual_seed(0)  # the same block on every rank and for both
+                block = AutoModelForCausalLM.from_config(config, dtype=dtype).model.layers[0].mlp
+                apply_expert_parallelism(block, mesh["ep"], mesh["tp"], plan,
+                                         ep_implementation=impl)
+                xb = x.unsqueeze(0).clone().requires_grad_()
+
+                def run_block():
+                    xb.grad = None
+                    for p in block.parameters():
+                        p.grad = None
+                    out = block(xb)
+                    out = out[0] if isinstance(out, tuple) else out
+                    out.backward(grad_y.unsqueeze(0))
+                    return out
+
+                outputs[impl] = (run_block().detach(), xb.grad.clone())
+                record(name, "block", impl, m, timed(run_block))
+            check(f"{name} block output, pmoe vs all_to_all", outputs["pmoe"][0],
+                  outputs["all_to_all"][0])
+            check(f"{name} block grad x, pmoe vs all_to_all", outputs["pmoe"][1],
+                  outputs["all_to_all"][1])
+
+            # A training step of the whole model.
+            losses = {}
+            for impl in IMPLEMENTATIONS:
+                model = AutoModelForCausalLM.from_pretrained(
+                    path[0], dtype=dtype, distributed_config=DistributedConfig(
+                        fsdp_size=world, ep_size=world, ep_implementation=impl))
+                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+                def step():
+                    logits = model(ids).logits
+                    loss = torch.nn.functional.cross_entropy(logits[0].float(),
+                                                             torch.roll(ids[0], -1))
+                    loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    return loss.detach()
+
+                losses[impl] = step()
+                record(name, "step", impl, m, timed(step))
+                del model, optimizer
+            check(f"{name} first step's loss, pmoe vs all_to_all", losses["pmoe"],
+                  losses["all_to_all"])
+            if rank == 0:
+                print(f"{name} W={world} m={m}: checked and timed", flush=True)
+        dist.barrier()
+        if rank == 0:
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
+    if rank == 0:
+        with open(args.worker_out, "w") as f:
+            json.dump(rows, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def markdown(doc):
+    config = doc["config"]
+    lines = [f"# pmoe vs transformers' all_to_all as a transformers model's EP implementation "
+             f"({config['dtype']})", "",
+             f"Command: `{doc['command']}`  ",
+             f"Commit: {doc['commit']}. Machine: {doc['machine']['cpu']}, "
+             f"{doc['machine']['cores']} cores. torch {doc['torch']}, transformers "
+             f"{doc['transformers']}.  ",
+             f"Load before: {doc['load_before']}; after: {doc['load_after']}.", "",
+             f"{config['iters']} timed iterations after {config['warmup']} warm-ups; a barrier "
+             "before each; an iteration's time is the slowest rank's; mean ± std in ms, forward "
+             "and backward. Ranks are processes of one machine (pmoe: POSIX shared memory; "
+             "all_to_all: gloo). ratio = all_to_all / pmoe (above 1: pmoe is faster). share = "
+             "the exchange's time times the layers, over the step's.", ""]
+    table = {(r["model"], r["what"], r["impl"], r["ep"], r["tokens"]): r for r in doc["rows"]}
+    for model in [m for m in MODELS if any(r["model"] == m for r in doc["rows"])]:
+        layers = MODELS[model]["layers"]
+        for ep in sorted({r["ep"] for r in doc["rows"] if r["model"] == model}):
+            lines += [f"## {model}, {ep} ranks", "",
+                      "| tokens per rank | exchange pmoe | exchange all_to_all | ratio | "
+                      "block pmoe | block all_to_all | ratio | step pmoe | step all_to_all | "
+                      "ratio | share pmoe | share all_to_all |",
+                      "|---:|" + "---:|" * 11]
+            for m in sorted({r["tokens"] for r in doc["rows"] if r["model"] == model}):
+                cells = []
+                for what in ("exchange", "block", "step"):
+                    a = table.get((model, what, "pmoe", ep, m))
+                    b = table.get((model, what, "all_to_all", ep, m))
+                    for c in (a, b):
+                        cells.append(f"{c['mean_us'] / 1e3:.2f} ± {c['std_us'] / 1e3:.2f}"
+                                     if c else "")
+                    cells.append(f"{b['mean_us'] / a['mean_us']:.2f}" if a and b else "")
+                for impl in IMPLEMENTATIONS:
+                    ex = table.get((model, "exchange", impl, ep, m))
+                    st = table.get((model, "step", impl, ep, m))
+                    cells.append(f"{100 * layers * ex['mean_us'] / st['mean_us']:.0f}%"
+                                 if ex and st else "")
+                lines.append(f"| {m} | " + " | ".join(cells) + " |")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("--tokens", default="64,256,1024")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--dtype", default="f32", choices=("f32", "bf16"))
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--out", help="write OUT.json and OUT.md")
+    parser.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.tokens = [int(t) for t in args.tokens.split(",")]
+    args.models = args.models.split(",")
+    unknown = set(args.models) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown model(s) {sorted(unknown)}; known: {', '.join(MODELS)}")
+    if args.worker_out:
+        return worker(args)
+
+    import torch
+    import transformers
+    from torch_ata_bench import machine
+    load_before = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    rows = []
+    for w in [int(r) for r in args.ranks.split(",")]:
+        part = f"/tmp/transformers_ep_bench.{os.getpid()}.{w}.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={w}", os.path.abspath(__file__), "--worker-out", part,
+               "--tokens", ",".join(map(str, args.tokens)), "--models", ",".join(args.models),
+               "--dtype", args.dtype, "--warmup", str(args.warmup), "--iters", str(args.iters)]
+        subprocess.run(cmd, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        with open(part) as f:
+            rows += json.load(f)
+        os.remove(part)
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    doc = {"command": "python3 " + " ".join(sys.argv), "commit": commit, "machine": machine(),
+           "torch": torch.__version__, "transformers": transformers.__version__,
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "load_before": load_before,
+           "load_after": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+           "config": {"models": {m: MODELS[m] for m in args.models}, "dtype": args.dtype,
+                      "warmup": args.warmup, "iters": args.iters},
+           "rows": rows}
+    text = markdown(doc)
+    print(text)
+    if args.out:
+        with open(args.out + ".json", "w") as f:
+            json.dump(doc, f, indent=1)
+        with open(args.out + ".md", "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
