@@ -177,10 +177,15 @@ class PmoeEP(EPImplementation):
 
     def __init__(self, experts, ep_mesh, tp_mesh):
         super().__init__(experts, ep_mesh, tp_mesh)
-        self.comm = _communicator_for(ep_mesh)
-        self.group = ep_mesh.get_group()
+        _communicator_for(ep_mesh)  # made now, collectively, while every rank builds its layers
+        self.ep_mesh = ep_mesh
         self.num_experts = self.num_local_experts * ep_mesh.size()
-        self.exchange = None
+
+    def _exchange(self, top_k, hidden_dim, dtype):
+        # Looked up per call rather than held, so that the module's exit hook, not the model's
+        # lifetime, decides when pmoe's objects go.
+        return _exchange_for(_communicator_for(self.ep_mesh), self.ep_mesh.get_group(),
+                             self.num_experts, top_k, hidden_dim, dtype)
 
     def __call__(self, hidden_states, top_k_index, top_k_weights):
         num_tokens = hidden_states.shape[0]
@@ -190,15 +195,13 @@ class PmoeEP(EPImplementation):
         if hidden_states.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise _pmoe.Error(f"pmoe.transformers: hidden states of {hidden_states.dtype}; pmoe "
                               f"exchanges float32, bfloat16 and float16 (load the model in one)")
-        top_k = top_k_index.shape[-1]
-        if self.exchange is None or self.exchange.shape["dtype"] != hidden_states.dtype:
-            self.exchange = _exchange_for(self.comm, self.group, self.num_experts, top_k,
-                                          hidden_states.shape[-1], hidden_states.dtype)
-        a2a = self.exchange.fit(hidden_states.shape[0])
+        exchange = self._exchange(top_k_index.shape[-1], hidden_states.shape[-1],
+                                  hidden_states.dtype)
+        a2a = exchange.fit(hidden_states.shape[0])
         indices = top_k_index.detach()
         expert_x, counts = dispatch(a2a, hidden_states.contiguous(), indices, zero_padding=False)
         expert_y = self._run_experts(expert_x, counts)
-        y = combine(a2a, expert_y, indices, top_k_weights)
+        y = combine(a2a, expert_y, indices, top_k_weights, zero_padding=False)
         if self.tp_mesh.size() > 1:
             y = _tp_gather(y, self.tp_mesh, num_tokens)
         return y

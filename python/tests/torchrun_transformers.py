@@ -76,7 +76,7 @@ def reference(path, dtype, all_ids):
     total = sum(ids.shape[1] for ids in all_ids)
     logits = []
     for ids in all_ids:
-        out = model(ids).logits
+        out = model(ids, use_cache=False).logits
         loss_of(out, ids, total).backward()
         logits.append(out.detach())
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()
@@ -94,7 +94,7 @@ def distributed(path, dtype, all_ids, impl, tp):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, distributed_config=config)
     ids = all_ids[rank // tp]
     total = sum(i.shape[1] for i in all_ids)
-    logits = model(ids).logits
+    logits = model(ids, use_cache=False).logits
     # FSDP averages gradients over its ranks: scale so that the average is the total's gradient.
     (loss_of(logits, ids, total) * (world // tp)).backward()
     grads = {name: gathered(p.grad) for name, p in model.named_parameters() if p.grad is not None}

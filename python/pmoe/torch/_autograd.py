@@ -193,9 +193,9 @@ class _Dispatch(torch.autograd.Function):
 
 class _Combine(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, expert_y, weights, indices, a2a):
+    def forward(ctx, expert_y, weights, indices, a2a, zero_padding):
         y = a2a._forward.combine(expert_y.detach(), indices, weights.detach().float().contiguous())
-        ctx.a2a, ctx.indices = a2a, indices
+        ctx.a2a, ctx.indices, ctx.zero_padding = a2a, indices, zero_padding
         ctx.weights_dtype = weights.dtype
         ctx.save_for_backward(expert_y, weights)
         return y
@@ -218,7 +218,8 @@ class _Combine(torch.autograd.Function):
         expert_of_row = (live // rows + a2a.first_expert).unsqueeze(1).float()
         is_slot = info[:, k:] == expert_of_row  # [rows that arrived, k]
         row_weight = (info[:, :k] * is_slot).sum(-1, keepdim=True)
-        grad_expert_y = torch.zeros(local * rows, hidden, dtype=expert_y.dtype)
+        make = torch.zeros if ctx.zero_padding else torch.empty
+        grad_expert_y = make(local * rows, hidden, dtype=expert_y.dtype)
         grad_expert_y.index_copy_(0, live, (grads * row_weight).to(expert_y.dtype))
         # <grad_y[t], expert_y[row]> in the row's slot column; zero in the others. Combine reads
         # only the rows that arrived, so the padding of `back` is left as it is.
@@ -228,7 +229,8 @@ class _Combine(torch.autograd.Function):
                                              torch.zeros_like(info[:, k:])], dim=1))
         ones = torch.ones(indices.shape, dtype=torch.float32)
         grad_w = a2a._slots.combine(back.view(local, rows, 2 * k), indices, ones)[:, :k]
-        return grad_expert_y.view(local, rows, hidden), grad_w.to(ctx.weights_dtype), None, None
+        return (grad_expert_y.view(local, rows, hidden), grad_w.to(ctx.weights_dtype), None, None,
+                None)
 
 
 def arrived_rows(counts, rows):
@@ -255,7 +257,7 @@ def dispatch(a2a, x, indices, *, zero_padding=True):
     return _Dispatch.apply(x, a2a.routing(indices, x.shape[0]), a2a, zero_padding)
 
 
-def combine(a2a, expert_y, indices, weights):
+def combine(a2a, expert_y, indices, weights, *, zero_padding=True):
     """Brings expert rows back: y[t] = sum_j weights[t, j] * expert_y[row of (t, j)], skipping
     -1 slots, summed in f32. Differentiable in expert_y and weights.
 
@@ -263,6 +265,8 @@ def combine(a2a, expert_y, indices, weights):
     indices  [m, k], the same as given to the matching dispatch
     weights  [m, k] floating point (used in f32)
     returns  y [m, H] a2a.dtype
+    The gradient of expert_y is zero in the rows no token sent, or, with zero_padding=False,
+    left as the memory was there (for callers whose backward reads only the rows that arrived).
     """
     if not isinstance(expert_y, torch.Tensor) or not isinstance(weights, torch.Tensor):
         raise _error("combine: expert_y and weights must be torch.Tensors")
@@ -279,4 +283,4 @@ def combine(a2a, expert_y, indices, weights):
     if not weights.is_floating_point() or weights.dim() != 2 or weights.shape[1] != a2a.top_k:
         raise _error(f"weights: {weights.dtype} of shape {tuple(weights.shape)}, expected a "
                      f"floating-point [m, {a2a.top_k}]")
-    return _Combine.apply(expert_y, weights, a2a.routing(indices, m), a2a)
+    return _Combine.apply(expert_y, weights, a2a.routing(indices, m), a2a, zero_padding)
