@@ -2,8 +2,8 @@
 Face transformers (>= 5.23, whose ``EPImplementationInterface`` is the registry for this).
 
     import pmoe.transformers                     # registers ep_implementation="pmoe"
-    model = AutoModelForCausalLM.from_pretrained(
-        path, distributed_config=DistributedConfig(fsdp_size=W, ep_size=W, ep_implementation="pmoe"))
+    model = AutoModelForCausalLM.from_pretrained(path, distributed_config=DistributedConfig(
+        fsdp_size=W, ep_size=W, ep_implementation="pmoe"))
 
 Token flow of one MoE block on rank r of an EP group of W ranks (E experts, E_local = E / W):
 

@@ -21,7 +21,8 @@ def _sizes(hidden, layers, num_experts, top_k, vocab):
     head = hidden // heads
     sizes = dict(
         vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-        intermediate_size=2 * hidden, moe_intermediate_size=hidden, shared_expert_intermediate_size=hidden,
+        intermediate_size=2 * hidden, moe_intermediate_size=hidden,
+        shared_expert_intermediate_size=hidden,
         num_attention_heads=heads, num_key_value_heads=2, head_dim=head,
         max_position_embeddings=256, max_window_layers=layers, sliding_window=16,
         # MLA (DeepSeek, Kimi, GLM-MoE-DSA): small low-rank projections
