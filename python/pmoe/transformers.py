@@ -210,8 +210,10 @@ class PmoeEP(EPImplementation):
         """This rank's experts on the rows that arrived: packed, run top-1 with unit weights (the
         routing weights are combine's), and put back in the rows they came from."""
         local, rows = expert_x.shape[0], expert_x.shape[1]
-        live = arrived_rows(counts, rows)
-        packed = _ArrivedRows.apply(expert_x, live)
+        # Where the counts are on the host, each expert's rows are one contiguous span: copied
+        # as such; on a device, through indices, so that nothing reads the counts back.
+        where = counts.tolist() if counts.device.type == "cpu" else arrived_rows(counts, rows)
+        packed = _ArrivedRows.apply(expert_x, where)
         ids = torch.repeat_interleave(torch.arange(local), counts.long()).unsqueeze(1)
         if packed.shape[0] == 0:
             # Run the experts on one zero row all the same, so that their parameters stay in the
@@ -220,7 +222,7 @@ class PmoeEP(EPImplementation):
                                        packed.new_ones(1, 1))[:0]
         else:
             out = self.experts_forward(packed, ids, packed.new_ones(packed.shape[0], 1))
-        return _IntoRows.apply(out.to(expert_x.dtype), live, local, rows)
+        return _IntoRows.apply(out.to(expert_x.dtype), where, local, rows)
 
 
 def _merge_repeated_experts(indices, weights):
@@ -236,22 +238,38 @@ def _merge_repeated_experts(indices, weights):
     return indices.masked_fill(repeat, -1), merged
 
 
+def _gather_rows(padded, where):
+    """[E_local, rows, H] -> its rows that arrived, packed [n, H]. `where`: each expert's count
+    (a list), or the rows' flat indices (a tensor)."""
+    if isinstance(where, list):
+        return torch.cat([padded[e, :count] for e, count in enumerate(where)])
+    return padded.reshape(-1, padded.shape[-1]).index_select(0, where)
+
+
+def _scatter_rows(padded, packed, where):
+    """The inverse: packed rows into their rows of `padded`, the others left as they are."""
+    if isinstance(where, list):
+        start = 0
+        for e, count in enumerate(where):
+            padded[e, :count].copy_(packed[start:start + count])
+            start += count
+    else:
+        padded.view(-1, padded.shape[-1]).index_copy_(0, where, packed)
+    return padded
+
+
 class _ArrivedRows(torch.autograd.Function):
     """expert rows [E_local, rows, H] -> the rows that arrived, packed [n, H]. The gradient's
     padding is left unwritten: dispatch's backward (a combine) reads only the rows that arrived."""
 
     @staticmethod
-    def forward(ctx, expert_x, live):
-        ctx.save_for_backward(live)
-        ctx.shape = expert_x.shape
-        return expert_x.view(-1, expert_x.shape[-1]).index_select(0, live)
+    def forward(ctx, expert_x, where):
+        ctx.where, ctx.shape = where, expert_x.shape
+        return _gather_rows(expert_x, where)
 
     @staticmethod
     def backward(ctx, grad_packed):
-        live, = ctx.saved_tensors
-        grad = grad_packed.new_empty(ctx.shape)
-        grad.view(-1, ctx.shape[-1]).index_copy_(0, live, grad_packed)
-        return grad, None
+        return _scatter_rows(grad_packed.new_empty(ctx.shape), grad_packed, ctx.where), None
 
 
 class _IntoRows(torch.autograd.Function):
@@ -259,17 +277,13 @@ class _IntoRows(torch.autograd.Function):
     only the rows that arrived."""
 
     @staticmethod
-    def forward(ctx, packed, live, local, rows):
-        ctx.save_for_backward(live)
-        expert_y = packed.new_empty(local * rows, packed.shape[-1])
-        expert_y.index_copy_(0, live, packed)
-        return expert_y.view(local, rows, packed.shape[-1])
+    def forward(ctx, packed, where, local, rows):
+        ctx.where = where
+        return _scatter_rows(packed.new_empty(local, rows, packed.shape[-1]), packed, where)
 
     @staticmethod
     def backward(ctx, grad_expert_y):
-        live, = ctx.saved_tensors
-        return grad_expert_y.reshape(-1, grad_expert_y.shape[-1]).index_select(0, live), \
-            None, None, None
+        return _gather_rows(grad_expert_y, ctx.where), None, None, None
 
 
 EPImplementationInterface.register(NAME, PmoeEP)
