@@ -19,29 +19,29 @@ export PMOE_CUDA_EMULATE=0  # the GPU, never the emulated device
 
 # Where the machine keeps CUDA's libraries, in the order tried: $PMOE_CUDA_LIBS (folders, colon
 # separated) first, then the toolkit's, then the pip wheels' beside python3 (nvidia/cu13/lib for
-# the CUDA 13 wheels, nvidia/cublas/lib, nvidia/nccl/lib, nvidia/cuda_runtime/lib and the like).
-pmoe_cuda_lib_dirs() {
-  local dir
-  for dir in ${PMOE_CUDA_LIBS//:/ } /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-      /usr/local/cuda/lib; do
-    echo "$dir"
+# the CUDA 13 wheels, nvidia/cublas/lib, nvidia/nccl/lib, nvidia/cuda_runtime/lib and the like),
+# then ldconfig's cache. Probed once, each probe bounded: 15 s at most in all.
+pmoe_dirs=$(
+  for pmoe_dir in ${PMOE_CUDA_LIBS//:/ } /usr/local/cuda/lib64 \
+      /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
+    echo "$pmoe_dir"
   done
-  timeout 30 python3 -c '
+  timeout 10 python3 -c '
 import glob, os, site
-roots = site.getsitepackages() + [site.getusersitepackages()]
-for root in roots:
+for root in site.getsitepackages() + [site.getusersitepackages()]:
     for lib in sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib"))):
         print(lib)' 2>/dev/null
-}
+)
+pmoe_cache=$(timeout 5 "$(command -v ldconfig || echo /sbin/ldconfig)" -p 2>/dev/null)
 
-# The folder holding $1 (a soname), first in the order above; else nothing, and status 1. A
-# library the loader finds on its own (ldconfig's cache) needs no folder: "-".
+# The folder holding $1 (a soname), first in the order above; "-" for one the loader finds on its
+# own (ldconfig's cache); else nothing, and status 1.
 pmoe_find_cuda_lib() {
   local dir
   while read -r dir; do
     [ -n "$dir" ] && [ -e "$dir/$1" ] && { echo "$dir"; return 0; }
-  done < <(pmoe_cuda_lib_dirs)
-  timeout 10 ldconfig -p 2>/dev/null | grep -q " $1 " && { echo "-"; return 0; }
+  done <<< "$pmoe_dirs"
+  grep -q "^[[:space:]]*$1 (" <<< "$pmoe_cache" && { echo "-"; return 0; }
   return 1
 }
 
@@ -67,11 +67,11 @@ if [ -z "${PMOE_NCCL_LIBRARY:-}" ]; then
   fi
 fi
 if [ ${#pmoe_missing[@]} -gt 0 ]; then
-  echo "env.sh: ${pmoe_missing[*]} not found, and every program of the kit links it." >&2
-  echo "env.sh: looked in: $(pmoe_cuda_lib_dirs | tr '\n' ' ')and ldconfig's cache." >&2
+  echo "env.sh: ${pmoe_missing[*]} not found; every program of the kit needs them." >&2
+  echo "env.sh: looked in: $(tr '\n' ' ' <<< "$pmoe_dirs")and ldconfig's cache." >&2
   echo "env.sh: install the nvidia-cublas / nvidia-cuda-runtime wheels, or set PMOE_CUDA_LIBS" \
        "to the folders that hold them, then source env.sh again." >&2
-  unset pmoe_lib pmoe_dir
+  unset pmoe_lib pmoe_dir pmoe_dirs pmoe_cache
   return 1
 fi
-unset pmoe_lib pmoe_dir pmoe_missing
+unset pmoe_lib pmoe_dir pmoe_dirs pmoe_cache pmoe_missing
