@@ -11,7 +11,8 @@
 #   - the default parts' budgets and FIXED_S (unpacking, env.sh, nvidia-smi, packing the results)
 #     add up to more than DEFAULT_LIMIT_S.
 
-dry_fail() { echo "FAIL: $*" | tee -a "$WORK/failures"; }
+# Each finding goes to stderr (the parts' own output is set aside here) and is counted.
+dry_fail() { echo "FAIL: $*" | tee -a "$WORK/failures" >&2; }
 
 image_has() {  # image_has lib|cmd NAME
   awk -v kind="$1" -v name="$2" '$1 == kind && $2 == name {found = 1} END {exit !found}' "$IMAGE"
@@ -83,7 +84,7 @@ dry_run_main() {
   files=$(check_libraries)
   for part in "${!BUDGET[@]}"; do
     PART=$part PART_DEADLINE=0
-    "part_$part" > "$WORK/$part.log" 2>&1
+    "part_$part" > "$WORK/$part.log"
   done
   for program in "$KIT"/bin/*; do
     program=$(basename "$program")

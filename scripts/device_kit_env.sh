@@ -22,7 +22,7 @@ export PMOE_CUDA_EMULATE=0  # the GPU, never the emulated device
 # the CUDA 13 wheels, nvidia/cublas/lib, nvidia/nccl/lib, nvidia/cuda_runtime/lib and the like),
 # then ldconfig's cache. Probed once, each probe bounded: 15 s at most in all.
 pmoe_dirs=$(
-  for pmoe_dir in ${PMOE_CUDA_LIBS//:/ } /usr/local/cuda/lib64 \
+  for pmoe_dir in ${PMOE_CUDA_LIBS:+${PMOE_CUDA_LIBS//:/ }} /usr/local/cuda/lib64 \
       /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
     echo "$pmoe_dir"
   done
