@@ -9,6 +9,9 @@ export OPAL_PREFIX="$KIT/usr"
 export PATH="$KIT/usr/bin:$KIT/bin:$PATH"
 export LIBRARY_PATH="$KIT/dev/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"  # -l and #include when
 export CPATH="$KIT/dev/include${CPATH:+:$CPATH}"                  # building there
+# The machine's own search path, for programs that are not the kit's (python3 with torch), which
+# should not load the kit's libstdc++ or OpenBLAS.
+export PMOE_MACHINE_LD_LIBRARY_PATH=${PMOE_MACHINE_LD_LIBRARY_PATH-${LD_LIBRARY_PATH:-}}
 export LD_LIBRARY_PATH="$KIT/lib:$KIT/usr/lib/x86_64-linux-gnu/openmpi/lib:$KIT/usr/lib/x86_64-linux-gnu/pmix2/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The settings the MPI tests use here (tests/CMakeLists.txt, PMOE_MPI_ENV): root, more ranks
 # than cores allowed, no single-copy mechanism (CMA needs ptrace rights a VM may not give).
