@@ -134,7 +134,7 @@ part_bench() {
   bounded 30 pmoe-bench all-to-all --device cuda --ranks 1 --tokens 128 --iters 5 \
     --json "$WORK/cuda_all_to_all_ep1.json" || status=1
   echo "--- Torch AtA on CUDA, NCCL backend, the same shapes"
-  bounded 60 env LD_LIBRARY_PATH="$PMOE_MACHINE_LD_LIBRARY_PATH" python3 tools/torch_ata_bench.py \
+  bounded 60 env LD_LIBRARY_PATH="${PMOE_MACHINE_LD_LIBRARY_PATH:-}" python3 tools/torch_ata_bench.py \
     --device cuda --ep 2,4,8 --tokens 1,128 --out "$WORK/torch_ata_cuda" || status=1
   bounded 20 python3 tools/ata_ratios.py --pmoe "$WORK/cuda_all_to_all.json" \
     --torch "$WORK/torch_ata_cuda.json" --out "$WORK/all_to_all_ratios.json" || status=1

@@ -14,9 +14,12 @@
 # Each finding goes to stderr (the parts' own output is set aside here) and is counted.
 dry_fail() { echo "FAIL: $*" | tee -a "$WORK/failures" >&2; }
 
-image_has() {  # image_has lib|cmd NAME
-  awk -v kind="$1" -v name="$2" '$1 == kind && $2 == name {found = 1} END {exit !found}' "$IMAGE"
-}
+# What device_image.txt says the lent machine has, read once: "lib NAME" and "cmd NAME".
+declare -A IMAGE_HAS=()
+while read -r kind name _; do
+  [ "$kind" = lib ] || [ "$kind" = cmd ] && IMAGE_HAS["$kind $name"]=1
+done < "$IMAGE"
+image_has() { [ -n "${IMAGE_HAS["$1 $2"]:-}" ]; }  # image_has lib|cmd NAME
 
 check_program() {
   local path
@@ -50,9 +53,10 @@ dry_check() {
 # Every ELF file of the kit: each library ldd resolves with the kit's env must be inside the kit
 # or on the lent machine's list; one not found here must be on that list.
 check_libraries() {
-  local file line name target files=0
+  local file line name target magic files=0
   while read -r file; do
-    file -b "$file" | grep -q '^ELF' || continue
+    LC_ALL=C read -r -n 4 magic < "$file" 2>/dev/null
+    [ "${magic:-}" = $'\x7fELF' ] || continue
     files=$((files + 1))
     while read -r line; do
       name=${line%% *}
@@ -61,7 +65,8 @@ check_libraries() {
           image_has lib "$name" ||
             dry_fail "${file#"$KIT"/} needs $name: not in the kit, not on the lent machine's list" ;;
         *"=> /"*)
-          target=$(awk '{print $3}' <<<"$line")
+          target=${line#*=> }
+          target=${target%% *}
           case "$target" in "$KIT"/*) ;; *)
             image_has lib "$name" ||
               dry_fail "${file#"$KIT"/} needs $name, found here at $target only: the kit lacks it" \
