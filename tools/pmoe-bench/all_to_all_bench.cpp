@@ -135,10 +135,12 @@ struct Context {
 
   // A baseline that could not run here: its row says why instead of a time.
   void add_not_run(const std::string& op, const std::string& why) {
-    rows.push_back({{"op", op}, {"ranks", W}, {"tokens", tokens}, {"mean_us", nullptr},
-                    {"std_us", nullptr}, {"min_us", nullptr}, {"median_us", nullptr},
-                    {"max_us", nullptr}, {"copy_gbps", copy_gbps}, {"gbps", nullptr},
-                    {"copy_fraction", nullptr}, {"workspace_bytes", nullptr}, {"not_run", why}});
+    json row = {{"op", op}, {"ranks", W}, {"tokens", tokens}, {"copy_gbps", copy_gbps},
+                {"not_run", why}};
+    for (const char* key : {"mean_us", "std_us", "min_us", "median_us", "max_us", "gbps",
+                            "copy_fraction", "workspace_bytes"})
+      row[key] = nullptr;
+    rows.push_back(row);
   }
 };
 
@@ -288,14 +290,15 @@ std::string cell(const json& row) {
 void print_tables(const Options& o, const json& rows) {
   std::printf("\n## pmoe-bench all-to-all: E=%d, top-k=%d, H=%d, %s (combine out bf16)\n\n",
               o.experts, o.topk, o.hidden, o.dtype.c_str());
-  std::printf("%d timed iterations after %d warm-ups; an iteration's time is the slowest rank's. %s\n",
-              o.iters, o.warmup,
-              o.device == "cuda"
-                  ? "dispatch/combine use the caller's device buffers (timed with events on each "
-                    "rank's stream); dispatch_combine is the round trip, and nccl_alltoallv "
-                    "NCCL's all-to-all-v of the same rows, also a round trip."
-                  : "dispatch/combine use the op's in-place buffers; *_staged the caller's own; "
-                    "dispatch_combine, alltoallv and dense_padded are round trips.");
+  std::printf(
+      "%d timed iterations after %d warm-ups; an iteration's time is the slowest rank's. %s\n",
+      o.iters, o.warmup,
+      o.device == "cuda"
+          ? "dispatch/combine use the caller's device buffers (timed with events on each "
+            "rank's stream); dispatch_combine is the round trip, and nccl_alltoallv "
+            "NCCL's all-to-all-v of the same rows, also a round trip."
+          : "dispatch/combine use the op's in-place buffers; *_staged the caller's own; "
+            "dispatch_combine, alltoallv and dense_padded are round trips.");
   std::vector<int> rank_counts, token_counts;
   std::vector<std::string> ops;
   for (const auto& r : rows) {

@@ -169,8 +169,8 @@ void time_nccl(Communicator& comm, const AllToAllConfig& cfg,
   path->combine();
   const std::string error = first_of_ranks(comm, path->check(all));
   PMOE_CHECK(error.empty(), "check failed: nccl_alltoallv, ranks=", comm.size(), " ", error);
-  const auto t = time_on_stream(comm, warmup, iters,
-                                {[&] { path->dispatch(); }, [&] { path->combine(); }});
+  const auto t =
+      time_on_stream(comm, warmup, iters, {[&] { path->dispatch(); }, [&] { path->combine(); }});
   for (size_t i = 0; i < t[0].size(); ++i) result.nccl_us.push_back(t[0][i] + t[1][i]);
 }
 

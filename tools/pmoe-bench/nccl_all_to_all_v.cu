@@ -54,8 +54,8 @@ __global__ void copy_rows(const RowCopy c) {
 
 void launch_copy(const RowCopy& c, cudaStream_t stream) {
   if (c.rows == 0 || c.bytes == 0) return;
-  const uintptr_t bits = c.bytes | c.dst_stride | c.src_stride | reinterpret_cast<uintptr_t>(c.dst) |
-                         reinterpret_cast<uintptr_t>(c.src);
+  const uintptr_t bits = c.bytes | c.dst_stride | c.src_stride |
+                         reinterpret_cast<uintptr_t>(c.dst) | reinterpret_cast<uintptr_t>(c.src);
   const int blocks = std::min(c.rows, 1024);
   if (bits % 16 == 0)
     copy_rows<uint4><<<blocks, 256, 0, stream>>>(c);
@@ -104,11 +104,19 @@ T* pinned_array(size_t n) {
 class NcclAllToAllV final : public BaselinePath {
  public:
   NcclAllToAllV(Communicator& comm, const AllToAllConfig& cfg, const AllToAllInputs& in)
-      : cfg_(cfg), in_(in), api_(cuda::nccl_api()), W_(comm.size()),
-        rank_(comm.rank()), k_(cfg.experts_per_token), E_local_(cfg.num_experts / W_),
-        H_(cfg.hidden_dim), S_(cfg.scales_per_token()),
-        payload_(size_t(H_) * dtype_size(cfg.in_dtype)), row_(payload_ + sizeof(float) * S_),
-        y_row_(size_t(H_) * sizeof(uint16_t)), capacity_(int64_t(W_) * cfg.max_num_tokens),
+      : cfg_(cfg),
+        in_(in),
+        api_(cuda::nccl_api()),
+        W_(comm.size()),
+        rank_(comm.rank()),
+        k_(cfg.experts_per_token),
+        E_local_(cfg.num_experts / W_),
+        H_(cfg.hidden_dim),
+        S_(cfg.scales_per_token()),
+        payload_(size_t(H_) * dtype_size(cfg.in_dtype)),
+        row_(payload_ + sizeof(float) * S_),
+        y_row_(size_t(H_) * sizeof(uint16_t)),
+        capacity_(int64_t(W_) * cfg.max_num_tokens),
         most_received_(capacity_ * std::min(k_, E_local_)),
         stream_(static_cast<cudaStream_t>(comm.stream().handle)) {
     PMOE_CHECK(cfg.out_dtype == DType::bf16, "nccl_alltoallv: out_dtype bf16 only");
@@ -121,10 +129,11 @@ class NcclAllToAllV final : public BaselinePath {
     x_ = device_array<std::byte>(size_t(in.m) * payload_);
     x_scale_ = device_array<std::byte>(size_t(in.m) * S_ * sizeof(float));
     weights_ = device_array<float>(size_t(in.m) * k_);
-    PMOE_CUDA_CHECK(cudaMemcpy(x_, in.x.data<void>(), size_t(in.m) * payload_, cudaMemcpyHostToDevice));
+    PMOE_CUDA_CHECK(
+        cudaMemcpy(x_, in.x.data<void>(), size_t(in.m) * payload_, cudaMemcpyHostToDevice));
     if (S_)
-      PMOE_CUDA_CHECK(cudaMemcpy(x_scale_, in.x_scale.data<void>(), size_t(in.m) * S_ * sizeof(float),
-                                 cudaMemcpyHostToDevice));
+      PMOE_CUDA_CHECK(cudaMemcpy(x_scale_, in.x_scale.data<void>(),
+                                 size_t(in.m) * S_ * sizeof(float), cudaMemcpyHostToDevice));
     PMOE_CUDA_CHECK(cudaMemcpy(weights_, in.weights.data<void>(), size_t(in.m) * k_ * sizeof(float),
                                cudaMemcpyHostToDevice));
     send_ = device_array<std::byte>(sent * row_);
@@ -181,17 +190,21 @@ class NcclAllToAllV final : public BaselinePath {
     const int32_t* token_of_device = plan_device_ + E + size_t(m) * k_;
     launch_copy({send_, row_, nullptr, x_, payload_, token_of_device, rows, payload_}, stream_);
     launch_copy({send_ + payload_, row_, nullptr, x_scale_, S_ * sizeof(float), token_of_device,
-                 rows, S_ * sizeof(float)}, stream_);
+                 rows, S_ * sizeof(float)},
+                stream_);
 
     // Counts first: each peer's E_local counts, then wait for them.
     PMOE_NCCL_CHECK(api_.GroupStart());
     for (int p = 0; p < W_; ++p) {
-      PMOE_NCCL_CHECK(api_.Send(plan_device_ + size_t(p) * E_local_, E_local_, ncclInt32, p, nccl_, stream_));
-      PMOE_NCCL_CHECK(api_.Recv(received_device_ + size_t(p) * E_local_, E_local_, ncclInt32, p, nccl_, stream_));
+      PMOE_NCCL_CHECK(
+          api_.Send(plan_device_ + size_t(p) * E_local_, E_local_, ncclInt32, p, nccl_, stream_));
+      PMOE_NCCL_CHECK(api_.Recv(received_device_ + size_t(p) * E_local_, E_local_, ncclInt32, p,
+                                nccl_, stream_));
     }
     PMOE_NCCL_CHECK(api_.GroupEnd());
-    PMOE_CUDA_CHECK(cudaMemcpyAsync(received_, received_device_, size_t(W_) * E_local_ * sizeof(int32_t),
-                                    cudaMemcpyDeviceToHost, stream_));
+    PMOE_CUDA_CHECK(cudaMemcpyAsync(received_, received_device_,
+                                    size_t(W_) * E_local_ * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                    stream_));
     PMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
 
     // Where each received row goes: (source, expert, token) order to per-expert (source, token).
@@ -218,9 +231,9 @@ class NcclAllToAllV final : public BaselinePath {
                                  size_t(expert_count_[size_t(e)]) * row_, cudaMemcpyDeviceToHost));
       for (int i = 0; i < expert_count_[size_t(e)]; ++i) {
         const std::byte* row = host_rows_.data() + (first + i) * row_;
-        reference::fake_expert_row(cfg_, row,
-                                   S_ ? reinterpret_cast<const float*>(row + payload_) : nullptr,
-                                   rank_ * E_local_ + e, DType::bf16, out.data() + (first + i) * y_row_);
+        reference::fake_expert_row(
+            cfg_, row, S_ ? reinterpret_cast<const float*>(row + payload_) : nullptr,
+            rank_ * E_local_ + e, DType::bf16, out.data() + (first + i) * y_row_);
       }
     }
     PMOE_CUDA_CHECK(cudaMemcpy(expert_y_, out.data(), out.size(), cudaMemcpyHostToDevice));
@@ -228,11 +241,17 @@ class NcclAllToAllV final : public BaselinePath {
 
   void combine() override {
     const int received = std::accumulate(recv_rows_.begin(), recv_rows_.end(), 0);
-    launch_copy({back_send_, y_row_, nullptr, expert_y_, y_row_, slot_device_, received, y_row_}, stream_);
+    launch_copy({back_send_, y_row_, nullptr, expert_y_, y_row_, slot_device_, received, y_row_},
+                stream_);
     exchange(back_send_, recv_rows_, back_recv_, send_rows_, y_row_);
     if (in_.m == 0) return;
-    const WeightedSum p{y_, reinterpret_cast<const __nv_bfloat16*>(back_recv_),
-                        plan_device_ + cfg_.num_experts, weights_, in_.m, k_, H_};
+    const WeightedSum p{y_,
+                        reinterpret_cast<const __nv_bfloat16*>(back_recv_),
+                        plan_device_ + cfg_.num_experts,
+                        weights_,
+                        in_.m,
+                        k_,
+                        H_};
     weighted_sum<<<std::min(in_.m, 1024), 256, 0, stream_>>>(p);
     PMOE_CUDA_CHECK(cudaGetLastError());
   }
@@ -263,7 +282,8 @@ class NcclAllToAllV final : public BaselinePath {
     size_t sent = 0, got = 0;
     PMOE_NCCL_CHECK(api_.GroupStart());
     for (int p = 0; p < W_; ++p) {
-      const size_t out = size_t(send_rows[size_t(p)]) * bytes, in = size_t(recv_rows[size_t(p)]) * bytes;
+      const size_t out = size_t(send_rows[size_t(p)]) * bytes,
+                   in = size_t(recv_rows[size_t(p)]) * bytes;
       if (out) PMOE_NCCL_CHECK(api_.Send(from + sent, out, ncclUint8, p, nccl_, stream_));
       if (in) PMOE_NCCL_CHECK(api_.Recv(to + got, in, ncclUint8, p, nccl_, stream_));
       sent += out;
@@ -281,14 +301,15 @@ class NcclAllToAllV final : public BaselinePath {
   cudaStream_t stream_;
   ncclComm_t nccl_ = nullptr;
   std::byte *x_ = nullptr, *x_scale_ = nullptr, *send_ = nullptr, *recv_ = nullptr,
-            *expert_x_ = nullptr, *expert_y_ = nullptr, *back_send_ = nullptr, *back_recv_ = nullptr;
+            *expert_x_ = nullptr, *expert_y_ = nullptr, *back_send_ = nullptr,
+            *back_recv_ = nullptr;
   float* weights_ = nullptr;
   __nv_bfloat16* y_ = nullptr;
   size_t plan_size_ = 0;
   int32_t *plan_ = nullptr, *plan_device_ = nullptr, *received_ = nullptr,
           *received_device_ = nullptr, *slot_ = nullptr, *slot_device_ = nullptr;
   std::vector<int> send_rows_, recv_rows_, expert_count_;  // per peer; per local expert
-  std::vector<std::byte> host_rows_;                        // expert_x_, copied back to check
+  std::vector<std::byte> host_rows_;                       // expert_x_, copied back to check
 };
 
 }  // namespace
