@@ -1,53 +1,146 @@
 #!/usr/bin/env bash
 # The checks that need the lent GPU machine, run there through the device tool with the kit that
-# scripts/device_kit.sh packs here (prebuilt CUDA tests and pmoe-bench, their libraries, an Open
-# MPI runtime):
+# scripts/device_kit.sh packs here (every GPU program the build makes, the libraries the machine
+# lacks, an Open MPI runtime; the machine's own CUDA libraries are found by the kit's env.sh):
 #
-#   run(command="bash scripts/device_checks.sh tests bench", carry=[".devkit"])
+#   run(command="bash scripts/device_checks.sh", carry=[".devkit"], timeout_s=540)
+#   scripts/device_checks.sh PART...       # those parts only, by name
+#   scripts/device_checks.sh --dry-run     # here, no GPU: the kit unpacked in a temporary folder,
+#                                          # every program's libraries resolved, every part's
+#                                          # commands found, the default parts' bound summed
 #
-# Parts, each well inside the tool's 10 minutes a command; logs and JSON go to $OUT:
-#   tests    the GPU builds of the CUDA tests: test_cuda_all_to_all_gpu (the CPU cases on one GPU
-#            at W = 1, 2, 4, 8, graph replays, a rank that never arrives), test_cuda_grid_gpu
-#            (spinning blocks that starve a peer) and test_cuda_ipc_gpu under mpirun -n 2
-#   bench    pmoe-bench all-to-all --device cuda, EP 2, 4, 8 sharing the GPU, 1 and 128 tokens
-#   overlap  mpirun -n 2 pmoe-bench ag-gemm and gemm-rs, 8 of the 16 cores per rank
-#   overlap_cuda  the overlap ops on the GPU: test_cuda_overlap_gpu and test_cuda_graph_gpu, then
-#            pmoe-bench ag-gemm / gemm-rs --device cuda, f16, 2 and 4 thread ranks sharing the GPU,
-#            pieces moved by the copy engines and (--copy kernel) by a copy kernel on 8 blocks
-#   python   builds the Python module with CUDA for the device's Python (the kit cannot: it is
-#            built here for this machine's Python), then the whole pytest suite, torch CUDA too
-#   gin      the GPU remote path (NCCL GIN) on this one GPU: gin_ring_gpu under mpirun -n 2, each
-#            rank its own node (PMOE_GIN_RANKS_PER_NODE=1) so that every peer is remote. NCCL
-#            refuses two ranks of one communicator on one GPU and GIN needs an RDMA NIC, so on a
-#            one-GPU machine this part is expected to report "unavailable here" with NCCL's
-#            reason, and passes; it fails only if the path was set up and then moved wrong bytes
-#            or lost a signal. Where the ring check set GIN up, AllToAll then runs over it
-#            (pmoe-bench all-to-all --device cuda --ranks-per-node 1 under mpirun -n 2, direct
-#            and --mode hierarchical); where
-#            not, the part says AllToAll's remote path was not run and why. Not in the default
-#            list: run it by name.
+# Every command runs under `timeout` (bounded, below), for its own bound or what is left of its
+# part's budget, whichever is less, so a part never takes more than its budget. Budgets, in
+# seconds (PMOE_BUDGET_<part>=S overrides one); a run of the default parts is bounded by
+# 50 + 150 + 140 + 140 = 480 s, the 8 minutes the device time allows it (50: unpacking 20, env.sh's
+# probes 15, nvidia-smi 5, packing the results 10):
+#   tests         150  every GPU test program: test_cuda_all_to_all_gpu (the CPU cases on one GPU
+#                      at W = 1, 2, 4, 8, graph replays, a rank that never arrives),
+#                      test_cuda_moe_gpu (the MoE layers), test_cuda_cublas_gpu,
+#                      test_cuda_device_utils_gpu, test_cuda_emulator_gpu (the emulator's own
+#                      contract, on the hardware it stands in for), test_cuda_grid_gpu (spinning
+#                      blocks that starve a peer; again on one hardware queue), and
+#                      test_cuda_ipc_gpu under mpirun -n 2
+#   bench         140  pmoe-bench all-to-all --device cuda, EP 2, 4, 8 sharing the GPU, 1 and 128
+#                      tokens, with its NCCL all-to-all-v row (on one GPU it says why it cannot
+#                      run: NCCL refuses two ranks on one GPU), then that row's own check at EP 1;
+#                      tools/torch_ata_bench.py on CUDA tensors with NCCL at the same shapes (it
+#                      needs W GPUs, and says so on one); tools/ata_ratios.py puts the three side
+#                      by side in all_to_all_ratios.json
+#   overlap_cuda  140  test_cuda_overlap_gpu and test_cuda_graph_gpu, then pmoe-bench ag-gemm /
+#                      gemm-rs --device cuda, f16, 2 and 4 thread ranks sharing the GPU, pieces
+#                      moved by the copy engines and (--copy kernel) by a copy kernel
+# By name only:
+#   python        420  builds the Python module with CUDA for the device's Python (the kit cannot:
+#                      it is built here for this machine's Python), then the whole pytest suite,
+#                      torch CUDA too
+#   overlap       240  mpirun -n 2 pmoe-bench ag-gemm and gemm-rs on the CPU, 8 of the 16 cores a
+#                      rank
+#   gin           300  the GPU remote path (NCCL GIN) on this one GPU: gin_ring_gpu under mpirun
+#                      -n 2, each rank its own node. NCCL refuses two ranks of one communicator on
+#                      one GPU and GIN needs an RDMA NIC, so on a one-GPU machine it reports
+#                      "unavailable here" with NCCL's reason, and passes; it fails only if the
+#                      path was set up and then moved wrong bytes or lost a signal. Where the ring
+#                      check set GIN up, AllToAll then runs over it (direct and hierarchical).
 # A part that fails is reported and the next one still runs; the exit status says whether all
-# passed.
+# passed. The device tool brings back at most 8 files from $OUT, so the logs and JSON of every part
+# go into $OUT/results.tar.gz, beside $OUT/summary.txt and $OUT/all_to_all_ratios.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/pmoe-out}
-KIT=/tmp/pmoe-kit
-mkdir -p "$OUT" "$KIT"
-tar -xzf .devkit/kit.tar.gz -C "$KIT" || { echo "no kit: run scripts/device_kit.sh here first"; exit 2; }
+IMAGE=scripts/device_image.txt
+archive=.devkit/kit.tar.gz dry_run=0 parts=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry_run=1 ;;
+    --kit) archive=$2; shift ;;
+    -*) echo "device_checks.sh: unknown option '$1' (--dry-run, --kit FILE)" >&2; exit 2 ;;
+    *) parts+=("$1") ;;
+  esac
+  shift
+done
+
+declare -A BUDGET=([tests]=150 [bench]=140 [overlap_cuda]=140 [python]=420 [overlap]=240
+                   [gin]=300)
+DEFAULT_PARTS=(tests bench overlap_cuda)
+FIXED_S=50         # around the parts: unpacking 20 (a few seconds for the ~31 MiB kit), env.sh's
+                   # probes 15, nvidia-smi 5, packing the results 10
+DEFAULT_LIMIT_S=480
+KILL_AFTER_S=5     # a command that ignores SIGTERM gets SIGKILL this much later
+for part in "${!BUDGET[@]}"; do
+  override=PMOE_BUDGET_$part
+  [ -n "${!override:-}" ] && BUDGET[$part]=${!override}
+done
+for part in "${parts[@]}"; do
+  [ -n "${BUDGET[$part]:-}" ] || { echo "device_checks.sh: no part '$part' (parts:" \
+                                     "${!BUDGET[*]})" >&2; exit 2; }
+done
+
+if [ "$dry_run" = 1 ]; then
+  scratch=$(mktemp -d /tmp/pmoe-dry-run.XXXXXX)
+  trap 'rm -rf "$scratch"' EXIT
+  KIT=$scratch/kit WORK=$scratch/results OUT=$scratch/out
+else
+  KIT=/tmp/pmoe-kit WORK=/tmp/pmoe-results OUT=${OUT:-/tmp/pmoe-out}
+fi
+rm -rf "$KIT" "$WORK"
+mkdir -p "$OUT" "$KIT" "$WORK"
+[ -e "$archive" ] || { echo "no kit at $archive: run scripts/device_kit.sh here first"; exit 2; }
+timeout 20 tar -xzf "$archive" -C "$KIT" || { echo "could not unpack $archive"; exit 2; }
+# The dry run too: the machine that built the kit has the CUDA libraries, so env.sh must find them.
 # shellcheck source=/dev/null
-source "$KIT/env.sh"
-echo "kit: $(tr '\n' ' ' < "$KIT/BUILT")"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-echo "cores: $(nproc)"
+source "$KIT/env.sh" || { echo "the kit's env.sh did not find the CUDA libraries (above)"; exit 2; }
+
+# bounded SECONDS COMMAND ARGS...: COMMAND under timeout, for SECONDS or what is left of the
+# part's budget, whichever is less. In a dry run it runs nothing: it notes the command and checks
+# that the program exists (and the one that env or mpirun would start).
+bounded() {
+  local seconds=$1
+  shift
+  if [ "$dry_run" = 1 ]; then
+    dry_check "$@"
+    return 0
+  fi
+  local left=$((PART_DEADLINE - $(date +%s) - KILL_AFTER_S))
+  if [ "$left" -le 0 ]; then
+    echo "$PART: its ${BUDGET[$PART]} s budget is spent; not run: $*"
+    return 124
+  fi
+  [ "$seconds" -gt "$left" ] && seconds=$left
+  timeout --kill-after="$KILL_AFTER_S" "$seconds" "$@"
+}
 
 part_tests() {
-  timeout 300 test_cuda_all_to_all_gpu --gtest_output="json:$OUT/cuda_tests.json" &&
-    timeout 120 test_cuda_grid_gpu && timeout 120 mpirun -n 2 test_cuda_ipc_gpu
+  local status=0 program
+  for program in test_cuda_all_to_all_gpu test_cuda_moe_gpu test_cuda_cublas_gpu \
+      test_cuda_device_utils_gpu test_cuda_emulator_gpu test_cuda_grid_gpu; do
+    echo "--- $program"
+    bounded 120 "$program" --gtest_brief=1 --gtest_output="json:$WORK/$program.json" || status=1
+  done
+  echo "--- test_cuda_grid_gpu, streams on one hardware queue"
+  bounded 30 env CUDA_DEVICE_MAX_CONNECTIONS=1 test_cuda_grid_gpu \
+    --gtest_filter=DeviceGrid.KernelsOfStreamsSharingAHardwareQueueRunInTurn || status=1
+  echo "--- mpirun -n 2 test_cuda_ipc_gpu"
+  bounded 60 mpirun -n 2 test_cuda_ipc_gpu || status=1
+  return "$status"
 }
 
 part_bench() {
-  timeout 400 pmoe-bench all-to-all --device cuda --ranks 2,4,8 --tokens 1,128 \
-    --json "$OUT/cuda_all_to_all.json" --csv "$OUT/cuda_all_to_all.csv"
+  local status=0
+  # Most of the budget: its JSON is written at the end, and the host-side reference check of EP 8
+  # at 128 tokens (1 GB of buffers a rank) dominates.
+  bounded 100 pmoe-bench all-to-all --device cuda --ranks 2,4,8 --tokens 1,128 \
+    --json "$WORK/cuda_all_to_all.json" --csv "$WORK/cuda_all_to_all.csv" || status=1
+  # The NCCL row's own check against the reference: one rank is the one count NCCL allows on one
+  # GPU (under mpirun, one process per GPU, it runs at every count).
+  echo "--- the NCCL all-to-all-v row at EP 1"
+  bounded 20 pmoe-bench all-to-all --device cuda --ranks 1 --tokens 128 --iters 5 \
+    --json "$WORK/cuda_all_to_all_ep1.json" || status=1
+  echo "--- Torch AtA on CUDA, NCCL backend, the same shapes"
+  bounded 30 env LD_LIBRARY_PATH="${PMOE_MACHINE_LD_LIBRARY_PATH:-}" python3 tools/torch_ata_bench.py \
+    --device cuda --ep 2,4,8 --tokens 1,128 --out "$WORK/torch_ata_cuda" || status=1
+  bounded 10 python3 tools/ata_ratios.py --pmoe "$WORK/cuda_all_to_all.json" \
+    --torch "$WORK/torch_ata_cuda.json" --out "$WORK/all_to_all_ratios.json" || status=1
+  return "$status"
 }
 
 part_overlap() {
@@ -55,7 +148,7 @@ part_overlap() {
   # rank's BLAS threads and its communication thread on that one core.
   local op
   for op in ag-gemm gemm-rs; do
-    timeout 250 mpirun -n 2 --bind-to none pmoe-bench "$op" --json "$OUT/overlap_$op.json" ||
+    bounded 120 mpirun -n 2 --bind-to none pmoe-bench "$op" --json "$WORK/overlap_$op.json" ||
       return 1
   done
 }
@@ -66,43 +159,31 @@ part_overlap_cuda() {
   echo "  engines, with nothing else). Not shown here: NVLink or PCIe transfers between GPUs, one"
   echo "  GPU's tensor cores busy while another's copy engines move data, copy engines vs copy"
   echo "  kernels across GPUs. Speedup and comm hidden below are one-GPU figures only."
-  timeout 240 test_cuda_overlap_gpu --gtest_output="json:$OUT/cuda_overlap_tests.json" &&
-    timeout 60 test_cuda_graph_gpu || return 1
+  bounded 60 test_cuda_overlap_gpu --gtest_brief=1 \
+    --gtest_output="json:$WORK/cuda_overlap_tests.json" || return 1
+  bounded 30 test_cuda_graph_gpu --gtest_brief=1 || return 1
   local op W copy
   for op in ag-gemm gemm-rs; do
     for W in 2 4; do
       for copy in engine kernel; do
-        timeout 120 pmoe-bench "$op" 4096 4096 4096 --dtype float16 --iters 10 --ranks "$W" \
-          --device cuda --copy "$copy" --json "$OUT/overlap_cuda_${op}_${W}_$copy.json" || return 1
+        bounded 20 pmoe-bench "$op" 4096 4096 4096 --dtype float16 --iters 10 --ranks "$W" \
+          --device cuda --copy "$copy" --json "$WORK/overlap_cuda_${op}_${W}_$copy.json" || return 1
       done
     done
-    timeout 120 pmoe-bench "$op" 8192 8192 8192 --dtype float16 --iters 10 --ranks 2 \
-      --device cuda --json "$OUT/overlap_cuda_${op}_8192.json" || return 1
+    bounded 20 pmoe-bench "$op" 8192 8192 8192 --dtype float16 --iters 10 --ranks 2 \
+      --device cuda --json "$WORK/overlap_cuda_${op}_8192.json" || return 1
   done
 }
 
 part_python() {
   local build=/tmp/pmoe-python
-  cmake -S . -B "$build" -G Ninja -DPMOE_BUILD_TESTS=OFF -DPMOE_BUILD_TOOLS=OFF \
+  bounded 60 cmake -S . -B "$build" -G Ninja -DPMOE_BUILD_TESTS=OFF -DPMOE_BUILD_TOOLS=OFF \
     -DPMOE_PYTHON=ON -DPMOE_CUDA=ON -DPMOE_CUDA_EMULATOR=OFF -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DCMAKE_PREFIX_PATH="$KIT/dev" -DMPI_CXX_COMPILER="$KIT/usr/bin/mpicxx" \
     -DPython_EXECUTABLE="$(command -v python3)" &&
-    timeout 400 cmake --build "$build" -j "$(nproc)" &&
-    PYTHONPATH="$build/python" PYTHONDONTWRITEBYTECODE=1 timeout 300 \
+    bounded 300 cmake --build "$build" -j "$(nproc)" &&
+    bounded 240 env PYTHONPATH="$build/python" PYTHONDONTWRITEBYTECODE=1 \
       python3 -m pytest -q -rs -p no:cacheprovider python/tests
-}
-
-# libnccl for the GIN part: PMOE_NCCL_LIBRARY if set, else the toolkit's, the loader's or a pip
-# wheel's (the kit does not carry it: some 200 MB, and only this part loads it).
-find_libnccl() {
-  local candidate
-  for candidate in "${PMOE_NCCL_LIBRARY:-}" /usr/local/cuda/lib/libnccl.so.2 \
-      /usr/local/cuda/lib64/libnccl.so.2 \
-      "$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / {print $NF; exit}')" \
-      "$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib", "libnccl.so.2"))' 2>/dev/null)"; do
-    [ -n "$candidate" ] && [ -e "$candidate" ] && { echo "$candidate"; return 0; }
-  done
-  return 1
 }
 
 part_gin() {
@@ -110,14 +191,12 @@ part_gin() {
     echo "gin: SKIPPED, the kit has no gin_ring_gpu (built where CMake found no NCCL >= 2.28.7)"
     return 0
   fi
-  local nccl status
-  if ! nccl=$(find_libnccl); then
-    echo "gin: SKIPPED, no libnccl.so.2 on this machine (set PMOE_NCCL_LIBRARY to NCCL 2.28's)"
-    return 0
-  fi
+  # libnccl as env.sh found it (the kit does not carry it: only this part and pmoe-bench's NCCL
+  # row load it); else the loader's.
+  local nccl=${PMOE_NCCL_LIBRARY:-libnccl.so.2} status
   echo "gin: NCCL from $nccl"
-  PMOE_NCCL_LIBRARY="$nccl" PMOE_GIN_RANKS_PER_NODE=1 PMOE_TIMEOUT_S=30 NCCL_DEBUG=WARN \
-    timeout 180 mpirun -n 2 -x PMOE_NCCL_LIBRARY -x PMOE_GIN_RANKS_PER_NODE -x PMOE_TIMEOUT_S \
+  bounded 90 env PMOE_NCCL_LIBRARY="$nccl" PMOE_GIN_RANKS_PER_NODE=1 PMOE_TIMEOUT_S=30 \
+    NCCL_DEBUG=WARN mpirun -n 2 -x PMOE_NCCL_LIBRARY -x PMOE_GIN_RANKS_PER_NODE -x PMOE_TIMEOUT_S \
     -x NCCL_DEBUG gin_ring_gpu
   status=$?
   if [ "$status" -eq 77 ]; then
@@ -130,30 +209,44 @@ part_gin() {
   # GIN works here: AllToAll across the two one-rank nodes, every peer through GIN, each call
   # checked against the reference (a wrong result exits non-zero), then timed.
   echo "gin: AllToAll over GIN (2 processes, --ranks-per-node 1)"
-  PMOE_NCCL_LIBRARY="$nccl" PMOE_TIMEOUT_S=30 NCCL_DEBUG=WARN \
-    timeout 300 mpirun -n 2 -x PMOE_NCCL_LIBRARY -x PMOE_TIMEOUT_S -x NCCL_DEBUG \
+  bounded 100 env PMOE_NCCL_LIBRARY="$nccl" PMOE_TIMEOUT_S=30 NCCL_DEBUG=WARN \
+    mpirun -n 2 -x PMOE_NCCL_LIBRARY -x PMOE_TIMEOUT_S -x NCCL_DEBUG \
     pmoe-bench all-to-all --device cuda --ranks-per-node 1 --tokens 1,128 --iters 20 \
-    --json "$OUT/gin_all_to_all.json" || return $?
+    --json "$WORK/gin_all_to_all.json" || return $?
   # Hierarchical: each one-rank node's relay is the rank itself, so the relay blocks cross over
   # GIN and the forward is a copy within the rank's own window.
   echo "gin: AllToAll over GIN, hierarchical (2 processes, --ranks-per-node 1)"
-  PMOE_NCCL_LIBRARY="$nccl" PMOE_TIMEOUT_S=30 NCCL_DEBUG=WARN \
-    timeout 300 mpirun -n 2 -x PMOE_NCCL_LIBRARY -x PMOE_TIMEOUT_S -x NCCL_DEBUG \
+  bounded 100 env PMOE_NCCL_LIBRARY="$nccl" PMOE_TIMEOUT_S=30 NCCL_DEBUG=WARN \
+    mpirun -n 2 -x PMOE_NCCL_LIBRARY -x PMOE_TIMEOUT_S -x NCCL_DEBUG \
     pmoe-bench all-to-all --device cuda --ranks-per-node 1 --mode hierarchical --tokens 1,128 \
-    --iters 20 --json "$OUT/gin_all_to_all_hierarchical.json"
+    --iters 20 --json "$WORK/gin_all_to_all_hierarchical.json"
 }
 
-parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(tests bench overlap overlap_cuda python)
+if [ "$dry_run" = 1 ]; then
+  # shellcheck source=scripts/device_checks_dry_run.sh
+  source scripts/device_checks_dry_run.sh
+  dry_run_main
+  exit $?
+fi
+
+echo "kit: $(tr '\n' ' ' < "$KIT/BUILT")"
+timeout 5 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+echo "cores: $(nproc)"
+[ ${#parts[@]} -eq 0 ] && parts=("${DEFAULT_PARTS[@]}")
 failed=()
 for part in "${parts[@]}"; do
-  echo "=== $part"
+  echo "=== $part (budget ${BUDGET[$part]} s)"
   start=$(date +%s)
-  if "part_$part" 2>&1 | tee "$OUT/$part.log"; then
-    echo "=== $part passed in $(($(date +%s) - start)) s"
+  PART=$part PART_DEADLINE=$((start + BUDGET[$part]))
+  if "part_$part" 2>&1 | tee "$WORK/$part.log"; then
+    echo "=== $part passed in $(($(date +%s) - start)) s" | tee -a "$WORK/summary.txt"
   else
-    echo "=== $part FAILED after $(($(date +%s) - start)) s"
+    echo "=== $part FAILED after $(($(date +%s) - start)) s" | tee -a "$WORK/summary.txt"
     failed+=("$part")
   fi
 done
+# At most 8 files come back from $OUT: everything in one archive, and the two to read first.
+cp "$WORK/summary.txt" "$OUT/"
+[ -e "$WORK/all_to_all_ratios.json" ] && cp "$WORK/all_to_all_ratios.json" "$OUT/"
+timeout 10 tar -czf "$OUT/results.tar.gz" -C "$WORK" .
 [ ${#failed[@]} -eq 0 ] || { echo "failed: ${failed[*]}"; exit 1; }

@@ -1,35 +1,69 @@
 #!/usr/bin/env bash
-# Packs what the lent GPU machine lacks into one archive, .devkit/kit.tar.gz (ignored by git; about
-# 23 MB, under the device tool's 64 MiB carry limit), which the device tool carries: the CUDA tests and pmoe-bench built here (nvcc here is the device's 13.0, so
-# no device time goes to compiling), every shared library they need that is not part of the C
-# library, and a relocatable Open MPI 4.1 runtime (mpirun, its plugins and help files), because
-# that machine has no apt, no BLAS and no MPI. The kit's env.sh sets the paths there.
+# Packs what the lent GPU machine lacks into one archive, .devkit/kit.tar.gz (ignored by git), which
+# the device tool carries: every GPU program the build makes (the *_gpu tests and pmoe-bench,
+# listed by CMake in build/default/devkit_programs.txt; nvcc here is the device's 13.0, so no
+# device time goes to compiling), the shared libraries they need that the machine has no copy of
+# (OpenBLAS, Boost.Context, libstdc++, Open MPI's), and a relocatable Open MPI 4.1 runtime
+# (mpirun, its plugins and help files), because that machine has no apt, no BLAS and no MPI.
 #
-#   scripts/device_kit.sh              # build (default preset) and pack
+# It carries no CUDA library: the machine has cudart, cuBLAS and NCCL (scripts/device_image.txt,
+# from the device tool's KINDS.md), and the kit's env.sh (scripts/device_kit_env.sh) finds them
+# there. cuBLAS alone would be 570 MB, and the tool carries 64 MiB in all (the working tree's
+# ~3.4 MB included). The kit packs to about 31 MiB; ctest's devkit.size fails above 48 MiB, and
+# the target is 40 MiB, which leaves room for a wheel or two (docs/gpu.md).
 #
-# On the device (see README "GPU checks on a lent machine"):
+#   scripts/device_kit.sh              # configure and build (default preset), stage, pack
+#   scripts/device_kit.sh --list       # the programs it would pack, one name a line
+#   scripts/device_kit.sh --no-build --build DIR --stage DIR --out FILE
+#                                      # pack what DIR already holds (ctest's devkit.size)
+#
+# On the device (see docs/gpu.md, "Running the GPU checks"):
 #   run(command="bash scripts/device_checks.sh", carry=[".devkit"])
 # which unpacks it to /tmp/pmoe-kit and sources its env.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-KIT=build/devkit          # staging; only the archive travels
 BUILD=build/default
+KIT=build/devkit           # staging; only the archive travels
+ARCHIVE=.devkit/kit.tar.gz
+IMAGE=scripts/device_image.txt
 MULTIARCH=x86_64-linux-gnu
+build=1 list=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --list) list=1 ;;
+    --no-build) build=0 ;;
+    --build) BUILD=$2; shift ;;
+    --stage) KIT=$2; shift ;;
+    --out) ARCHIVE=$2; shift ;;
+    *) echo "device_kit.sh: unknown argument '$1' (--list, --no-build, --build DIR, --stage DIR," \
+            "--out FILE)" >&2; exit 2 ;;
+  esac
+  shift
+done
 
-cmake --preset default >/dev/null
-cmake --build "$BUILD" --target test_cuda_all_to_all_gpu test_cuda_ipc_gpu test_cuda_grid_gpu \
-  test_cuda_overlap_gpu test_cuda_graph_gpu pmoe-bench
+if [ "$build" = 1 ] && [ "$BUILD" = build/default ]; then
+  cmake --preset default >/dev/null
+fi
+MANIFEST=$BUILD/devkit_programs.txt  # "name file" a line, written by tests/CMakeLists.txt
+if [ ! -e "$MANIFEST" ]; then
+  echo "device_kit.sh: no $MANIFEST: $BUILD was configured without the CUDA toolkit (nvcc), so" \
+       "it makes no GPU programs" >&2
+  exit 2
+fi
+if [ "$list" = 1 ]; then
+  awk '{print $1}' "$MANIFEST"
+  exit 0
+fi
+if [ "$build" = 1 ]; then
+  cmake --build "$BUILD" --target $(awk '{print $1}' "$MANIFEST")
+fi
 
 rm -rf "$KIT"
 mkdir -p "$KIT/bin" "$KIT/lib" "$KIT/usr/bin" "$KIT/usr/lib/$MULTIARCH" "$KIT/usr/share"
-cp "$BUILD/tests/test_cuda_all_to_all_gpu" "$BUILD/tests/test_cuda_ipc_gpu" \
-   "$BUILD/tests/test_cuda_grid_gpu" "$BUILD/tools/pmoe-bench/pmoe-bench" "$KIT/bin/"
-cp "$BUILD/tests/test_cuda_overlap_gpu" "$BUILD/tests/test_cuda_graph_gpu" "$KIT/bin/"
-# The GIN ring check, where CMake found NCCL's device API (device_checks.sh part gin; libnccl
-# itself is not packed: it is loaded at run time, from the device's own NCCL).
-if cmake --build "$BUILD" --target gin_ring_gpu >/dev/null 2>&1; then
-  cp "$BUILD/tests/gin_ring_gpu" "$KIT/bin/"
-fi
+while read -r name file; do
+  [ -x "$file" ] || { echo "device_kit.sh: $name is not built ($file); run without --no-build" >&2; exit 2; }
+  cp "$file" "$KIT/bin/$name"
+done < "$MANIFEST"
 
 # Open MPI as Debian lays it out under /usr; OPAL_PREFIX moves that prefix to $KIT/usr.
 cp -a "/usr/lib/$MULTIARCH/openmpi" "/usr/lib/$MULTIARCH/pmix2" "$KIT/usr/lib/$MULTIARCH/"
@@ -38,18 +72,18 @@ cp -L /usr/bin/orterun /usr/bin/orted /usr/bin/opal_wrapper "$KIT/usr/bin/"
 ln -s orterun "$KIT/usr/bin/mpirun"
 ln -s opal_wrapper "$KIT/usr/bin/mpicxx"  # the wrapper reads its mode from its name
 
-
-# Every library an ELF file in the kit loads, except the C library's own and the GPU driver's
-# (the device brings its driver; a carried libcuda would not match its kernel module).
-is_system_lib() {
-  case "$(basename "$1")" in
-    libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libcuda.so.*) return 0 ;;
-    *) return 1 ;;
-  esac
+# Every library an ELF file in the kit loads, except those the lent machine has (the C library,
+# the GPU driver, CUDA's runtime, cuBLAS, NCCL: the `lib` lines of device_image.txt).
+mapfile -t provided < <(awk '$1 == "lib" {print $2}' "$IMAGE")
+is_provided() {
+  local name known
+  name=$(basename "$1")
+  for known in "${provided[@]}"; do [ "$known" = "$name" ] && return 0; done
+  return 1
 }
 copy_deps() {
   ldd "$1" 2>/dev/null | awk '/=> \// {print $3}' | while read -r lib; do
-    is_system_lib "$lib" && continue
+    is_provided "$lib" && continue
     [ -e "$KIT/lib/$(basename "$lib")" ] || cp -L "$lib" "$KIT/lib/"
   done
 }
@@ -83,25 +117,11 @@ for name in openblas mpi mpi_cxx open-rte open-pal hwloc event_core event_pthrea
   done
 done
 
-cat > "$KIT/env.sh" <<'EOF'
-# Source this on the device machine: the kit's programs, libraries and Open MPI runtime.
-KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-export OPAL_PREFIX="$KIT/usr"
-export PATH="$KIT/usr/bin:$KIT/bin:$PATH"
-export LIBRARY_PATH="$KIT/dev/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"  # -l and #include when
-export CPATH="$KIT/dev/include${CPATH:+:$CPATH}"                  # building there
-export LD_LIBRARY_PATH="$KIT/lib:$KIT/usr/lib/x86_64-linux-gnu/openmpi/lib:$KIT/usr/lib/x86_64-linux-gnu/pmix2/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# The settings the MPI tests use here (tests/CMakeLists.txt, PMOE_MPI_ENV): root, more ranks
-# than cores allowed, no single-copy mechanism (CMA needs ptrace rights a VM may not give).
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-export PMOE_TIMEOUT_S=${PMOE_TIMEOUT_S:-60}
-export PMOE_CUDA_EMULATE=0  # the GPU, never the emulated device
-EOF
+cp scripts/device_kit_env.sh "$KIT/env.sh"
 {
   echo "commit: $(git rev-parse --short=12 HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
   echo "built: $(date -u +%Y-%m-%dT%H:%MZ) on $(uname -n)"
 } > "$KIT/BUILT"
-mkdir -p .devkit
-tar -czf .devkit/kit.tar.gz -C "$KIT" .
-ls -la .devkit/kit.tar.gz
+mkdir -p "$(dirname "$ARCHIVE")"
+tar -czf "$ARCHIVE" -C "$KIT" .
+echo "$ARCHIVE: $(stat -c %s "$ARCHIVE") bytes, $(awk 'END {print NR}' "$MANIFEST") programs"

@@ -21,6 +21,12 @@ Torch AtA, what a PyTorch user writes (gloo on the CPU):
               rank, token) order, the same order as pmoe's)
     combine:  the reverse: un-regroup, all_to_all_single back, then y = sum of weight * row per
               token (index_add_ in f32, rounded to bf16 once)
+
+--device cuda: Torch AtA alone, on CUDA tensors with the NCCL backend, one GPU per rank (NCCL
+refuses two ranks of one communicator on one GPU, so an EP size larger than the GPU count is
+skipped and the JSON's "skipped" says why); a CUDA synchronize closes each timed iteration.
+pmoe's GPU times come from `pmoe-bench all-to-all --device cuda` in the same run, and
+tools/ata_ratios.py puts the two side by side (scripts/device_checks.sh, part bench).
 """
 import argparse
 import datetime
@@ -37,27 +43,38 @@ def worker(args):
     import torch
     import torch.distributed as dist
 
-    import pmoe
-    import pmoe.torch as pt
-
+    cuda = args.device == "cuda"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    if cuda:
+        dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(dev)
+    else:
+        import pmoe
+        import pmoe.torch as pt
+        dev = torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=300))
     rank, W = dist.get_rank(), dist.get_world_size()
-    comm = pt.communicator()
+    comm = None if cuda else pt.communicator()
     E, k, H = args.experts, args.top_k, args.hidden
     L = E // W
     dtype = torch.bfloat16
     results = []
 
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
+
     def timed(fn):
         times = []
         for i in range(args.warmup + args.iters):
             dist.barrier()
+            sync()
             start = time.perf_counter()
             fn()
+            sync()
             if i >= args.warmup:
                 times.append(time.perf_counter() - start)
-        slowest = torch.tensor(times, dtype=torch.float64)
+        slowest = torch.tensor(times, dtype=torch.float64, device=dev)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         return [t * 1e6 for t in slowest.tolist()]
 
@@ -68,9 +85,9 @@ def worker(args):
             xs.append(torch.randn(m, H, generator=gen).to(dtype))
             idxs.append(torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(m)]))
             ws.append(torch.rand(m, k, generator=gen))
-        x, idx, w = xs[rank], idxs[rank], ws[rank]
+        x, idx, w = xs[rank].to(dev), idxs[rank].to(dev), ws[rank].to(dev)
         idx32 = idx.to(torch.int32)
-        scale = (1 + torch.arange(L, dtype=torch.float32) / L + rank).view(L, 1)  # stand-in expert
+        scale = (1 + torch.arange(L, dtype=torch.float32, device=dev) / L + rank).view(L, 1)  # expert
 
         # Reference: each local expert's rows in (source rank, token) order, and y.
         want_rows = [[xs[r][t] for r in range(W) for t in range(m) if (idxs[r][t] == rank * L + e)
@@ -79,32 +96,34 @@ def worker(args):
                                 for r in range(W)])
         want_y = torch.zeros(m, H)
         for j in range(k):
-            e = idx[:, j]
-            rows = (x.float() * all_scales[e].view(m, 1)).to(dtype).float()
-            want_y += w[:, j:j + 1] * rows
+            e = idxs[rank][:, j]
+            rows = (xs[rank].float() * all_scales[e].view(m, 1)).to(dtype).float()
+            want_y += ws[rank][:, j:j + 1] * rows
 
         def check(name, expert_rows, counts, y):
             for e in range(L):
                 if int(counts[e]) != len(want_rows[e]):
                     raise SystemExit(f"{name}: rank {rank} expert {e}: {int(counts[e])} rows, "
                                      f"want {len(want_rows[e])}")
-                if want_rows[e] and not torch.equal(expert_rows(e), torch.stack(want_rows[e])):
+                if want_rows[e] and not torch.equal(expert_rows(e).cpu(),
+                                                    torch.stack(want_rows[e])):
                     raise SystemExit(f"{name}: rank {rank} expert {e}: wrong rows")
-            err = (y.float() - want_y).abs().max().item() if m else 0.0
+            err = (y.float().cpu() - want_y).abs().max().item() if m else 0.0
             if err > 2e-2 * max(want_y.abs().max().item(), 1e-3):
                 raise SystemExit(f"{name}: rank {rank}: combine off by {err}")
 
-        # pmoe, on preallocated tensors (as a layer would keep them).
-        a2a = pmoe.AllToAll(comm, max_num_tokens=m, num_experts=E, experts_per_token=k,
-                            hidden_dim=H, in_dtype="bf16", out_dtype="bf16")
-        counts = torch.zeros(L, dtype=torch.int32)
-        expert_x = torch.zeros(L, W * m, H, dtype=dtype)
-        expert_y = torch.zeros(L, W * m, H, dtype=dtype)
-        y = torch.zeros(m, H, dtype=dtype)
-        a2a.dispatch(x, idx32, counts, expert_x)
-        expert_y.copy_((expert_x.float() * scale.view(L, 1, 1)).to(dtype))
-        a2a.combine(expert_y, idx32, w, y)
-        check("pmoe", lambda e: expert_x[e, :int(counts[e])], counts, y)
+        # pmoe, on preallocated tensors (as a layer would keep them); on CUDA, pmoe-bench.
+        if not cuda:
+            a2a = pmoe.AllToAll(comm, max_num_tokens=m, num_experts=E, experts_per_token=k,
+                                hidden_dim=H, in_dtype="bf16", out_dtype="bf16")
+            counts = torch.zeros(L, dtype=torch.int32)
+            expert_x = torch.zeros(L, W * m, H, dtype=dtype)
+            expert_y = torch.zeros(L, W * m, H, dtype=dtype)
+            y = torch.zeros(m, H, dtype=dtype)
+            a2a.dispatch(x, idx32, counts, expert_x)
+            expert_y.copy_((expert_x.float() * scale.view(L, 1, 1)).to(dtype))
+            a2a.combine(expert_y, idx32, w, y)
+            check("pmoe", lambda e: expert_x[e, :int(counts[e])], counts, y)
 
         # Torch AtA.
         state = {}
@@ -120,11 +139,11 @@ def worker(args):
             send_splits = per_expert.view(W, L).sum(1).tolist()
             recv_counts = recv_per_expert.view(W, L)
             recv_splits = recv_counts.sum(1).tolist()
-            recv = torch.empty(sum(recv_splits), H, dtype=dtype)
+            recv = torch.empty(sum(recv_splits), H, dtype=dtype, device=dev)
             dist.all_to_all_single(recv, send, recv_splits, send_splits)
             # Received rows are ordered (source rank, expert, token): regroup by expert.
             expert_of_row = torch.repeat_interleave(
-                torch.arange(L).repeat(W), recv_counts.flatten())
+                torch.arange(L, device=dev).repeat(W), recv_counts.flatten())
             regroup = torch.argsort(expert_of_row, stable=True)
             state.update(order=order, token_of=token_of, send_splits=send_splits,
                          recv_splits=recv_splits, regroup=regroup,
@@ -135,16 +154,16 @@ def worker(args):
             rows = state["out_rows"]
             back = torch.empty_like(rows)
             back[state["regroup"]] = rows  # undo the regroup
-            returned = torch.empty(len(state["order"]), H, dtype=dtype)
+            returned = torch.empty(len(state["order"]), H, dtype=dtype, device=dev)
             dist.all_to_all_single(returned, back, state["send_splits"], state["recv_splits"])
             weight = w.flatten()[state["order"]].view(-1, 1)
-            acc = torch.zeros(m, H)
+            acc = torch.zeros(m, H, device=dev)
             acc.index_add_(0, state["token_of"], returned.float() * weight)
             state["y"] = acc.to(dtype)
 
         def torch_experts():
             starts = torch.cumsum(state["counts"], 0) - state["counts"]
-            local_expert = torch.repeat_interleave(torch.arange(L), state["counts"])
+            local_expert = torch.repeat_interleave(torch.arange(L, device=dev), state["counts"])
             state["out_rows"] = (state["rows"].float() * scale[local_expert]).to(dtype)
             state["starts"] = starts
 
@@ -164,7 +183,7 @@ def worker(args):
 
         # pmoe's op alternates dispatch -> combine: time each with its partner outside the clock.
         t_d, t_c = [], []
-        for i in range(args.warmup + args.iters):
+        for i in range(0 if cuda else args.warmup + args.iters):
             dist.barrier()
             s = time.perf_counter()
             pmoe_dispatch()
@@ -177,21 +196,24 @@ def worker(args):
                 t_d.append(d)
                 t_c.append(c)
         rows = {}
-        for name, ts in (("dispatch", t_d), ("combine", t_c)):
-            slowest = torch.tensor(ts, dtype=torch.float64)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            rows[("pmoe", name)] = [t * 1e6 for t in slowest.tolist()]
-        rows[("pmoe", "dispatch_combine")] = timed(lambda: (pmoe_dispatch(), pmoe_combine()))
+        if not cuda:
+            for name, ts in (("dispatch", t_d), ("combine", t_c)):
+                slowest = torch.tensor(ts, dtype=torch.float64)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                rows[("pmoe", name)] = [t * 1e6 for t in slowest.tolist()]
+            rows[("pmoe", "dispatch_combine")] = timed(lambda: (pmoe_dispatch(), pmoe_combine()))
         rows[("torch_ata", "dispatch")] = timed(torch_dispatch)
         torch_experts()
         rows[("torch_ata", "combine")] = timed(torch_combine)
         rows[("torch_ata", "dispatch_combine")] = timed(
             lambda: (torch_dispatch(), torch_experts(), torch_combine()))
         for (impl, op), us in rows.items():
-            results.append({"impl": impl, "op": op, "ep": W, "tokens": m, "us": us,
+            results.append({"impl": impl, "op": op, "ep": W, "tokens": m, "device": args.device,
+                            "us": us,
                             "mean_us": statistics.fmean(us), "std_us": statistics.pstdev(us),
                             "median_us": statistics.median(us)})
-        del a2a, expert_x, expert_y
+        if not cuda:
+            del a2a, expert_x, expert_y
     if rank == 0:
         with open(args.worker_out, "w") as f:
             json.dump(results, f)
@@ -199,15 +221,19 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def machine():
+def machine(cuda):
     model = ""
     try:
         with open("/proc/cpuinfo") as f:
             model = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
     except (OSError, StopIteration):
         pass
-    return {"cpu": model, "cores": os.cpu_count(), "host": platform.node(),
+    info = {"cpu": model, "cores": os.cpu_count(), "host": platform.node(),
             "python": platform.python_version()}
+    if cuda:
+        import torch
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
 
 
 def markdown(doc):
@@ -219,7 +245,11 @@ def markdown(doc):
              f"Load before: {doc['load_before']}; after: {doc['load_after']}.", "",
              f"{doc['config']['iters']} timed iterations after {doc['config']['warmup']} warm-ups; "
              "barrier before each; an iteration's time is the slowest rank's. mean ± std (µs). "
-             "Ranks are processes of one machine (pmoe: POSIX shared memory; Torch AtA: gloo).", ""]
+             + ("Ranks are processes, one GPU each (Torch AtA: NCCL on CUDA tensors; pmoe's GPU "
+                "rows come from pmoe-bench all-to-all --device cuda)."
+                if doc["config"]["device"] == "cuda" else
+                "Ranks are processes of one machine (pmoe: POSIX shared memory; Torch AtA: gloo)."),
+             ""] + [f"Skipped: {s['reason']}.  " for s in doc["skipped"]] + [""]
     table = {(r["impl"], r["op"], r["ep"], r["tokens"]): r for r in doc["rows"]}
     eps = sorted({r["ep"] for r in doc["rows"]})
     for m in sorted({r["tokens"] for r in doc["rows"]}):
@@ -250,6 +280,8 @@ def main():
     parser.add_argument("--hidden", type=int, default=7168)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: Torch AtA on CUDA tensors with NCCL, one GPU per rank")
     parser.add_argument("--out", help="write OUT.json and OUT.md")
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -261,14 +293,21 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(here)
     load_before = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    rows = []
+    rows, skipped = [], []
     for w in [int(e) for e in args.ep.split(",")]:
+        gpus = torch.cuda.device_count() if args.device == "cuda" else 0
+        if args.device == "cuda" and gpus < w:
+            why = (f"EP{w} on CUDA needs {w} GPUs, one a rank (NCCL refuses two ranks of one "
+                   f"communicator on one GPU); this machine has {gpus}")
+            print(f"torch_ata_bench: skipped: {why}", flush=True)
+            skipped.append({"ep": w, "reason": why})
+            continue
         part = f"/tmp/torch_ata_bench.{os.getpid()}.{w}.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={w}", os.path.abspath(__file__), "--worker-out", part,
                "--tokens", ",".join(map(str, args.tokens)), "--experts", str(args.experts),
                "--top-k", str(args.top_k), "--hidden", str(args.hidden),
-               "--warmup", str(args.warmup), "--iters", str(args.iters)]
+               "--warmup", str(args.warmup), "--iters", str(args.iters), "--device", args.device]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         subprocess.run(cmd, check=True, env=env)
         with open(part) as f:
@@ -276,12 +315,14 @@ def main():
         os.remove(part)
     commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    doc = {"command": "python3 " + " ".join(sys.argv), "commit": commit, "machine": machine(),
+    doc = {"command": "python3 " + " ".join(sys.argv), "commit": commit,
+           "machine": machine(args.device == "cuda"),
            "torch": torch.__version__, "load_before": load_before,
            "load_after": " ".join(f"{v:.2f}" for v in os.getloadavg()),
            "config": {"experts": args.experts, "top_k": args.top_k, "hidden": args.hidden,
-                      "warmup": args.warmup, "iters": args.iters, "dtype": "bf16"},
-           "rows": rows}
+                      "warmup": args.warmup, "iters": args.iters, "dtype": "bf16",
+                      "device": args.device},
+           "skipped": skipped, "rows": rows}
     text = markdown(doc)
     print(text)
     if args.out:

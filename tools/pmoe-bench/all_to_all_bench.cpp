@@ -17,7 +17,10 @@
 // and the mode, network_bytes_per_rank / network_transfers_per_rank (rank 0's, measured), and
 // per_rank: for every rank, network_measured (AllToAll::remote_traffic() around one call) and
 // network_counted / load_store_counted / same_rank_counted (count_traffic of the same routing:
-// bytes, transfers and signals sent, bytes received), rows, and network_matches_count.
+// bytes, transfers and signals sent, bytes received), rows, and network_matches_count. Its
+// baseline is the row nccl_alltoallv, NCCL's all-to-all-v of the same rows (nccl_all_to_all_v.hpp),
+// a round trip like the CPU's alltoallv; where NCCL cannot run it (the emulated device, ranks that
+// share one GPU, no libnccl) the row's times are null and not_run says why.
 
 #include <algorithm>
 #include <cstdio>
@@ -127,6 +130,16 @@ struct Context {
       row["copy_fraction"] = nullptr;
     }
     row["workspace_bytes"] = workspace ? json(workspace) : json(nullptr);
+    rows.push_back(row);
+  }
+
+  // A baseline that could not run here: its row says why instead of a time.
+  void add_not_run(const std::string& op, const std::string& why) {
+    json row = {{"op", op}, {"ranks", W}, {"tokens", tokens}, {"copy_gbps", copy_gbps},
+                {"not_run", why}};
+    for (const char* key : {"mean_us", "std_us", "min_us", "median_us", "max_us", "gbps",
+                            "copy_fraction", "workspace_bytes"})
+      row[key] = nullptr;
     rows.push_back(row);
   }
 };
@@ -269,6 +282,7 @@ void run_config(Communicator& comm, Context& ctx) {
 }
 
 std::string cell(const json& row) {
+  if (row["mean_us"].is_null()) return "not run";
   return format("%.1f", row["mean_us"].get<double>()) + " ± " +
          format("%.1f", row["std_us"].get<double>());
 }
@@ -276,13 +290,15 @@ std::string cell(const json& row) {
 void print_tables(const Options& o, const json& rows) {
   std::printf("\n## pmoe-bench all-to-all: E=%d, top-k=%d, H=%d, %s (combine out bf16)\n\n",
               o.experts, o.topk, o.hidden, o.dtype.c_str());
-  std::printf("%d timed iterations after %d warm-ups; an iteration's time is the slowest rank's. %s\n",
-              o.iters, o.warmup,
-              o.device == "cuda"
-                  ? "dispatch/combine use the caller's device buffers (timed with events on each "
-                    "rank's stream); dispatch_combine is the round trip."
-                  : "dispatch/combine use the op's in-place buffers; *_staged the caller's own; "
-                    "dispatch_combine, alltoallv and dense_padded are round trips.");
+  std::printf(
+      "%d timed iterations after %d warm-ups; an iteration's time is the slowest rank's. %s\n",
+      o.iters, o.warmup,
+      o.device == "cuda"
+          ? "dispatch/combine use the caller's device buffers (timed with events on each "
+            "rank's stream); dispatch_combine is the round trip, and nccl_alltoallv "
+            "NCCL's all-to-all-v of the same rows, also a round trip."
+          : "dispatch/combine use the op's in-place buffers; *_staged the caller's own; "
+            "dispatch_combine, alltoallv and dense_padded are round trips.");
   std::vector<int> rank_counts, token_counts;
   std::vector<std::string> ops;
   for (const auto& r : rows) {
@@ -307,6 +323,15 @@ void print_tables(const Options& o, const json& rows) {
       }
       std::printf("\n");
     }
+  }
+  std::vector<std::string> told;  // why a row did not run, said once, with the first such row
+  for (const auto& r : rows) {
+    if (!r.contains("not_run")) continue;
+    const std::string why = r["not_run"];
+    if (std::find(told.begin(), told.end(), why) != told.end()) continue;
+    told.push_back(why);
+    std::printf("\n%s (first at EP%d, %d tokens): %s\n", r["op"].get<std::string>().c_str(),
+                r["ranks"].get<int>(), r["tokens"].get<int>(), why.c_str());
   }
   const bool roofline = std::any_of(rows.begin(), rows.end(),
                                     [](const json& r) { return r["copy_gbps"].get<double>() > 0; });
@@ -432,6 +457,11 @@ void run(const Options& o) {
         ctx.add("dispatch_recv", r.dispatch_recv_us, 0, r.workspace_bytes);
         ctx.add("combine_send", r.combine_send_us, 0, r.workspace_bytes);
         ctx.add("combine_recv", r.combine_recv_us, 0, r.workspace_bytes);
+        // NCCL's all-to-all-v of the same rows, a round trip like the CPU's alltoallv row.
+        if (r.nccl_not_run.empty())
+          ctx.add("nccl_alltoallv", r.nccl_us, r.dispatch_bytes + r.combine_bytes, 0);
+        else
+          ctx.add_not_run("nccl_alltoallv", r.nccl_not_run);
         const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : comm.size();
         for (auto& row : ctx.rows) {
           row["copy_kind"] = r.copy_kind;
@@ -492,8 +522,9 @@ void run(const Options& o) {
     // the rank counts (log scale: dense padded is orders of magnitude slower).
     json drawn = json::array();
     for (const auto& r : rows)
-      for (const char* op : {"dispatch", "combine", "dispatch_combine", "alltoallv", "dense_padded"})
-        if (r["op"] == op) drawn.push_back(r);
+      for (const char* op : {"dispatch", "combine", "dispatch_combine", "alltoallv", "dense_padded",
+                             "nccl_alltoallv"})
+        if (r["op"] == op && !r["mean_us"].is_null()) drawn.push_back(r);
     PlotSpec spec;
     spec.x = "ranks";
     spec.x_label = "ranks";

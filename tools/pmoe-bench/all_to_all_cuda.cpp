@@ -6,8 +6,11 @@
 #include <span>
 #include <string>
 
+#include <unistd.h>
+
 #include "all_to_all_bytes.hpp"
 #include "core/device_runtime.hpp"
+#include "nccl_all_to_all_v.hpp"
 #include "pmoe/error.hpp"
 #include "reference/all_to_all_reference.hpp"
 
@@ -107,6 +110,68 @@ void collect_links(Communicator& comm, const AllToAllConfig& cfg,
     result.dispatch_links.push_back({{w[0], w[1]}, counted.dispatch.ranks[size_t(r)]});
     result.combine_links.push_back({{w[2], w[3]}, counted.combine.ranks[size_t(r)]});
   }
+}
+
+// Every rank's `text` (cut to 511 bytes); "" where all are empty, else the first rank's that is
+// not, named.
+std::string first_of_ranks(Communicator& comm, const std::string& text) {
+  char mine[512] = {};
+  text.copy(mine, sizeof mine - 1);
+  const auto all = comm.all_gather(std::as_bytes(std::span(mine)));
+  for (int r = 0; r < comm.size(); ++r) {
+    const char* theirs = reinterpret_cast<const char*>(all.data()) + size_t(r) * sizeof mine;
+    if (theirs[0] != '\0') return detail::cat("on rank ", r, ": ", theirs);
+  }
+  return "";
+}
+
+// Why NCCL's all-to-all-v cannot run on this communicator, or "" where it can.
+std::string nccl_not_run(Communicator& comm) {
+  if (cuda_emulated()) return "not run: the emulated CUDA device has no NCCL (NCCL needs a GPU)";
+  struct Where {
+    char host[64];
+    int device;
+  } mine{};
+  gethostname(mine.host, sizeof mine.host - 1);
+  mine.device = comm.device().index;
+  const auto all = comm.all_gather(std::as_bytes(std::span(&mine, 1)));
+  const auto* where = reinterpret_cast<const Where*>(all.data());
+  for (int r = 0; r < comm.size(); ++r)
+    for (int s = r + 1; s < comm.size(); ++s)
+      if (where[r].device == where[s].device && std::strcmp(where[r].host, where[s].host) == 0)
+        return detail::cat("not run: ranks ", r, " and ", s, " share GPU ", where[r].device,
+                           ", and NCCL refuses two ranks of one communicator on one GPU (under "
+                           "mpirun with one process per GPU it runs)");
+  const std::string why = first_of_ranks(comm, nccl_all_to_all_v_unavailable());
+  return why.empty() ? why : "not run: " + why;
+}
+
+// NCCL's all-to-all-v of the same rows: checked against the reference (a wrong result throws),
+// then the round trip timed. A set-up that NCCL refuses leaves the row's reason instead, so that
+// pmoe's rows, already timed, are still reported.
+void time_nccl(Communicator& comm, const AllToAllConfig& cfg,
+               const std::vector<reference::AllToAllInputs>& all, int warmup, int iters,
+               CudaAllToAllResult& result) {
+  std::unique_ptr<BaselinePath> path;
+  std::string refused;
+  try {
+    path = make_nccl_all_to_all_v_path(comm, cfg, all[size_t(comm.rank())]);
+  } catch (const Error& e) {
+    refused = e.what();
+  }
+  refused = first_of_ranks(comm, refused);
+  if (!refused.empty()) {
+    result.nccl_not_run = "not run: NCCL's set-up failed " + refused;
+    return;
+  }
+  path->dispatch();
+  path->run_experts();
+  path->combine();
+  const std::string error = first_of_ranks(comm, path->check(all));
+  PMOE_CHECK(error.empty(), "check failed: nccl_alltoallv, ranks=", comm.size(), " ", error);
+  const auto t =
+      time_on_stream(comm, warmup, iters, {[&] { path->dispatch(); }, [&] { path->combine(); }});
+  for (size_t i = 0; i < t[0].size(); ++i) result.nccl_us.push_back(t[0][i] + t[1][i]);
 }
 
 }  // namespace
@@ -223,6 +288,9 @@ CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig&
   result.combine_recv_us = halves[3];
   synchronize(comm.stream());
   a2a.check_errors();
+
+  result.nccl_not_run = nccl_not_run(comm);
+  if (result.nccl_not_run.empty()) time_nccl(comm, cfg, all, warmup, iters, result);
   return result;
 }
 

@@ -4,7 +4,9 @@
 // stream. The roofline, timed the same way in the same run, is every rank copying into the next
 // rank's memory at once: the peer (NVLink) copy rate where ranks sit on different GPUs, a local
 // device-to-device copy where they share one, named by copy_kind (left out on the emulated
-// device: copy_gbps stays 0). Throws pmoe::Error where the build has no CUDA runtime.
+// device: copy_gbps stays 0). Beside them, in the same run, NCCL's all-to-all-v of the same rows
+// (nccl_all_to_all_v.hpp), or why it could not run here. Throws pmoe::Error where the build has
+// no CUDA runtime.
 #pragma once
 
 #include <cstddef>
@@ -36,6 +38,10 @@ struct CudaAllToAllResult {
     detail::RankTraffic counted;
   };
   std::vector<RankLinks> dispatch_links, combine_links;
+  // NCCL's all-to-all-v: the round trip (dispatch + combine) per iteration, slowest rank; or,
+  // where it did not run, why (the same text on every rank).
+  std::vector<double> nccl_us;
+  std::string nccl_not_run;
 };
 
 // What the roofline copy measures when rank r sits on GPU device_of[r] and copies to rank r + 1.

@@ -47,6 +47,10 @@ NcclApi load() {
   bind(library, api.path, "ncclCommWindowDeregister", api.CommWindowDeregister);
   bind(library, api.path, "ncclDevCommCreate", api.DevCommCreate);
   bind(library, api.path, "ncclDevCommDestroy", api.DevCommDestroy);
+  bind(library, api.path, "ncclSend", api.Send);
+  bind(library, api.path, "ncclRecv", api.Recv);
+  bind(library, api.path, "ncclGroupStart", api.GroupStart);
+  bind(library, api.path, "ncclGroupEnd", api.GroupEnd);
   PMOE_CHECK(api.GetVersion(&api.version) == ncclSuccess, "GIN remote path: ncclGetVersion of ",
              api.path, " failed");
   const int major = api.version / 10000, minor = api.version / 100 % 100;

@@ -34,6 +34,12 @@ struct NcclApi {
   decltype(&ncclCommWindowDeregister) CommWindowDeregister;
   decltype(&ncclDevCommCreate) DevCommCreate;
   decltype(&ncclDevCommDestroy) DevCommDestroy;
+  // Point-to-point, for pmoe-bench's NCCL all-to-all-v row
+  // (tools/pmoe-bench/nccl_all_to_all_v.hpp).
+  decltype(&ncclSend) Send;
+  decltype(&ncclRecv) Recv;
+  decltype(&ncclGroupStart) GroupStart;
+  decltype(&ncclGroupEnd) GroupEnd;
 };
 
 // Loads and checks libnccl once per process (thread-safe). Throws pmoe::Error naming the file

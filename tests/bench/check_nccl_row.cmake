@@ -1,0 +1,37 @@
+# bench.all_to_all_cuda.nccl_row: pmoe-bench all-to-all --device cuda's JSON has, for every rank
+# count and tokens per rank it ran, the row nccl_alltoallv (NCCL's all-to-all-v of the same rows);
+# where it could not run, its times are null and not_run says why, matching WHY.
+#   cmake -DJSON=<file written by --json> -DWHY=<regex> -P check_nccl_row.cmake
+file(READ "${JSON}" text)
+string(JSON rows GET "${text}" rows)
+string(JSON count LENGTH "${rows}")
+if(count EQUAL 0)
+  message(FATAL_ERROR "${JSON}: no rows")
+endif()
+math(EXPR last "${count} - 1")
+set(configs "")
+set(nccl "")
+foreach(i RANGE ${last})
+  string(JSON op GET "${rows}" ${i} op)
+  string(JSON ranks GET "${rows}" ${i} ranks)
+  string(JSON tokens GET "${rows}" ${i} tokens)
+  if(op STREQUAL "dispatch")
+    list(APPEND configs "${ranks}x${tokens}")
+  elseif(op STREQUAL "nccl_alltoallv")
+    list(APPEND nccl "${ranks}x${tokens}")
+    string(JSON mean TYPE "${rows}" ${i} mean_us)
+    string(JSON why ERROR_VARIABLE no_reason GET "${rows}" ${i} not_run)
+    if(NOT mean STREQUAL "NULL" OR no_reason)
+      message(FATAL_ERROR "${JSON}: nccl_alltoallv at ${ranks} ranks, ${tokens} tokens has a time "
+                          "(${mean}) or no reason, where it cannot run (expected: ${WHY})")
+    endif()
+    if(NOT why MATCHES "${WHY}")
+      message(FATAL_ERROR "${JSON}: nccl_alltoallv at ${ranks} ranks, ${tokens} tokens: not_run is "
+                          "'${why}', expected to match '${WHY}'")
+    endif()
+  endif()
+endforeach()
+if(NOT configs STREQUAL nccl)
+  message(FATAL_ERROR "${JSON}: configurations ${configs}, but nccl_alltoallv rows for ${nccl}")
+endif()
+message(STATUS "nccl_alltoallv rows for ${nccl}, each saying why it did not run: ${why}")
