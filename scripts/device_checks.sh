@@ -177,13 +177,23 @@ part_overlap_cuda() {
 
 part_python() {
   local build=/tmp/pmoe-python
+  # Wheels the image lacks (scripts/device_wheels.sh: transformers >= 5.23), carried in .whl.
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    bounded 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target /tmp/site .whl/*.whl || return 1
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
   bounded 60 cmake -S . -B "$build" -G Ninja -DPMOE_BUILD_TESTS=OFF -DPMOE_BUILD_TOOLS=OFF \
     -DPMOE_PYTHON=ON -DPMOE_CUDA=ON -DPMOE_CUDA_EMULATOR=OFF -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DCMAKE_PREFIX_PATH="$KIT/dev" -DMPI_CXX_COMPILER="$KIT/usr/bin/mpicxx" \
     -DPython_EXECUTABLE="$(command -v python3)" &&
     bounded 300 cmake --build "$build" -j "$(nproc)" &&
-    bounded 240 env PYTHONPATH="$build/python" PYTHONDONTWRITEBYTECODE=1 \
-      python3 -m pytest -q -rs -p no:cacheprovider python/tests
+    bounded 240 env PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" \
+      PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -rs -p no:cacheprovider python/tests &&
+    # pmoe as transformers' EP implementation, the CPU test as make test runs it (2 ranks)
+    bounded 120 env PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 \
+      python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+      python/tests/torchrun_transformers.py --dtypes f32 --edges
 }
 
 part_gin() {

@@ -4,7 +4,7 @@
 //   alltoallv:    what a careful user writes without pmoe (Megatron's token dispatcher): sort
 //                 the (token, expert) rows by expert, exchange the counts, MPI_Alltoallv the rows,
 //                 regroup them per local expert; back: pack, MPI_Alltoallv, un-permute and sum.
-//   dense_padded: the seed's "AtA" rows: every rank sends a dense [W, E_local, max_tokens, H]
+//   dense_padded: pplx-kernels' "AtA" rows: every rank sends a dense [W, E_local, max_tokens, H]
 //                 block whatever the routing, and gets the same back.
 //
 // Between threads the MPI calls become plain copies (ByteAllToAllV).

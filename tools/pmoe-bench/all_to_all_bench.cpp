@@ -1,6 +1,7 @@
-// `pmoe-bench all-to-all`: seed 002's dispatch/combine table for pmoe, with its baselines and a
-// roofline. For each rank count and tokens per rank, every path is first checked against the
-// plain reference (a wrong result exits non-zero), then timed by the DESIGN.md protocol.
+// `pmoe-bench all-to-all`: the dispatch/combine table of pplx-kernels' README, for pmoe, with
+// its baselines and a roofline. For each rank count and tokens per rank, every path is first
+// checked against the plain reference (a wrong result exits non-zero), then timed by the
+// DESIGN.md protocol.
 //
 // The roofline is the memory-copy bandwidth measured in the same run, right before each
 // configuration is timed: all ranks memcpy a private 16 MiB buffer (allocated like the ops'
@@ -545,7 +546,8 @@ void run(const Options& o) {
 void add_all_to_all_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
-      "all-to-all", "dispatch/combine latency against all-to-all baselines (seed 002's table)");
+      "all-to-all",
+      "dispatch/combine latency against all-to-all baselines (the table of pplx-kernels' README)");
   cmd->add_option("--ranks", o->ranks, "rank counts, comma-separated (threads; under mpirun the "
                                        "MPI processes)")
       ->capture_default_str();

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Downloads into .whl/ (ignored by git) the Python wheels the lent GPU machine lacks for the
+# python part of scripts/device_checks.sh: transformers >= 5.23 (its image has 5.17.0, which has
+# no expert-parallel registry; device tool KINDS.md). Its other needs (huggingface_hub,
+# tokenizers, safetensors, ...) are in the image at versions it accepts. About 13 MB; carry it
+# beside the kit:
+#   run(command="bash scripts/device_checks.sh python", carry=[".devkit", ".whl"])
+set -euo pipefail
+cd "$(dirname "$0")/.."
+version=$(python3 -c 'from importlib.metadata import version; print(version("transformers"))')
+rm -rf .whl && mkdir -p .whl
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp -d .whl "transformers==$version"
+ls -la .whl
