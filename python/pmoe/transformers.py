@@ -212,7 +212,8 @@ class PmoeEP(EPImplementation):
         local, rows = expert_x.shape[0], expert_x.shape[1]
         live = arrived_rows(counts, rows)
         packed = _ArrivedRows.apply(expert_x, live)
-        ids = torch.repeat_interleave(torch.arange(local), counts.long()).unsqueeze(1)
+        ids = torch.repeat_interleave(torch.arange(local, device=counts.device),
+                                      counts.long()).unsqueeze(1)
         if packed.shape[0] == 0:
             # Run the experts on one zero row all the same, so that their parameters stay in the
             # backward graph and FSDP's gradient reduction over the expert group runs here too.
