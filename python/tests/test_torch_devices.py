@@ -111,3 +111,53 @@ def test_cpu_layer_keeps_its_parameters_on_the_cpu():
         torch.testing.assert_close(layer.w1, torch.randn(2, 8, 8) / 8 ** 0.5)
 
     run_on("cpu", rank_main)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gpu_way_gives_the_cpu_way_results(monkeypatch, dtype):
+    """What pmoe.torch does on a GPU so that nothing waits on the host (combine's backward over
+    every padded row, masked; EpMoE's experts batched over the padded rows), run on the CPU:
+    outputs and gradients equal the CPU way's, with a skipped slot and m = 0 on one of 2 thread
+    ranks. Combine's backward dispatches with zero_padding=False, so the padding it masks holds
+    whatever the memory held."""
+    import pmoe.torch._autograd as autograd
+    import pmoe.torch._moe as moe
+    world, hidden, num_experts, top_k, max_tokens = 2, 16, 4, 2, 6
+    runs = {}
+
+    def rank_main(comm, gpu_way):
+        rank = comm.rank
+        gen = torch.Generator().manual_seed(rank + 1)
+        m = (max_tokens, 0)[rank]
+        x = torch.randn(m, hidden, generator=gen).to(dtype).requires_grad_()
+        indices = torch.rand(m, num_experts, generator=gen).topk(top_k, dim=-1).indices
+        if m:
+            indices[0, 1] = -1
+        w = torch.rand(m, top_k, generator=gen).requires_grad_()
+        a2a = pt.AllToAll(comm, max_num_tokens=max_tokens, num_experts=num_experts,
+                          experts_per_token=top_k, hidden_dim=hidden, dtype=dtype)
+        expert_x, _ = pt.dispatch(a2a, x, indices)
+        expert_y = (expert_x * 1.5).contiguous()
+        y = pt.combine(a2a, expert_y, indices, w, zero_padding=False)
+        (y.float() * torch.arange(1.0, hidden + 1)).sum().backward()
+        torch.manual_seed(3)
+        layer = pt.EpMoE(comm, hidden_dim=hidden, ffn_dim=8, num_experts=num_experts,
+                         top_k=top_k, max_num_tokens=max_tokens, swiglu=True, dtype=dtype)
+        xl = x.detach().clone().requires_grad_()
+        out = layer(xl)
+        out.float().square().sum().backward()
+        runs[(gpu_way, rank)] = [y, x.grad, w.grad, out, xl.grad] + \
+            [p.grad for p in layer.parameters()]
+
+    for gpu_way in (False, True):
+        monkeypatch.setattr(autograd._Arrived, "masked_on_cpu", gpu_way)
+        monkeypatch.setattr(moe, "_BATCHED_ON_CPU", gpu_way)
+        pmoe.run_ranks(world, lambda comm: rank_main(comm, gpu_way))
+    # The batched expert GEMMs sum in another blocking than one GEMM per expert.
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    for rank in range(world):
+        for i, (got, want) in enumerate(zip(runs[(True, rank)], runs[(False, rank)])):
+            assert (got is None) == (want is None), (rank, i)
+            if got is not None:
+                assert torch.isfinite(got.float()).all(), (rank, i)
+                torch.testing.assert_close(got, want, **tol, msg=f"rank {rank}, tensor {i}")

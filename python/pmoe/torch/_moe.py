@@ -23,6 +23,9 @@ from .. import _pmoe
 from ._autograd import (AllToAll, _served_device, _torch_sees_pmoe_device, combine,
                         dispatch)
 
+#: Tests set it to run the experts the GPU's way (batched over the padded rows) on the CPU.
+_BATCHED_ON_CPU = False
+
 
 def route(x, router_weight, top_k):
     """(indices [m, k] int64, weights [m, k] f32): the top-k experts of each token and their
@@ -95,7 +98,7 @@ class EpMoE(nn.Module):
         """x [m, H] -> y [m, H], m <= max_num_tokens (may differ between ranks, 0 included)."""
         indices, weights = route(x, self.router.weight, self.top_k)
         expert_x, counts = dispatch(self.a2a, x, indices)
-        if expert_x.is_cuda:  # batched over the padded rows: no wait for counts on the host
+        if expert_x.is_cuda or _BATCHED_ON_CPU:  # over the padded rows: no wait for counts
             expert_y = expert_forward(expert_x, self.w1, self.w2, self.w3).to(expert_x.dtype)
             return combine(self.a2a, expert_y, indices, weights)
         rows = expert_x.shape[1]
