@@ -140,9 +140,14 @@ def test_the_gpu_way_gives_the_cpu_way_results(monkeypatch, dtype):
         expert_y = (expert_x * 1.5).contiguous()
         y = pt.combine(a2a, expert_y, indices, w, zero_padding=False)
         (y.float() * torch.arange(1.0, hidden + 1)).sum().backward()
-        torch.manual_seed(3)
         layer = pt.EpMoE(comm, hidden_dim=hidden, ffn_dim=8, num_experts=num_experts,
                          top_k=top_k, max_num_tokens=max_tokens, swiglu=True, dtype=dtype)
+        # The ranks are threads of one process, sharing torch's global generator: the weights
+        # come from a generator of their own.
+        weights = torch.Generator().manual_seed(3)
+        layer.load_dense(*(torch.randn(shape, generator=weights) / 4 for shape in
+                           ((num_experts, hidden), (num_experts, hidden, 8),
+                            (num_experts, 8, hidden), (num_experts, hidden, 8))))
         xl = x.detach().clone().requires_grad_()
         out = layer(xl)
         out.float().square().sum().backward()
