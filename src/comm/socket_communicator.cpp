@@ -124,8 +124,8 @@ SocketCommunicator::SocketCommunicator(Listener&& listener, int rank,
     uint64_t theirs;
     std::memcpy(&theirs, all.data() + size_t(r) * sizeof theirs, sizeof theirs);
     PMOE_CHECK(theirs == mine, "SocketCommunicator on rank ", rank_, ": rank ", r,
-               " was given other addresses, node names, job id or kind of device (this rank: ",
-               device.str(), ") than this rank");
+               " was given other addresses, node names or job id than this rank, or runs on "
+               "another kind of device (this rank: ", device.str(), ")");
   }
   for (int r = 0; r < size_; ++r)
     if (nodes[size_t(r)] == nodes[size_t(rank_)]) node_ranks_.push_back(r);
