@@ -5,7 +5,8 @@ where no GPU is visible, pmoe's emulated CUDA device, whose IPC is POSIX shared 
 Everywhere (the emulated device included):
 - pmoe.torch.communicator(device="cuda:0") gives a SocketCommunicator on cuda:0 with a stream;
   pmoe.AllToAll dispatch/combine on pmoe's own device arrays (pmoe.zeros / pmoe.copy) against
-  the NumPy reference, with the ranks on one node and split into one node each (the remote path);
+  the NumPy reference, with the ranks on one node and (on the emulated device: on a GPU, NCCL
+  refuses two ranks on one GPU) split into one node each through the remote path;
 - errors: a CPU tensor given to a CUDA communicator's pmoe.torch ops, a tensor on another device
   given to a CPU one, ranks that ask for different kinds of device, a device pmoe cannot serve
   (asked by one rank only: every rank raises), and a CUDA communicator whose ranks name different
@@ -398,7 +399,11 @@ def main():
         print(f"rank {dist.get_rank()}: FAILED devices {comm_gpu.device} {comm_gpu.stream} "
               f"{comm_cpu.device}", flush=True)
     step("device arrays, one node", lambda: check_device_arrays(comm_gpu, 0))
-    step("device arrays, a node each", lambda: check_device_arrays(comm_gpu, 1))
+    if pmoe.cuda_emulated():
+        step("device arrays, a node each", lambda: check_device_arrays(comm_gpu, 1))
+    else:  # the GIN path: NCCL refuses two ranks of one communicator on one GPU
+        say("skipped ranks_per_node=1 on a GPU: the GIN path needs a GPU per rank (mpi.cuda_remote "
+            "needs several GPUs and an RDMA NIC; device_checks.sh's gin part says what one GPU can)")
     step("errors", lambda: check_errors(comm_gpu, comm_cpu))
     reason = gpu_reason()
     if reason:
