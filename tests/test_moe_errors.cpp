@@ -189,6 +189,17 @@ void expect_forward_rejected(
   }
 }
 
+// EpMoe's bound is its max_tokens_per_rank argument (the same keyword in Python): the message
+// names that word, not SimpleMoe's and TpMoe's max_tokens.
+TEST(MoeErrors, EpForwardMoreTokensNamesMaxTokensPerRank) {
+  const MoeConfig c = good_config();
+  expect_error_on_ranks(2, "build it with a larger max_tokens_per_rank", [&](Communicator& comm) {
+    EpMoe layer(comm, c, 4);
+    Buffer x(c.dtype, {5, c.feature_dim}), y(c.dtype, {5, c.out_dim()});
+    layer.forward(x, y);
+  });
+}
+
 TEST(MoeErrors, ForwardMoreTokensThanBuiltFor) {
   expect_forward_rejected(
       "x has 5 tokens, more than the 4 this layer was built for; build it with a larger max_tokens",

@@ -2,7 +2,8 @@
 
     python3 tools/torch_ata_bench.py --ep 2,4 --tokens 1,128 --out bench/results/NAME
         launches `torchrun --standalone --nproc-per-node W` for each W, writes NAME.json and
-        NAME.md (seed 002's shape by default: E = 256, top-k 8, H = 7168, bf16)
+        NAME.md (by default the DeepSeek-V3 shape of pplx-kernels' dispatch/combine table:
+        E = 256, top-k 8, H = 7168, bf16)
 
 Both sides run in the same processes, on the same inputs, under the same protocol: a barrier
 before every timed iteration, the iteration's time being the slowest rank's (an all-reduce MAX

@@ -2,8 +2,8 @@
 Face transformers (>= 5.23, whose ``EPImplementationInterface`` is the registry for this).
 
     import pmoe.transformers                     # registers ep_implementation="pmoe"
-    model = AutoModelForCausalLM.from_pretrained(
-        path, distributed_config=DistributedConfig(fsdp_size=W, ep_size=W, ep_implementation="pmoe"))
+    model = AutoModelForCausalLM.from_pretrained(path, distributed_config=DistributedConfig(
+        fsdp_size=W, ep_size=W, ep_implementation="pmoe"))
 
 Token flow of one MoE block on rank r of an EP group of W ranks (E experts, E_local = E / W):
 
@@ -198,7 +198,7 @@ class PmoeEP(EPImplementation):
         exchange = self._exchange(top_k_index.shape[-1], hidden_states.shape[-1],
                                   hidden_states.dtype)
         a2a = exchange.fit(hidden_states.shape[0])
-        indices = top_k_index.detach()
+        indices, top_k_weights = _merge_repeated_experts(top_k_index.detach(), top_k_weights)
         expert_x, counts = dispatch(a2a, hidden_states.contiguous(), indices, zero_padding=False)
         expert_y = self._run_experts(expert_x, counts)
         y = combine(a2a, expert_y, indices, top_k_weights, zero_padding=False)
@@ -222,6 +222,19 @@ class PmoeEP(EPImplementation):
         else:
             out = self.experts_forward(packed, ids, packed.new_ones(packed.shape[0], 1))
         return _IntoRows.apply(out.to(expert_x.dtype), live, local, rows)
+
+
+def _merge_repeated_experts(indices, weights):
+    """Routes that name an expert twice for one token (some routers can: hash routing, capacity
+    re-routes) as pmoe's dispatch takes them, each expert at most once a row: a repeat's weight
+    is added to the expert's first slot, and the repeat becomes -1 (skipped). The sum y is the
+    same, and so are the gradients of the weights (the merge is a scatter-add)."""
+    k = indices.shape[-1]
+    same = indices.unsqueeze(2) == indices.unsqueeze(1)       # [m, k, k]
+    first = same.to(torch.int8).argmax(dim=2)                  # each slot's first equal slot
+    repeat = first != torch.arange(k, device=indices.device)
+    merged = torch.zeros_like(weights).scatter_add(1, first.long(), weights)
+    return indices.masked_fill(repeat, -1), merged
 
 
 class _ArrivedRows(torch.autograd.Function):

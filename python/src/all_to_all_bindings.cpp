@@ -84,7 +84,8 @@ bit-identical run after run. Every call validates its arguments before sending a
           R"(Sends every token to the ranks owning its experts.
 
 x                 [m, H] in_dtype, m <= max_num_tokens
-indices           [m, k] int32, experts in [0, E) or -1 (slot skipped), distinct per row
+indices           [m, k] int32 or int64 (torch.topk's indices as they are), experts in
+                  [0, E) or -1 (slot skipped), distinct per row
 expert_num_tokens [E_local] int32, out: rows received per local expert
 expert_x          [E_local, W * max_num_tokens, H] in_dtype, out
 x_scale           [m, H / scale_block] float32, f8e4m3 only
@@ -105,7 +106,7 @@ phase             'both', or 'send' then 'recv' with other work in between)")
           R"(Brings expert outputs back and sums them with the router weights.
 
 expert_y [E_local, W * max_num_tokens, H] float32, bfloat16 or float16, rows in dispatch order
-indices  [m, k] int32, the same as given to dispatch
+indices  [m, k] int32 or int64, the same as given to dispatch
 weights  [m, k] float32
 y        [m, H] out_dtype, out: y[t] = sum_j weights[t, j] * expert_y[row of (t, j)], in f32,
          in j order, skipping -1 slots)")

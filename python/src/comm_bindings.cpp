@@ -76,20 +76,31 @@ void bind_comm(nb::module_& m) {
               try {
                 fn(nb::cast(&comm, nb::rv_policy::reference));
               } catch (nb::python_error& e) {
-                throw Error(e.what());  // carries the Python traceback as text
+                // The exception itself travels on (run_ranks re-throws the first rank's error
+                // here, and nanobind restores it): the caller catches the rank's own type, with
+                // the traceback through fn. The note says which thread raised it.
+                nb::object note = nb::getattr(e.value(), "add_note", nb::none());
+                if (!note.is_none())
+                  note(nb::str("raised on rank {} of {} (pmoe.run_ranks)")
+                           .format(comm.rank(), comm.size()));
+                throw;
               }
             },
             where);
       },
       nb::arg("n"), nb::arg("fn"), nb::arg("device") = "cpu",
       "Runs fn(comm) on n ranks, each a thread of this process, and returns when all have "
-      "returned. If a rank raises, the others stop waiting at once and the first error is "
-      "raised here as pmoe.Error. `comm` is valid only during fn. device: 'cpu', or 'cuda:N' "
+      "returned. If a rank raises, the others stop waiting at once, and the exception of the "
+      "first rank to fail is raised here as it was: a ValueError stays a ValueError, with its "
+      "traceback through fn and a note naming the rank (the other ranks' errors, which follow "
+      "from it, are not raised). `comm` is valid only during fn. device: 'cpu', or 'cuda:N' "
       "for n ranks sharing GPU N (each with its own stream, comm.stream).");
 
   m.def("cuda_available", [] { return cuda_available_in_build() && cuda_device_count() > 0; },
         "True when device='cuda:N' can run: a GPU is visible, or pmoe's emulated CUDA device "
-        "stands in for one (see cuda_emulated).");
+        "stands in for one (see cuda_emulated). Emulated, torch.cuda.is_available() is False "
+        "and neither torch nor NumPy can allocate there: ops on 'cuda:N' then take only pmoe's "
+        "own arrays (pmoe.zeros, filled by pmoe.copy); torch CUDA tensors need a GPU.");
   m.def("cuda_emulated", &cuda_emulated,
         "True when 'cuda:N' runs on pmoe's emulated CUDA device (the kernels' own source on the "
         "CPU): no GPU is visible, or PMOE_CUDA_EMULATE=1. It proves logic, not speed.");

@@ -21,7 +21,8 @@ def _sizes(hidden, layers, num_experts, top_k, vocab):
     head = hidden // heads
     sizes = dict(
         vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-        intermediate_size=2 * hidden, moe_intermediate_size=hidden, shared_expert_intermediate_size=hidden,
+        intermediate_size=2 * hidden, moe_intermediate_size=hidden,
+        shared_expert_intermediate_size=hidden,
         num_attention_heads=heads, num_key_value_heads=2, head_dim=head,
         max_position_embeddings=256, max_window_layers=layers, sliding_window=16,
         # MLA (DeepSeek, Kimi, GLM-MoE-DSA): small low-rank projections
@@ -30,6 +31,13 @@ def _sizes(hidden, layers, num_experts, top_k, vocab):
         # every layer an MoE layer, routed over one group
         first_k_dense_replace=0, decoder_sparse_step=1, n_group=1, topk_group=1,
         num_nextn_predict_layers=0, n_shared_experts=1,
+        # sparse-attention indexers (DeepSeek-V3.2, GLM-MoE-DSA) and other routers' own names
+        index_topk=4, index_head_dim=head, index_n_heads=2, num_expert_group=1,
+        moe_k=top_k, moe_layer_start_index=0, moe_layer_end_index=layers - 1,
+        moe_num_shared_experts=1, per_layer_config={},
+        # state-space layers of the hybrids (Jamba, Granite, Nemotron-H): heads that divide
+        # expand * hidden
+        mamba_n_heads=4, mamba_d_head=hidden // 2, mamba_n_groups=1, mamba_chunk_size=16,
         pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )
     sizes.update({name: num_experts for name in _EXPERT_COUNT})
@@ -40,12 +48,16 @@ def _sizes(hidden, layers, num_experts, top_k, vocab):
 def _shrunk(config_class, sizes):
     defaults = config_class().to_dict()
     kwargs = {name: value for name, value in sizes.items() if name in defaults}
-    if "kv_lora_rank" in defaults and "head_dim" in defaults:  # MLA: head_dim is the rope part
-        kwargs["head_dim"] = sizes["qk_rope_head_dim"]
-    for name in ("layer_types", "mlp_only_layers"):
-        if isinstance(defaults.get(name), list):  # one entry per layer in the family's default
-            kwargs[name] = [] if name == "mlp_only_layers" else \
-                defaults[name][:sizes["num_hidden_layers"]]
+    if "kv_lora_rank" in defaults:  # MLA: head_dim is the rope part, a key/value head a query's
+        kwargs["num_key_value_heads"] = sizes["num_attention_heads"]
+        if "head_dim" in defaults:
+            kwargs["head_dim"] = sizes["qk_rope_head_dim"]
+    layers = defaults.get("num_hidden_layers")
+    for name, value in defaults.items():  # per-layer lists (layer_types, mlp_layer_types, ...)
+        if isinstance(value, list) and layers and len(value) == layers and name not in kwargs:
+            kwargs[name] = value[:sizes["num_hidden_layers"]]
+    if isinstance(defaults.get("mlp_only_layers"), list):  # layer indices: none dense here
+        kwargs["mlp_only_layers"] = []
     if isinstance(defaults.get("text_config"), dict):
         text_class = type(config_class().get_text_config())
         kwargs["text_config"] = _shrunk(text_class, sizes).to_dict()

@@ -81,10 +81,18 @@ def test_cpu_array_on_a_cuda_rank_is_rejected():
         indices = on_device(np.zeros((4, 1), np.int32), comm.device)
         counts = pmoe.zeros([2], "i32", comm.device)
         expert_x = pmoe.zeros([2, 4, 8], "f32", comm.device)
-        with pytest.raises(pmoe.Error, match="cpu"):
+        # The message says what to pass instead: pmoe's own device arrays (or, on a GPU, its
+        # frameworks' tensors).
+        hint = "pmoe.zeros filled by pmoe.copy"
+        with pytest.raises(pmoe.Error, match=f"`x` must be on cuda:0, got cpu .*{hint}"):
             a2a.dispatch(x, indices, counts, expert_x)
 
     pmoe.run_ranks(1, rank_main, device="cuda:0")
+
+
+def test_cuda_available_says_what_arrays_the_emulated_device_takes():
+    assert "pmoe.zeros" in pmoe.cuda_available.__doc__
+    assert "pmoe.copy" in pmoe.cuda_available.__doc__
 
 
 def test_bad_device_name_is_rejected():

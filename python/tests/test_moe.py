@@ -99,3 +99,19 @@ def test_bad_configs_raise_with_messages():
 
     with pytest.raises(pmoe.Error, match="x"):
         pmoe.SimpleMoe(config, max_tokens=2).forward(np.zeros((3, 8), np.float32))
+
+
+def test_too_many_tokens_names_the_keyword_to_raise():
+    """Each layer's message names its own constructor keyword, the one the caller can change."""
+    config = pmoe.MoeConfig(feature_dim=8, ffn_dim=8, num_experts=2, top_k=1)
+    x = np.zeros((3, 8), np.float32)
+    with pytest.raises(pmoe.Error, match="3 tokens, more than the 2 this layer was built for; "
+                                         "build it with a larger max_tokens$"):
+        pmoe.SimpleMoe(config, max_tokens=2).forward(x)
+
+    def rank_main(comm):
+        layer = pmoe.EpMoe(comm, config, max_tokens_per_rank=2)
+        with pytest.raises(pmoe.Error, match="build it with a larger max_tokens_per_rank$"):
+            layer.forward(x)
+        assert layer.forward(x[:2]).shape == (2, 8)  # the rejected call cost the layer nothing
+    pmoe.run_ranks(2, rank_main)

@@ -160,7 +160,7 @@ class ToyExperts(torch.nn.Module):
         return out
 
 
-def check_direct(tokens_per_rank, hidden=8, local_experts=2, top_k=2):
+def check_direct(tokens_per_rank, hidden=8, local_experts=2, top_k=2, repeats=False):
     """PmoeEP called directly on ToyExperts, with this rank's tokens_per_rank[rank] tokens (0
     for some): output and the gradients of the tokens, the routing weights and the experts
     against a dense single-process computation over every rank's tokens."""
@@ -174,6 +174,9 @@ def check_direct(tokens_per_rank, hidden=8, local_experts=2, top_k=2):
     xs = [torch.randn(m, hidden, generator=gen) for m in tokens_per_rank]
     routes = [torch.rand(m, experts_total, generator=gen).topk(top_k, dim=-1) for m in
               tokens_per_rank]
+    if repeats:  # every other token names its first expert twice, as hash routers can
+        for route in routes:
+            route.indices[::2, 1] = route.indices[::2, 0]
     first = rank * local_experts
     experts = ToyExperts(weight[first:first + local_experts].clone())
     layer = PmoeEP(experts, mesh["ep"], mesh["tp"])
@@ -200,8 +203,8 @@ def check_direct(tokens_per_rank, hidden=8, local_experts=2, top_k=2):
     close("direct grad experts", experts.weight.grad,
           dense.grad[first:first + local_experts], torch.float32)
     if rank == 0:
-        print(f"ok PmoeEP directly, tokens per rank {tokens_per_rank}: output and gradients",
-              flush=True)
+        print(f"ok PmoeEP directly, tokens per rank {tokens_per_rank}"
+              f"{', repeated experts' if repeats else ''}: output and gradients", flush=True)
 
 
 def edges():
@@ -212,9 +215,9 @@ def edges():
              [0] * world,                                          # nobody has any
              [3] * (world - 1) + [INITIAL_CAPACITY + 36]]          # the exchange must grow
     failures = 0
-    for tokens in cases:
+    for tokens, repeats in [(c, False) for c in cases] + [(cases[0], True)]:
         try:
-            check_direct(tokens)
+            check_direct(tokens, repeats=repeats)
         except AssertionError:
             failures += 1
             print(f"FAIL on rank {dist.get_rank()}: PmoeEP directly, {tokens}", flush=True)

@@ -1,6 +1,7 @@
 #include "core/arg_checks.hpp"
 
 #include "pmoe/error.hpp"
+#include "pmoe/stream.hpp"
 
 namespace pmoe::detail {
 
@@ -13,14 +14,27 @@ void check_tensor(std::string_view op, const char* name, const Tensor& t, DType 
              dtype_name(dtype), " ", want, ")");
   PMOE_CHECK(t.dtype() == dtype, op, ": `", name, "` must be ", dtype_words(dtype), ", got ",
              dtype_words(t.dtype()));
-  PMOE_CHECK(t.device() == device, op, ": `", name, "` must be on ", device.str(), ", got ",
-             t.device().str());
+  check_device(op, name, t, device);
   bool same_shape = t.dim() == int(shape.size());
   int d = 0;
   for (int64_t extent : shape) same_shape = same_shape && t.size(d++) == extent;
   PMOE_CHECK(same_shape, op, ": `", name, "` must have shape ", want, ", got ", t.shape_str());
   PMOE_CHECK(t.is_contiguous(), op, ": `", name, "` must be row-major contiguous");
   PMOE_CHECK(t.data() != nullptr || t.numel() == 0, op, ": `", name, "` has no data pointer");
+}
+
+void check_device(std::string_view op, const char* name, const Tensor& t, Device device) {
+  if (t.device() == device) return;
+  std::string hint;
+  if (t.device().kind == Device::Kind::cpu && device.kind == Device::Kind::cuda)
+    hint = cuda_emulated()
+               ? " (a CPU array; this is pmoe's emulated CUDA device, where no GPU is visible and "
+                 "torch or NumPy cannot allocate: pass pmoe's own arrays, pmoe.zeros filled by "
+                 "pmoe.copy in Python or a Buffer on the device in C++, or run on a GPU)"
+               : " (a CPU array: pass device memory, e.g. CUDA tensors of torch or CuPy, or "
+                 "pmoe.zeros filled by pmoe.copy in Python, a Buffer on the device in C++)";
+  throw Error(
+      cat(op, ": `", name, "` must be on ", device.str(), ", got ", t.device().str(), hint));
 }
 
 void check_index_tensor(std::string_view op, const char* name, const Tensor& t, Device device,

@@ -20,6 +20,11 @@ void check_tensor(std::string_view op, const char* name, const Tensor& t, DType 
 void check_index_tensor(std::string_view op, const char* name, const Tensor& t, Device device,
                         std::initializer_list<int64_t> shape);
 
+// `t` must be on `device`: throws pmoe::Error naming both otherwise. A host array handed to an op
+// on a CUDA device also learns what memory to pass instead (on the emulated device, where no GPU
+// is visible, nothing but pmoe's own arrays can be there).
+void check_device(std::string_view op, const char* name, const Tensor& t, Device device);
+
 // "bf16 (bfloat16)": pmoe's name and the array libraries' name, for error messages.
 std::string dtype_words(DType t);
 

@@ -194,7 +194,7 @@ EpMoe::~EpMoe() = default;
 void EpMoe::forward(const Tensor& x, const Tensor& y) {
   Impl& p = *impl_;
   const MoeConfig& c = p.config;
-  detail::check_forward("EpMoe::forward", c, p.max_tokens, x, y, p.device);
+  detail::check_forward("EpMoe::forward", c, p.max_tokens, "max_tokens_per_rank", x, y, p.device);
   const int m = int(x.size(0)), H = c.feature_dim, O = c.out_dim(), k = c.top_k;
   p.stats = MoeStats();
   if (p.on_device) {

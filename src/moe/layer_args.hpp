@@ -40,12 +40,14 @@ inline void agree_on_layer(Communicator& comm, const char* layer, const MoeConfi
 }
 
 // x [m, feature_dim] and y [m, out_dim], both config.dtype, contiguous and on the layer's
-// device, m <= max_tokens.
-inline void check_forward(const char* op, const MoeConfig& config, int max_tokens, const Tensor& x,
-                          const Tensor& y, Device device = Device::cpu()) {
+// device, m <= max_tokens. `max_tokens_name` is the constructor argument that set max_tokens
+// (the same word in C++ and Python), so the message names what to change.
+inline void check_forward(const char* op, const MoeConfig& config, int max_tokens,
+                          const char* max_tokens_name, const Tensor& x, const Tensor& y,
+                          Device device = Device::cpu()) {
   check_rows(op, "x", x, -1, config.feature_dim, {config.dtype}, true, device);
   PMOE_CHECK(x.size(0) <= max_tokens, op, ": x has ", x.size(0), " tokens, more than the ",
-             max_tokens, " this layer was built for; build it with a larger max_tokens");
+             max_tokens, " this layer was built for; build it with a larger ", max_tokens_name);
   check_rows(op, "y", y, x.size(0), config.out_dim(), {config.dtype}, true, device);
 }
 

@@ -23,8 +23,7 @@ void check_rows(const char* op, const char* name, const Tensor& t, int64_t rows,
   PMOE_CHECK(t.dim() == 2 && t.size(1) == cols && (rows < 0 || t.size(0) == rows), op, ": `", name,
              "` must have shape ", expected, ", got ", t.shape_str());
   PMOE_CHECK(dtype_ok, op, ": `", name, "` must be ", allowed, ", got ", dtype_words(t.dtype()));
-  PMOE_CHECK(t.device() == device, op, ": `", name, "` must be on ", device.str(), ", got ",
-             t.device().str());
+  check_device(op, name, t, device);
   PMOE_CHECK(t.data() != nullptr || t.numel() == 0, op, ": `", name, "` has no data pointer");
   if (contiguous) {
     PMOE_CHECK(t.is_contiguous(), op, ": `", name, "` must be row-major contiguous");

@@ -43,7 +43,7 @@ SimpleMoe::~SimpleMoe() = default;
 
 void SimpleMoe::forward(const Tensor& x, const Tensor& y) {
   Impl& p = *impl_;
-  detail::check_forward("SimpleMoe::forward", p.config, p.max_tokens, x, y, p.device);
+  detail::check_forward("SimpleMoe::forward", p.config, p.max_tokens, "max_tokens", x, y, p.device);
   p.stats = MoeStats();
   if (p.on_device) {
     p.on_device->forward(x, y, p.stats);

@@ -1,12 +1,12 @@
 // `pmoe-bench model published`: the model's prediction for pmoe's protocol on the hardware of
 // each published row, beside the published time (mean), and predicted / published.
-//   pplx-kernels README (seed 002): NVLink EP8, IBGDA and IBRC EP16..EP128, 1 and 128 tokens
+//   pplx-kernels README: NVLink EP8, IBGDA and IBRC EP16..EP128, 1 and 128 tokens
 //     per GPU; assumed H100 + NVLink 4 + 400 Gb/s IB per GPU, 8 per node (presets h100-ib,
 //     h100-ibrc), DeepSeek-V3 shape (the README does not state it).
 //   DeepEP README, low-latency kernels (128 tokens, H 7168, top-8, fp8 dispatch, bf16 combine,
 //     H800 + CX7 400 Gb/s): the first table (Feb 2025, pure RDMA: every peer over the network,
-//     modelled with 1 rank per node; also seed 002's DeepEP rows) and the later one (NVLink used
-//     inside the node: 8 ranks per node).
+//     modelled with 1 rank per node; also the DeepEP rows of pplx-kernels' README) and the later
+//     one (NVLink used inside the node: 8 ranks per node).
 // The protocols differ (DeepEP LL sends a token once per expert, pmoe once per rank), so a ratio
 // is pmoe-on-that-hardware over theirs, not only the model's error.
 #include <algorithm>
@@ -75,7 +75,7 @@ const PublishedRow kPublished[] = {
     {"pplx", "IBRC Combine", "h100-ibrc", 8, false, 128, 32, 916.5},
     {"pplx", "IBRC Combine", "h100-ibrc", 8, false, 128, 64, 1058.5},
     {"pplx", "IBRC Combine", "h100-ibrc", 8, false, 128, 128, 1184.8},
-    // DeepEP low latency, pure RDMA (Feb 2025 README; seed 002's DeepEP rows).
+    // DeepEP low latency, pure RDMA (Feb 2025 README; the DeepEP rows of pplx-kernels' README).
     {"DeepEP", "LL Dispatch (pure RDMA)", "h800-ib", 1, true, 128, 8, 163},
     {"DeepEP", "LL Dispatch (pure RDMA)", "h800-ib", 1, true, 128, 16, 173},
     {"DeepEP", "LL Dispatch (pure RDMA)", "h800-ib", 1, true, 128, 32, 182},

@@ -1,7 +1,9 @@
 // `pmoe-bench moe --benchmark_type batch_size|topk|feature_dim`: Simple, TP and EP MoE layers
-// over one sweep, seed 004's table with pmoe's measurement protocol. Defaults are the seed's:
-// 4 ranks, 4 experts, feature 32, hidden 128, output 64, relu, batch 8, top-k 2; sweeps batch
-// 8/16/32/64, top-k 1/2/4 or feature 32/64/128/256. --preset runs a real model's layer shape.
+// over one sweep: the table of the Simple/TP/EP MoE comparison report this project started from,
+// measured under pmoe's protocol. Defaults are that report's: 4 ranks, 4 experts, feature 32,
+// hidden 128, output 64, relu, batch 8, top-k 2; sweeps batch 8/16/32/64, top-k 1/2/4 or feature
+// 32/64/128/256. The swept axis's own flag (--batch, --topk, --feature) runs that one value;
+// --values lists several. --preset runs a real model's layer shape.
 //
 // Every setting is first checked against the plain reference (every token when that is cheap,
 // otherwise the first and last token of every rank's share); a mismatch exits non-zero.
@@ -39,7 +41,7 @@ constexpr Preset kPresets[] = {
 
 struct Options {
   std::string benchmark_type = "batch_size";
-  std::string values;  // the sweep's values; empty: the seed's for the type, or the preset batch
+  std::string values;  // the sweep's values; empty: see sweep_values
   std::string preset;
   int ranks = 4;
   int experts = 4, feature = 32, hidden = 128, output = 64, batch = 8, topk = 2;
@@ -81,12 +83,33 @@ std::vector<MoeVariantKind> parse_variants(const std::string& text) {
   return out;
 }
 
-// The sweep key's default values.
-std::string default_values(const Options& o) {
-  if (!o.preset.empty()) return std::to_string(o.batch);
-  if (o.benchmark_type == "batch_size") return "8,16,32,64";
-  if (o.benchmark_type == "topk") return "1,2,4";
-  return "32,64,128,256";
+// The flag that sets the swept axis alone (--batch for batch_size, ...) and its value in `o`.
+const char* axis_flag(const Options& o) {
+  if (o.benchmark_type == "batch_size") return "--batch";
+  if (o.benchmark_type == "topk") return "--topk";
+  return "--feature";
+}
+
+int axis_value(const Options& o) {
+  if (o.benchmark_type == "batch_size") return o.batch;
+  if (o.benchmark_type == "topk") return o.topk;
+  return o.feature;
+}
+
+// The values swept: --values; else the one value of the axis's own flag or of the preset (a
+// one-point sweep: `moe --batch 8` runs batch 8, not the whole sweep); else the report's sweep
+// for the type. Both --values and the axis's flag: an error, as neither could win silently.
+std::vector<int> sweep_values(const Options& o, const CLI::App& cmd) {
+  const char* flag = axis_flag(o);
+  const bool axis_given = cmd.get_option(flag)->count() > 0;
+  PMOE_CHECK(o.values.empty() || !axis_given, flag, " ", axis_value(o),
+             " and --values ", o.values, " both set the ", o.benchmark_type,
+             " sweep; give one: ", flag, " N runs N alone, --values A,B,... sweeps");
+  if (!o.values.empty()) return parse_int_list(o.values, "--values");
+  if (axis_given || !o.preset.empty()) return {axis_value(o)};
+  if (o.benchmark_type == "batch_size") return {8, 16, 32, 64};
+  if (o.benchmark_type == "topk") return {1, 2, 4};
+  return {32, 64, 128, 256};
 }
 
 // The rows checked against the reference: all of them when the reference is cheap, otherwise
@@ -175,8 +198,7 @@ void run(Options o, const CLI::App& cmd) {
   }
   o.ranks = rank_counts_to_run(cmd.get_option("--ranks")->count() > 0, {o.ranks})[0];
   const std::vector<MoeVariantKind> variants = parse_variants(o.variants);
-  const std::vector<int> values =
-      parse_int_list(o.values.empty() ? default_values(o) : o.values, "--values");
+  const std::vector<int> values = sweep_values(o, cmd);
 
   const std::string runtime_label =
       o.device == "cpu"  ? "cpu"
@@ -245,7 +267,8 @@ void run(Options o, const CLI::App& cmd) {
       "\nMoE layers, %s sweep: %s; ranks=%d experts=%d feature=%s hidden=%d output=%s "
       "batch=%s top-k=%s %s %s, micro_batches=%d; %d iterations after %d warm-ups, "
       "time = slowest rank per iteration\n",
-      o.benchmark_type.c_str(), o.preset.empty() ? "seed 004 defaults" : o.preset.c_str(), o.ranks,
+      o.benchmark_type.c_str(),
+      o.preset.empty() ? "the MoE layer comparison report's shape" : o.preset.c_str(), o.ranks,
       o.experts, o.benchmark_type == "feature_dim" ? "swept" : std::to_string(o.feature).c_str(),
       o.hidden, o.output == 0 ? "feature" : std::to_string(o.output).c_str(),
       o.benchmark_type == "batch_size" ? "swept" : std::to_string(o.batch).c_str(),
@@ -314,7 +337,7 @@ void run(Options o, const CLI::App& cmd) {
     spec.y_label = "median forward time (ms, slowest rank)";
     spec.series = "variant";
     spec.title = detail::cat("MoE layers on ", o.ranks, " ranks (",
-                             o.preset.empty() ? std::string("seed 004 shape") : o.preset, ")");
+                             o.preset.empty() ? std::string("default shape") : o.preset, ")");
     plot_sweep(o.plot_path, rows, spec);
   }
 }
@@ -323,20 +346,29 @@ void run(Options o, const CLI::App& cmd) {
 
 void add_moe_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("moe", "Simple vs TP vs EP MoE layers (seed 004's report)");
+  CLI::App* cmd = app.add_subcommand(
+      "moe", "Simple vs TP vs EP MoE layers (the table of the MoE layer comparison report)");
   cmd->add_option("--benchmark_type", o->benchmark_type, "batch_size, topk or feature_dim")
       ->capture_default_str();
   cmd->add_option("--values", o->values,
-                  "the sweep's values, comma-separated (default: the seed's for the type)");
+                  "the sweep's values, comma-separated (default: batch 8,16,32,64; top-k 1,2,4; "
+                  "feature 32,64,128,256; or the swept axis's own flag, one value)");
   cmd->add_option("--preset", o->preset, "mixtral-8x7b, deepseek-v3 or qwen3-30b-a3b");
   cmd->add_option("--ranks", o->ranks, "ranks (threads; under mpirun, the processes)")
       ->capture_default_str();
   cmd->add_option("--experts", o->experts, "number of experts")->capture_default_str();
-  cmd->add_option("--feature", o->feature, "feature (input) width")->capture_default_str();
+  cmd->add_option("--feature", o->feature,
+                  "feature (input) width; given with --benchmark_type feature_dim, the one value run")
+      ->capture_default_str();
   cmd->add_option("--hidden", o->hidden, "expert hidden width")->capture_default_str();
   cmd->add_option("--output", o->output, "expert output width, 0 = feature")->capture_default_str();
-  cmd->add_option("--batch", o->batch, "tokens per forward (whole batch)")->capture_default_str();
-  cmd->add_option("--topk", o->topk, "experts per token")->capture_default_str();
+  cmd->add_option("--batch", o->batch,
+                  "tokens per forward (whole batch); given with --benchmark_type batch_size, the "
+                  "one value run")
+      ->capture_default_str();
+  cmd->add_option("--topk", o->topk,
+                  "experts per token; given with --benchmark_type topk, the one value run")
+      ->capture_default_str();
   cmd->add_option("--act", o->act, "relu, gelu or swiglu")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "f32 or bf16")->capture_default_str();
   cmd->add_option("--variants", o->variants, "which layers, comma-separated")

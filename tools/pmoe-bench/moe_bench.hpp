@@ -1,6 +1,6 @@
-// `pmoe-bench moe`: Simple vs TP vs EP MoE layers, the seed 004 comparison done with pmoe's
-// measurement protocol. moe_bench.cpp holds the CLI, the sweep and the report; moe_bench_run.cpp
-// measures one layer variant at one setting.
+// `pmoe-bench moe`: Simple vs TP vs EP MoE layers, the MoE layer comparison report's table
+// done with pmoe's measurement protocol. moe_bench.cpp holds the CLI, the sweep and the report;
+// moe_bench_run.cpp measures one layer variant at one setting.
 #pragma once
 
 #include <cstdint>

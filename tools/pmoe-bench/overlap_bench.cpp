@@ -1,5 +1,5 @@
 // `pmoe-bench ag-gemm M N K` and `pmoe-bench gemm-rs M N K`: comm/GEMM overlap against the
-// serial baseline, the table of seed 003's profiling harness (test_ag_kernel, test_gemm_rs).
+// serial baseline, the table of Flux's profiling harness (test_ag_kernel.py, test_gemm_rs.py).
 //
 // Each iteration times, each after a barrier and as the slowest rank's time:
 //   serial comm    run_serial(communicate): the all-gather (or reduce-scatter) alone
@@ -383,8 +383,8 @@ void add_command(CLI::App& app, bool gather) {
   o->gather = gather;
   CLI::App* cmd = app.add_subcommand(
       gather ? "ag-gemm" : "gemm-rs",
-      gather ? "all-gather + GEMM: overlapped vs serial (seed 003's test_ag_kernel)"
-             : "GEMM + reduce-scatter: overlapped vs serial (seed 003's test_gemm_rs)");
+      gather ? "all-gather + GEMM: overlapped vs serial (the table of Flux's test_ag_kernel.py)"
+             : "GEMM + reduce-scatter: overlapped vs serial (the table of Flux's test_gemm_rs.py)");
   cmd->add_option("M", o->m, "global rows of A and C")->capture_default_str();
   cmd->add_option("N", o->n, "global columns of B and C")->capture_default_str();
   cmd->add_option("K", o->k, "global contracted dimension")->capture_default_str();

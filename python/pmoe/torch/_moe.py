@@ -95,7 +95,18 @@ class EpMoE(nn.Module):
             self.w3.copy_(w3[local])
 
     def forward(self, x):
-        """x [m, H] -> y [m, H], m <= max_num_tokens (may differ between ranks, 0 included)."""
+        """x [m, H] -> y [m, H], m <= max_num_tokens (may differ between ranks, 0 included).
+
+        x must have the layer's dtype; anything else raises pmoe.Error before any work."""
+        # Checked here, not left to dispatch: the router's matmul runs first and would fail
+        # inside torch ("expected m1 and m2 to have the same dtype") without naming pmoe's rule.
+        if isinstance(x, torch.Tensor) and x.dtype != self.a2a.dtype:
+            raise _pmoe.Error(
+                f"EpMoE: x is {x.dtype}, but this layer was built with dtype={self.a2a.dtype}; "
+                f"pass x.to({self.a2a.dtype}), or build the layer with x's dtype "
+                f"(torch.float32, torch.bfloat16 or torch.float16: pmoe's ops have no float64 "
+                f"path)")
+        self.a2a.check_tokens("EpMoE: x", x, self.a2a.hidden_dim, self.a2a.dtype)
         indices, weights = route(x, self.router.weight, self.top_k)
         expert_x, counts = dispatch(self.a2a, x, indices)
         if expert_x.is_cuda or _BATCHED_ON_CPU:  # over the padded rows: no wait for counts
