@@ -2,6 +2,8 @@
 // threads of this process, each with its own communicator over pmoe's TCP mesh, placed on one
 // node (shared memory), on one node each (every put a TCP frame), or on two nodes. Checks the
 // set-up collectives, AllToAll cases against the reference, and the errors a user can cause.
+// On cuda:0 (the emulated device only: CUDA IPC refuses a process's own memory, so on a GPU the
+// processes of python.torchrun_cuda.2 test it): W = 2, 3 on one node, and split into nodes.
 // Runs under the sanitizer presets too (the transport's locking is what TSan checks).
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include "all_to_all_cases.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/socket_communicator.hpp"
+#include "pmoe/stream.hpp"
 
 namespace pmoe {
 namespace {
@@ -30,7 +33,9 @@ std::string two_nodes(int rank, int size) { return rank * 2 < size ? "a" : "b"; 
 // Runs fn on `size` thread ranks, each with its own SocketCommunicator; returns each rank's error
 // text ("" when it passed).
 std::vector<std::string> run_socket_ranks(int size, const Placement& node_of,
-                                          const std::function<void(Communicator&)>& fn) {
+                                          const std::function<void(Communicator&)>& fn,
+                                          const std::function<Device(int rank)>& device_of =
+                                              [](int) { return Device::cpu(); }) {
   static std::atomic<int> jobs{0};
   const std::string job = "test." + std::to_string(::getpid()) + "." + std::to_string(jobs++);
   const auto n = static_cast<size_t>(size);
@@ -45,7 +50,8 @@ std::vector<std::string> run_socket_ranks(int size, const Placement& node_of,
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       try {
-        SocketCommunicator comm(std::move(listeners[size_t(r)]), r, addresses, nodes, job);
+        SocketCommunicator comm(std::move(listeners[size_t(r)]), r, addresses, nodes, job,
+                                device_of(r));
         fn(comm);
       } catch (const std::exception& e) {
         errors[size_t(r)] = e.what();
@@ -146,6 +152,48 @@ TEST(SocketComm, PeerThatLeavesIsNamed) {
   });
   EXPECT_NE(errors[0].find("rank 1 closed its connection"), std::string::npos) << errors[0];
   EXPECT_EQ(errors[1], "");
+}
+
+// Device memory shared through (emulated) CUDA IPC; ops on each rank's stream.
+TEST(SocketComm, AllToAllOnACudaDevice) {
+  if (!cuda_available_in_build() || !cuda_emulated())
+    GTEST_SKIP() << "thread ranks share one process, whose own memory CUDA IPC refuses on a GPU";
+  for (int size : {2, 3}) {
+    for (int per_node : {0, 1}) {  // 1: every rank its own node, through the remote path
+      testing::AllToAllCase c;
+      c.config = testing::make_config(6, 2 * size, 3, 40, DType::bf16, DType::f32);
+      c.config.ranks_per_node = per_node;
+      c.tokens = size == 3 ? testing::TokenCounts::zero_on_odd : testing::TokenCounts::random;
+      c.expert_y_dtype = DType::f32;
+      c.calls = 3;
+      c.device = Device::cuda(0);
+      SCOPED_TRACE(testing::describe(c) + " ranks_per_node " + std::to_string(per_node));
+      expect_all_passed(run_socket_ranks(
+          size, one_node,
+          [&](Communicator& comm) {
+            PMOE_CHECK(comm.device() == Device::cuda(0) && comm.stream().handle != nullptr,
+                       "no stream on cuda:0");
+            const auto result = testing::run_all_to_all_case(comm, c);
+            PMOE_CHECK(result.error.empty(), result.error);
+          },
+          [](int) { return Device::cuda(0); }));
+    }
+  }
+}
+
+// Every rank fails alike, naming why: no rank waits for one that refused.
+TEST(SocketComm, CudaDeviceErrorsFailEverywhere) {
+  if (!cuda_available_in_build() || !cuda_emulated())
+    GTEST_SKIP() << "thread ranks share one process, whose own memory CUDA IPC refuses on a GPU";
+  const auto kinds = run_socket_ranks(
+      2, one_node, [](Communicator&) {},
+      [](int r) { return r == 0 ? Device::cuda(0) : Device::cpu(); });
+  for (const auto& e : kinds) EXPECT_NE(e.find("kind of device"), std::string::npos) << e;
+  const auto nodes = run_socket_ranks(
+      2, own_node, [](Communicator& comm) { comm.alloc_symmetric(1024, 1); },
+      [](int) { return Device::cuda(0); });
+  for (const auto& e : nodes) EXPECT_NE(e.find("CUDA IPC reaches the ranks of this node only"),
+                                        std::string::npos) << e;
 }
 
 TEST(SocketComm, BadArguments) {

@@ -5,7 +5,10 @@
 //
 // Ranks that name the same node share symmetric memory through POSIX shared memory, loaded and
 // stored directly; ranks on other nodes get puts and signals as TCP frames that the target
-// applies while it waits. CPU memory only (no CUDA IPC path yet).
+// applies while it waits. With a CUDA device, the symmetric memory is device memory that the
+// node's processes map through CUDA IPC (the emulated device: POSIX shared memory), and ops run
+// on the rank's stream(); an op across nodes takes the GIN path (NCCL's window, set up over this
+// communicator's own collectives), never these TCP frames.
 #pragma once
 
 #include <memory>
@@ -43,10 +46,12 @@ class SocketCommunicator final : public Communicator {
   // on a host name or address the other ranks can reach); nodes[r] names rank r's node (ranks
   // with the same name share memory); job_id is the same string on every rank and unique to
   // this communicator on the node (it names the shared-memory segments). Takes over `listener`.
-  // Checks that every rank passed the same size, addresses, nodes and job_id, and throws
-  // pmoe::Error on every rank otherwise.
+  // `device`: cpu, or this process's GPU cuda:N (the rank gets its own stream on it). Checks that
+  // every rank passed the same size, addresses, nodes, job_id and kind of device, and throws
+  // pmoe::Error on every rank otherwise (and where this build has no CUDA device to run on).
   SocketCommunicator(Listener&& listener, int rank, std::vector<std::string> addresses,
-                     std::vector<std::string> nodes, std::string job_id);
+                     std::vector<std::string> nodes, std::string job_id,
+                     Device device = Device::cpu());
   ~SocketCommunicator() override;
 
   int rank() const override { return rank_; }

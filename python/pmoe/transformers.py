@@ -214,7 +214,8 @@ class PmoeEP(EPImplementation):
         # as such; on a device, through indices, so that nothing reads the counts back.
         where = counts.tolist() if counts.device.type == "cpu" else arrived_rows(counts, rows)
         packed = _ArrivedRows.apply(expert_x, where)
-        ids = torch.repeat_interleave(torch.arange(local), counts.long()).unsqueeze(1)
+        ids = torch.repeat_interleave(torch.arange(local, device=counts.device),
+                                      counts.long()).unsqueeze(1)
         if packed.shape[0] == 0:
             # Run the experts on one zero row all the same, so that their parameters stay in the
             # backward graph and FSDP's gradient reduction over the expert group runs here too.

@@ -4,6 +4,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.hpp"
+#include "tensor_interop.hpp"
 #include "pmoe/socket_communicator.hpp"
 
 namespace pmoe::python {
@@ -22,18 +23,21 @@ void bind_socket(nb::module_& m) {
 
 Collective: listener is this rank's SocketListener (taken over), addresses[r] rank r's
 "host:port", nodes[r] rank r's node name (equal names share memory), job_id one string for the
-whole job. Every rank must pass the same lists; pmoe.torch.communicator() fills them in.)")
+whole job, device "cpu" or this process's GPU "cuda:N" (symmetric memory on it, shared with the
+node's processes through CUDA IPC; ops run on comm.stream). Every rank must pass the same lists
+and kind of device; pmoe.torch.communicator() fills them in.)")
       .def(
           "__init__",
           [](SocketCommunicator* self, SocketCommunicator::Listener& listener, int rank,
              std::vector<std::string> addresses, std::vector<std::string> nodes,
-             std::string job_id) {
+             std::string job_id, const std::string& device) {
+            const Device where = parse_device(device);
             nb::gil_scoped_release release;  // collective: peers are connecting too
             new (self) SocketCommunicator(std::move(listener), rank, std::move(addresses),
-                                          std::move(nodes), std::move(job_id));
+                                          std::move(nodes), std::move(job_id), where);
           },
           nb::arg("listener"), nb::arg("rank"), nb::arg("addresses"), nb::arg("nodes"),
-          nb::arg("job_id"))
+          nb::arg("job_id"), nb::arg("device") = "cpu")
       .def(
           "all_gather",
           [](SocketCommunicator& c, nb::bytes mine) {

@@ -16,6 +16,7 @@
 #include <functional>
 
 #include "comm/agree_on_step.hpp"
+#include "comm/device_segments.hpp"
 #include "comm/group.hpp"
 #include "comm/routed_memory.hpp"
 #include "comm/peer_watch.hpp"
@@ -47,57 +48,15 @@ bool shm_allowed() {
 // registration with the transport to off-node peers.
 struct MpiRegions {
   std::vector<detail::ShmSegment> segments;
-  Device device = Device::cpu();
-  void* device_memory = nullptr;
-  std::vector<void*> peer_mappings;
+  detail::DeviceSegments device_segments;
   std::shared_ptr<detail::MpiTransport> transport;
   uint64_t serial = 0;
   ~MpiRegions() {
     if (transport) transport->remove_region(serial);
-    for (void* p : peer_mappings) detail::ipc_close(p);
-    if (device_memory) detail::device_free(device, device_memory);
   }
 };
 
 using MpiSymmetricMemory = detail::RoutedSymmetricMemory<detail::MpiTransport, MpiRegions>;
-
-using Agree = detail::AgreeOnStep;
-
-// Node peers' device memory through CUDA IPC: each rank allocates on its GPU, and opens every
-// peer's handle. Every rank must be on this node (no off-node GPU transport yet).
-void map_device_regions(MpiRegions& regions, std::vector<std::byte*>& data, size_t total,
-                        Communicator& comm, const std::vector<int>& node_ranks,
-                        const Agree& agree) {
-  const Device device = comm.device();
-  const int rank = comm.rank();
-  PMOE_CHECK(node_ranks.size() == size_t(comm.size()), "alloc_symmetric on ", device.str(),
-             ": CUDA IPC reaches the ranks of this node only, and ",
-             comm.size() - int(node_ranks.size()), " rank(s) are elsewhere (no off-node GPU "
-             "transport is built yet)");
-  std::string error;
-  char handle[detail::kIpcHandleBytes] = {};
-  try {
-    regions.device_memory = detail::device_alloc(device, total);
-    data[size_t(rank)] = static_cast<std::byte*>(regions.device_memory);
-    detail::ipc_handle(regions.device_memory, handle);
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  agree(error, "cudaMalloc and IPC handle");
-  const auto handles = comm.all_gather(std::as_bytes(std::span(handle)));
-  for (int r : node_ranks) {
-    if (r == rank) continue;
-    try {
-      void* p = detail::ipc_open(device, handles.data() + size_t(r) * sizeof handle);
-      regions.peer_mappings.push_back(p);
-      data[size_t(r)] = static_cast<std::byte*>(p);
-    } catch (const Error& e) {
-      error = e.what();
-    }
-  }
-  agree(error, "IPC open");
-  detail::ipc_opened_by_all(regions.device_memory);  // every peer has mapped it: drop the name
-}
 
 }  // namespace
 
@@ -251,7 +210,6 @@ std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
   };
 
   auto regions = std::make_shared<MpiRegions>();
-  regions->device = device();
   std::vector<std::byte*> data(size_t(size_), nullptr);
   std::vector<uint64_t*> signals(size_t(size_), nullptr);
   auto find_signals = [&] {
@@ -262,7 +220,7 @@ std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
     regions->serial = serial;
   };
   if (device().kind == Device::Kind::cuda) {
-    map_device_regions(*regions, data, total, *this, node_ranks_, agree);
+    detail::map_device_segments(regions->device_segments, data, total, *this, node_ranks_, agree);
     find_signals();
   } else {
     // Off-node messages land in host memory only. Registered before the last exchange: a peer
@@ -277,7 +235,7 @@ std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
   }
   return std::make_unique<MpiSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
                                               std::move(signals), regions, group(), timeout_s(),
-                                              regions->device);
+                                              device());
 }
 
 }  // namespace pmoe

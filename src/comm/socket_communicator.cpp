@@ -1,5 +1,6 @@
 // SocketCommunicator: set-up collectives as messages over the TCP mesh; symmetric memory through
-// POSIX shared memory on the node and TCP frames off it.
+// POSIX shared memory on the node and TCP frames off it, or, on a CUDA device, device memory
+// shared with the node's processes through CUDA IPC.
 #include "pmoe/socket_communicator.hpp"
 
 #include <netinet/in.h>
@@ -13,20 +14,24 @@
 #include <functional>
 
 #include "comm/agree_on_step.hpp"
+#include "comm/device_segments.hpp"
 #include "comm/group.hpp"
 #include "comm/node_segments.hpp"
 #include "comm/routed_memory.hpp"
 #include "comm/shm_segment.hpp"
 #include "comm/socket_transport.hpp"
+#include "core/device_runtime.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe {
 namespace {
 
 // Everything one symmetric allocation owns: the mappings of this rank's and its node peers'
-// segments, and its registration with the transport.
+// segments (on a GPU: its device memory and the peers' IPC mappings), and its registration with
+// the transport.
 struct SocketRegions {
   std::vector<detail::ShmSegment> segments;
+  detail::DeviceSegments device_segments;
   std::shared_ptr<detail::SocketTransport> transport;
   uint64_t serial = 0;
   ~SocketRegions() {
@@ -91,8 +96,9 @@ SocketCommunicator::Listener::Listener(Listener&& other) noexcept
 
 SocketCommunicator::SocketCommunicator(Listener&& listener, int rank,
                                        std::vector<std::string> addresses,
-                                       std::vector<std::string> nodes, std::string job_id)
-    : Communicator(std::make_shared<detail::Group>(), Device::cpu()),
+                                       std::vector<std::string> nodes, std::string job_id,
+                                       Device device)
+    : Communicator(std::make_shared<detail::Group>(), device),
       rank_(rank),
       size_(int(addresses.size())),
       job_id_(std::move(job_id)) {
@@ -106,23 +112,32 @@ SocketCommunicator::SocketCommunicator(Listener&& listener, int rank,
   transport_ = std::make_shared<detail::SocketTransport>(std::exchange(listener.fd_, -1), rank,
                                                          addresses, timeout_s());
 
-  // Every rank must have been given the same picture of the job.
+  // Every rank must have been given the same picture of the job, and run on the same kind of
+  // device (each process its own GPU, so the index may differ).
   std::vector<std::string> parts = addresses;
   parts.insert(parts.end(), nodes.begin(), nodes.end());
   parts.push_back(job_id_);
+  parts.push_back(device.kind == Device::Kind::cuda ? "cuda" : "cpu");
   const uint64_t mine = digest(parts);
   const auto all = all_gather(std::as_bytes(std::span(&mine, 1)));
   for (int r = 0; r < size_; ++r) {
     uint64_t theirs;
     std::memcpy(&theirs, all.data() + size_t(r) * sizeof theirs, sizeof theirs);
     PMOE_CHECK(theirs == mine, "SocketCommunicator on rank ", rank_, ": rank ", r,
-               " was given other addresses, node names or job id than this rank");
+               " was given other addresses, node names or job id than this rank, or runs on "
+               "another kind of device (this rank: ", device.str(), ")");
   }
   for (int r = 0; r < size_; ++r)
     if (nodes[size_t(r)] == nodes[size_t(rank_)]) node_ranks_.push_back(r);
+  if (device.kind == Device::Kind::cuda) {
+    // Every rank learns whether every rank has its stream, so none waits for a failed one.
+    detail::agree_on_step(
+        *this, [&] { set_stream(detail::create_stream(device)); },
+        detail::cat("SocketCommunicator on ", device.str(), " (its stream)"));
+  }
 }
 
-SocketCommunicator::~SocketCommunicator() = default;
+SocketCommunicator::~SocketCommunicator() { detail::destroy_stream(stream()); }
 
 std::vector<std::byte> SocketCommunicator::all_gather(std::span<const std::byte> mine) {
   std::vector<std::byte> all(mine.size() * size_t(size_));
@@ -193,11 +208,21 @@ std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric(size_t byte
     regions->serial = serial;
     transport_->add_region(serial, data[size_t(rank_)], signals[size_t(rank_)]);
   };
-  detail::map_node_segments(regions->segments, data, total, rank_, node_ranks_, name_of, agree,
-                            register_region);
+  if (device().kind == Device::Kind::cuda) {
+    // Kernels load and store node peers' device memory; nothing arrives as a TCP frame.
+    detail::map_device_segments(regions->device_segments, data, total, *this, node_ranks_, agree);
+    for (int r = 0; r < size_; ++r)
+      if (data[size_t(r)])
+        signals[size_t(r)] = reinterpret_cast<uint64_t*>(data[size_t(r)] + data_bytes);
+    regions->transport = transport_;  // held, never registered with: no frame lands on a GPU
+    regions->serial = serial;
+  } else {
+    detail::map_node_segments(regions->segments, data, total, rank_, node_ranks_, name_of, agree,
+                              register_region);
+  }
   return std::make_unique<SocketSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
                                                  std::move(signals), regions, group(), timeout_s(),
-                                                 Device::cpu());
+                                                 device());
 }
 
 }  // namespace pmoe

@@ -1,13 +1,14 @@
-"""pmoe.torch: pmoe inside PyTorch jobs started by torchrun (CPU tensors, gloo for set-up).
+"""pmoe.torch: pmoe inside PyTorch jobs started by torchrun (CPU or CUDA tensors, gloo for set-up).
 
     import torch.distributed as dist, pmoe.torch
     dist.init_process_group("gloo")
     comm = pmoe.torch.communicator()           # pmoe's own shm + TCP paths, no MPI
+    # or pmoe.torch.communicator(device="cuda"): CUDA tensors on torch's current GPU
     layer = pmoe.torch.EpMoE(comm, hidden_dim=..., ffn_dim=..., num_experts=..., top_k=...,
                              max_num_tokens=...)
     y = layer(x); y.sum().backward()
 
-communicator()  a pmoe Communicator over a torch.distributed group
+communicator()  a pmoe Communicator over a torch.distributed group, on the CPU or a GPU
 AllToAll        the exchange one layer uses (three pmoe.AllToAll ops)
 dispatch        differentiable dispatch of tokens to experts
 combine         differentiable combine of expert rows with router weights

@@ -14,6 +14,14 @@ Masked slots (index -1) are skipped by pmoe's ops, so they get zero gradient. A 
 know which slot j of its token it serves, so combine's backward first dispatches each token's
 (weights, expert ids) in f32 (2k numbers per token) and the row finds its slot by its expert id.
 
+On CUDA tensors (a communicator made with device="cuda:N") every pmoe op is ordered on torch's
+current stream by events, with no host synchronisation: pmoe's stream (comm.stream) waits for
+torch's current stream before the op, and torch's current stream waits for pmoe's after it. So
+a tensor freed and reused on torch's stream is never overwritten before pmoe has read it, and
+everything pmoe enqueues is captured with the rest when torch captures a CUDA graph. Backward
+on CUDA works over every row of the padded buffer, masked, instead of gathering the rows that
+arrived (which would need their count on the host).
+
 Each pmoe AllToAll op must alternate dispatch -> combine. One op carries the forward pair,
 another the backward pair (combine's backward dispatches, dispatch's backward combines), a third
 the (weights, ids) exchange and grad_w's return, both inside combine's backward. When autograd
@@ -21,6 +29,8 @@ runs only one half of a pair (x needs no gradient, so dispatch's backward never 
 settled by an empty counterpart call at its next use; every rank takes the same path, so these
 calls stay collective.
 """
+import contextlib
+import functools
 import json
 
 import torch
@@ -34,17 +44,56 @@ def _error(message):
     return _pmoe.Error(message)
 
 
+@functools.cache
+def _torch_sees_pmoe_device():
+    """Whether torch's CUDA tensors and pmoe's CUDA device are one memory: a GPU that both run
+    on (not pmoe's emulated device, which torch cannot see)."""
+    return torch.cuda.is_available() and _pmoe.cuda_available() and not _pmoe.cuda_emulated()
+
+
 def _same(a, b):
-    """Whether two routings are equal (the same values, if not the same tensor)."""
-    return a is b or (a.shape == b.shape and torch.equal(a, b))
+    """Whether two routings are equal (the same values, if not the same tensor). The same
+    memory in the same shape counts as equal without reading it (on a GPU, reading would wait)."""
+    if a is b:
+        return True
+    if a.shape != b.shape or a.device != b.device:
+        return False
+    if a.data_ptr() == b.data_ptr() and a.stride() == b.stride() and a.dtype == b.dtype:
+        return True
+    return torch.equal(a, b)
+
+
+def _served_device(comm):
+    """The torch.device whose tensors `comm`'s ops take: the CPU, or its GPU."""
+    return torch.device(getattr(comm, "device", "cpu"))
+
+
+class _StreamOrder:
+    """Orders pmoe's ops on a CUDA communicator's stream after, and before, torch's current
+    stream: events only, no host synchronisation, and capturable into a CUDA graph."""
+
+    def __init__(self, comm, device):
+        self.device = device
+        self.pmoe_stream = torch.cuda.ExternalStream(comm.stream, device=device)
+
+    @contextlib.contextmanager
+    def __call__(self):
+        torch_stream = torch.cuda.current_stream(self.device)  # autograd's threads set their own
+        self.pmoe_stream.wait_stream(torch_stream)
+        try:
+            yield
+        finally:
+            torch_stream.wait_stream(self.pmoe_stream)
 
 
 class _Op:
     """One pmoe.AllToAll and where it stands in its dispatch -> combine alternation."""
 
-    def __init__(self, comm, config, dtype):
+    def __init__(self, comm, config, dtype, device, order):
         self.op = _pmoe.AllToAll(comm, in_dtype=dtype, out_dtype=dtype, **config)
         self.dtype = dtype
+        self.device = device
+        self.order = order  # order() brackets each pmoe call: _StreamOrder on a GPU
         self.hidden = config["hidden_dim"]
         self.local = self.op.num_local_experts
         self.rows = self.op.world_size * config["max_num_tokens"]
@@ -58,19 +107,23 @@ class _Op:
         """Completes a pending dispatch with an empty combine (zero rows, zero weights)."""
         idx, self.pending = self.pending, None
         self.settles += 1
-        y = torch.empty(idx.shape[0], self.hidden, dtype=self._torch_dtype())
-        self.op.combine(torch.zeros(self.local, self.rows, self.hidden, dtype=self._torch_dtype()),
-                        idx, torch.zeros(idx.shape, dtype=torch.float32), y)
+        dtype, device = self._torch_dtype(), self.device
+        y = torch.empty(idx.shape[0], self.hidden, dtype=dtype, device=device)
+        rows = torch.zeros(self.local, self.rows, self.hidden, dtype=dtype, device=device)
+        weights = torch.zeros(idx.shape, dtype=torch.float32, device=device)
+        with self.order():
+            self.op.combine(rows, idx, weights, y)
 
     def dispatch(self, x, indices, zero_padding=True):
         """(expert_x, counts); rows past an expert's count are zero, or, without zero_padding,
         whatever the memory held (no pass over the whole padded buffer)."""
         if self.pending is not None:
             self._settle()
-        counts = torch.zeros(self.local, dtype=torch.int32)
+        counts = torch.zeros(self.local, dtype=torch.int32, device=self.device)
         make = torch.zeros if zero_padding else torch.empty
-        expert_x = make(self.local, self.rows, self.hidden, dtype=x.dtype)
-        self.op.dispatch(x, indices, counts, expert_x)
+        expert_x = make(self.local, self.rows, self.hidden, dtype=x.dtype, device=self.device)
+        with self.order():
+            self.op.dispatch(x, indices, counts, expert_x)
         self.pending = indices
         return expert_x, counts
 
@@ -78,10 +131,12 @@ class _Op:
         if self.pending is not None and not _same(self.pending, indices):
             self._settle()
         if self.pending is None:  # the rows' content does not matter to a combine: zeros
-            self.dispatch(torch.zeros(indices.shape[0], self.hidden, dtype=self._torch_dtype()),
-                          indices)
-        y = torch.empty(indices.shape[0], self.hidden, dtype=self._torch_dtype())
-        self.op.combine(expert_y, indices, weights, y)
+            self.dispatch(torch.zeros(indices.shape[0], self.hidden, dtype=self._torch_dtype(),
+                                      device=self.device), indices)
+        y = torch.empty(indices.shape[0], self.hidden, dtype=self._torch_dtype(),
+                        device=self.device)
+        with self.order():
+            self.op.combine(expert_y, indices, weights, y)
         self.pending = None
         return y
 
@@ -108,7 +163,8 @@ class AllToAll:
     Collective over `comm` (pmoe.torch.communicator()). W = comm.size ranks, E = num_experts
     (divisible by W); rank r owns experts [r * E / W, (r + 1) * E / W). Tokens per call and rank
     at most max_num_tokens. dtype: torch.float32, torch.bfloat16 or torch.float16 (pmoe's ops
-    have no float64 path). Builds three pmoe.AllToAll ops (forward, backward, and the small f32
+    have no float64 path). Tensors must be on the device the communicator serves (self.device:
+    the CPU, or its GPU). Builds three pmoe.AllToAll ops (forward, backward, and the small f32
     exchange of combine's backward); workspace_bytes() says what they hold.
     """
 
@@ -126,9 +182,14 @@ class AllToAll:
         self.num_experts = num_experts
         self.top_k = experts_per_token
         self.hidden_dim = hidden_dim
-        self._forward = _Op(comm, dict(config, hidden_dim=hidden_dim), _PMOE_DTYPE[dtype])
-        self._backward = _Op(comm, dict(config, hidden_dim=hidden_dim), _PMOE_DTYPE[dtype])
-        self._slots = _Op(comm, dict(config, hidden_dim=2 * experts_per_token), "f32")
+        self.device = _served_device(comm)
+        order = contextlib.nullcontext  # the CPU: pmoe's ops run in this thread, in order
+        if self.device.type == "cuda" and _torch_sees_pmoe_device():
+            order = _StreamOrder(comm, self.device)
+        ops = dict(device=self.device, order=order)
+        self._forward = _Op(comm, dict(config, hidden_dim=hidden_dim), _PMOE_DTYPE[dtype], **ops)
+        self._backward = _Op(comm, dict(config, hidden_dim=hidden_dim), _PMOE_DTYPE[dtype], **ops)
+        self._slots = _Op(comm, dict(config, hidden_dim=2 * experts_per_token), "f32", **ops)
         self.num_local_experts = self._forward.local
         self.world_size = comm.size
         self.first_expert = comm.rank * self.num_local_experts
@@ -140,13 +201,37 @@ class AllToAll:
     def workspace_bytes(self):
         return sum(op.op.workspace_bytes() for op in (self._forward, self._backward, self._slots))
 
+    def check_device(self, name, x):
+        """Raises pmoe.Error, naming both devices and what to do, unless tensor x is on the
+        device this AllToAll's communicator serves."""
+        if x.device == self.device:
+            if x.device.type == "cuda" and not _torch_sees_pmoe_device():
+                raise _error(f"{name}: tensor on {x.device}, a GPU torch runs on, but this pmoe "
+                             f"runs its CUDA ops on its emulated device (pmoe.cuda_emulated()), "
+                             f"whose memory is not the GPU's; build pmoe with its CUDA backend "
+                             f"(nvcc) to use torch's CUDA tensors")
+            return
+        served = "the CPU" if self.device.type == "cpu" else str(self.device)
+        if self.device.type == "cpu":
+            hint = (f"move it there (.cpu()), or make the communicator with "
+                    f"pmoe.torch.communicator(device='{x.device}')" if x.device.type == "cuda"
+                    else "move it there (.cpu())")
+        elif x.device.type == "cpu" and not torch.cuda.is_available():
+            hint = (f"torch has no CUDA here, so {self.device} is pmoe's emulated device, which "
+                    f"torch tensors cannot reach: use pmoe's own arrays there (pmoe.zeros, "
+                    f"pmoe.copy) with pmoe.AllToAll, a GPU with CUDA torch, or a communicator "
+                    f"on the CPU (pmoe.torch.communicator(device=None))")
+        else:
+            hint = f"move it there (.to('{self.device}'))"
+        raise _error(f"{name}: tensor on {x.device}, but this communicator serves {served}; "
+                     f"{hint}")
+
     def check_tokens(self, name, x, width, dtype):
-        """Raises pmoe.Error unless x is a contiguous CPU [m, width] tensor of dtype."""
+        """Raises pmoe.Error unless x is a contiguous [m, width] tensor of dtype on the
+        communicator's device."""
         if not isinstance(x, torch.Tensor):
             raise _error(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-        if x.device.type != "cpu":
-            raise _error(f"{name}: tensor on {x.device}, but this communicator's ranks run on "
-                         f"the CPU")
+        self.check_device(name, x)
         if x.dtype != dtype:
             raise _error(f"{name}: dtype {x.dtype}, expected {dtype} (the AllToAll's dtype)")
         if x.dim() != 2 or x.shape[1] != width:
@@ -158,14 +243,14 @@ class AllToAll:
             raise _error(f"{name}: tensor is not contiguous (call .contiguous())")
 
     def routing(self, indices, m):
-        """indices as pmoe's ops take them: contiguous int32 or int64 [m, k] on the CPU."""
+        """indices as pmoe's ops take them: contiguous int32 or int64 [m, k] on the
+        communicator's device."""
         if not isinstance(indices, torch.Tensor):
             raise _error(f"indices: expected a torch.Tensor, got {type(indices).__name__}")
         if indices.requires_grad:
             raise _error("indices: the tensor requires grad; routing is not differentiable "
                          "(pass indices.detach() of an integer tensor)")
-        if indices.device.type != "cpu":
-            raise _error(f"indices: tensor on {indices.device}, expected the CPU")
+        self.check_device("indices", indices)
         if indices.dtype not in (torch.int32, torch.int64):
             raise _error(f"indices: dtype {indices.dtype}, expected torch.int32 or torch.int64")
         if indices.dim() != 2 or indices.shape[0] != m or indices.shape[1] != self.top_k:
@@ -186,7 +271,7 @@ class _Dispatch(torch.autograd.Function):
     def backward(ctx, grad_expert_x, _grad_counts):
         a2a = ctx.a2a
         grad = grad_expert_x.to(a2a.dtype).contiguous()
-        ones = torch.ones(ctx.indices.shape, dtype=torch.float32)
+        ones = torch.ones(ctx.indices.shape, dtype=torch.float32, device=a2a.device)
         grad_x = a2a._backward.combine(grad, ctx.indices, ones)
         return grad_x, None, None, None
 
@@ -211,40 +296,79 @@ class _Combine(torch.autograd.Function):
         slot_info = torch.cat([weights.detach().float(), indices.float()], dim=1).contiguous()
         info_rows, _ = a2a._slots.dispatch(slot_info, indices, zero_padding=False)
         rows = info_rows.shape[1]
-        # Only the rows that arrived are read: the padding is never computed on.
-        live = arrived_rows(counts, rows)
-        grads = grad_rows.view(-1, hidden).index_select(0, live).float()
-        info = info_rows.view(-1, 2 * k).index_select(0, live)
-        expert_of_row = (live // rows + a2a.first_expert).unsqueeze(1).float()
-        is_slot = info[:, k:] == expert_of_row  # [rows that arrived, k]
+        arrived = _Arrived(counts, rows)
+        grads = arrived.pick(grad_rows.view(-1, hidden)).float()
+        info = arrived.pick(info_rows.view(-1, 2 * k))
+        expert_of_row = (arrived.index // rows + a2a.first_expert).unsqueeze(1).float()
+        is_slot = info[:, k:] == expert_of_row  # [rows picked, k]
         row_weight = (info[:, :k] * is_slot).sum(-1, keepdim=True)
-        make = torch.zeros if ctx.zero_padding else torch.empty
-        grad_expert_y = make(local * rows, hidden, dtype=expert_y.dtype)
-        grad_expert_y.index_copy_(0, live, (grads * row_weight).to(expert_y.dtype))
+        grad_expert_y = arrived.place(grads * row_weight, expert_y.dtype, ctx.zero_padding)
         # <grad_y[t], expert_y[row]> in the row's slot column; zero in the others. Combine reads
-        # only the rows that arrived, so the padding of `back` is left as it is.
-        dots = (grads * expert_y.detach().reshape(-1, hidden).index_select(0, live).float())
-        back = torch.empty(local * rows, 2 * k)
-        back.index_copy_(0, live, torch.cat([is_slot * dots.sum(-1, keepdim=True),
-                                             torch.zeros_like(info[:, k:])], dim=1))
-        ones = torch.ones(indices.shape, dtype=torch.float32)
+        # only the rows that arrived, so the padding of `back` may be left as it is.
+        dots = grads * arrived.pick(expert_y.detach().reshape(-1, hidden)).float()
+        back = arrived.place(torch.cat([is_slot * dots.sum(-1, keepdim=True),
+                                        torch.zeros_like(info[:, k:])], dim=1),
+                             torch.float32, False)
+        ones = torch.ones(indices.shape, dtype=torch.float32, device=a2a.device)
         grad_w = a2a._slots.combine(back.view(local, rows, 2 * k), indices, ones)[:, :k]
         return (grad_expert_y.view(local, rows, hidden), grad_w.to(ctx.weights_dtype), None, None,
                 None)
 
 
+def _arrived_mask(counts, rows):
+    """[E_local, rows] bool: True in rows [0, counts[e]) of each local expert e."""
+    return torch.arange(rows, device=counts.device).unsqueeze(0) < counts.unsqueeze(1)
+
+
 def arrived_rows(counts, rows):
     """The flat indices, into an [E_local * rows] view of dispatch's expert rows, of the rows
-    that hold tokens: rows [0, counts[e]) of each local expert e, in that order."""
-    arrived = torch.arange(rows).unsqueeze(0) < counts.unsqueeze(1)
-    return arrived.view(-1).nonzero().squeeze(1)
+    that hold tokens: rows [0, counts[e]) of each local expert e, in that order. (On a GPU this
+    waits for counts: the number of indices is data.)"""
+    return _arrived_mask(counts, rows).view(-1).nonzero().squeeze(1)
+
+
+class _Arrived:
+    """The rows of dispatch's padded buffer [E_local * rows, ...] that combine's backward
+    computes on. On the CPU, the rows that arrived, gathered (the padding is never computed on).
+    On a GPU, every row, the padding masked to zero: the count of arrived rows stays on the
+    device, so nothing waits for it and a CUDA graph can hold it."""
+
+    masked_on_cpu = False  # tests set it to run the GPU's way on the CPU
+
+    def __init__(self, counts, rows):
+        mask = _arrived_mask(counts, rows).view(-1)
+        self.size = mask.shape[0]
+        self.device = counts.device
+        if counts.device.type == "cpu" and not _Arrived.masked_on_cpu:
+            self.index = mask.nonzero().squeeze(1)
+            self.keep = None
+        else:
+            self.index = torch.arange(self.size, device=counts.device)
+            self.keep = mask.unsqueeze(1)
+
+    def pick(self, flat):
+        """flat [E_local * rows, w] -> the rows computed on (padding may hold anything: NaN
+        included, which where(), unlike a product with zero, clears)."""
+        if self.keep is None:
+            return flat.index_select(0, self.index)
+        return torch.where(self.keep, flat, torch.zeros((), dtype=flat.dtype, device=self.device))
+
+    def place(self, values, dtype, zero_padding):
+        """values for the picked rows -> [E_local * rows, w] of dtype; the padding zero where
+        zero_padding (always, on a GPU, where values are zero there already)."""
+        if self.keep is not None:
+            return values.to(dtype)
+        make = torch.zeros if zero_padding else torch.empty
+        out = make(self.size, values.shape[1], dtype=dtype, device=self.device)
+        out.index_copy_(0, self.index, values.to(dtype))
+        return out
 
 
 def dispatch(a2a, x, indices, *, zero_padding=True):
     """Sends each token of x to its experts; differentiable in x.
 
     a2a      pmoe.torch.AllToAll
-    x        [m, H] a2a.dtype, contiguous, CPU; m <= max_num_tokens (may differ between ranks)
+    x        [m, H] a2a.dtype, contiguous, on a2a.device; m <= max_num_tokens (may differ between ranks)
     indices  [m, k] int32 or int64: expert ids in [0, E), or -1 for a slot to skip; no expert
              twice in a row
     returns  (expert_x [E_local, W * max_num_tokens, H], expert_num_tokens [E_local] int32):
@@ -271,8 +395,8 @@ def combine(a2a, expert_y, indices, weights, *, zero_padding=True):
     if not isinstance(expert_y, torch.Tensor) or not isinstance(weights, torch.Tensor):
         raise _error("combine: expert_y and weights must be torch.Tensors")
     want = (a2a.num_local_experts, a2a.world_size * a2a.max_num_tokens, a2a.hidden_dim)
-    if expert_y.device.type != "cpu" or weights.device.type != "cpu":
-        raise _error(f"combine: tensors on {expert_y.device} / {weights.device}, expected the CPU")
+    a2a.check_device("expert_y", expert_y)
+    a2a.check_device("weights", weights)
     if tuple(expert_y.shape) != want:
         raise _error(f"expert_y: shape {tuple(expert_y.shape)}, expected {list(want)}")
     if expert_y.dtype != a2a.dtype:

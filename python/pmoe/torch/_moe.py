@@ -6,6 +6,11 @@
              expert(x) = act(x @ w1) @ w2, act = gelu; swiglu: (silu(x @ w3) * (x @ w1)) @ w2
     forward: dispatch -> per-expert GEMMs in torch -> combine (pmoe's ops carry the traffic)
 
+On a GPU (a communicator made with device="cuda:N") the parameters live on that GPU and the
+experts run batched over every row of dispatch's padded buffer (zero rows give zero outputs,
+which combine never reads): nothing waits for the row counts on the host, so a forward can be
+captured into a CUDA graph. On the CPU each expert runs on the rows that arrived only.
+
 The router is replicated: each rank's router gradient covers its own tokens only, so sum it
 over the ranks before the optimizer step (replicated_parameters() lists it; DDP does it too).
 The expert parameters are this rank's own and need no reduction.
@@ -15,7 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import _pmoe
-from ._autograd import AllToAll, combine, dispatch
+from ._autograd import (AllToAll, _served_device, _torch_sees_pmoe_device, combine,
+                        dispatch)
+
+#: Tests set it to run the experts the GPU's way (batched over the padded rows) on the CPU.
+_BATCHED_ON_CPU = False
 
 
 def route(x, router_weight, top_k):
@@ -38,8 +47,9 @@ class EpMoE(nn.Module):
 
     hidden_dim H, ffn_dim F, num_experts E (divisible by comm.size), top_k, max_num_tokens (per
     rank and call), swiglu (adds w3), dtype of activations and parameters (float32, bfloat16,
-    float16). Parameters start random from torch's generator; load_dense() sets them from full
-    tensors (the same on every rank), e.g. to match a single-process model.
+    float16). Parameters live on the communicator's device (the CPU or its GPU) and start random
+    from torch's CPU generator (the same values on either device); load_dense() sets them from
+    full tensors (the same on every rank), e.g. to match a single-process model.
     """
 
     def __init__(self, comm, *, hidden_dim, ffn_dim, num_experts, top_k, max_num_tokens,
@@ -47,14 +57,22 @@ class EpMoE(nn.Module):
         super().__init__()
         self.comm = comm
         self.top_k = top_k
+        device = _served_device(comm)
+        if device.type == "cuda" and not _torch_sees_pmoe_device():
+            raise _pmoe.Error(f"EpMoE: the communicator serves {device}, but torch cannot make "
+                              f"tensors there (torch has no CUDA, or pmoe's CUDA ops run on its "
+                              f"emulated device); use a communicator on the CPU "
+                              f"(pmoe.torch.communicator(device=None)), or a GPU with CUDA torch "
+                              f"and pmoe's CUDA backend")
         self.a2a = AllToAll(comm, max_num_tokens=max_num_tokens, num_experts=num_experts,
                             experts_per_token=top_k, hidden_dim=hidden_dim, dtype=dtype)
         local = self.a2a.num_local_experts
         self.first_expert = self.a2a.first_expert
         self.router = nn.Linear(hidden_dim, num_experts, bias=False, dtype=dtype)
+        self.router.to(device)
 
         def stacked(rows, cols):
-            return nn.Parameter((torch.randn(local, rows, cols) / rows ** 0.5).to(dtype))
+            return nn.Parameter((torch.randn(local, rows, cols) / rows ** 0.5).to(device, dtype))
 
         self.w1 = stacked(hidden_dim, ffn_dim)
         self.w2 = stacked(ffn_dim, hidden_dim)
@@ -91,6 +109,9 @@ class EpMoE(nn.Module):
         self.a2a.check_tokens("EpMoE: x", x, self.a2a.hidden_dim, self.a2a.dtype)
         indices, weights = route(x, self.router.weight, self.top_k)
         expert_x, counts = dispatch(self.a2a, x, indices)
+        if expert_x.is_cuda or _BATCHED_ON_CPU:  # over the padded rows: no wait for counts
+            expert_y = expert_forward(expert_x, self.w1, self.w2, self.w3).to(expert_x.dtype)
+            return combine(self.a2a, expert_y, indices, weights)
         rows = expert_x.shape[1]
         outputs = []
         for e, n in enumerate(counts.tolist()):
