@@ -193,7 +193,11 @@ part_python() {
     # pmoe as transformers' EP implementation, the CPU test as make test runs it (2 ranks)
     bounded 120 env PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 \
       python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
-      python/tests/torchrun_transformers.py --dtypes f32 --edges
+      python/tests/torchrun_transformers.py --dtypes f32 --edges &&
+    # pmoe.torch on CUDA tensors, and a transformers model on them (python/tests/torchrun_cuda.py)
+    bounded 300 env PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" PMOE_TIMEOUT_S=60 \
+      OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1 python3 -m torch.distributed.run --standalone \
+      --nproc-per-node 2 python/tests/torchrun_cuda.py --transformers-model
 }
 
 part_gin() {
