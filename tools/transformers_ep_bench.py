@@ -282,7 +282,8 @@ def main():
         os.remove(part)
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    doc = {"command": "python3 " + " ".join(sys.argv), "commit": commit, "machine": machine(),
+    doc = {"command": "python3 " + " ".join(sys.argv), "commit": commit,
+           "machine": machine(cuda=False),
            "torch": torch.__version__, "transformers": transformers.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "load_before": load_before,
