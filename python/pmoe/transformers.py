@@ -113,8 +113,8 @@ def _communicator_for(ep_mesh):
 
 
 def _largest_batch(comm, group, m):
-    """The largest m of the EP group: pmoe's own all-gather where the communicator has one (a
-    few microseconds on one node), else torch.distributed's all-reduce."""
+    """The largest m of the EP group: pmoe's own all-gather where the communicator has one (one
+    round over its TCP mesh, no torch.distributed call), else torch.distributed's all-reduce."""
     if hasattr(comm, "all_gather"):
         return max(struct.unpack("<q", b)[0] for b in comm.all_gather(struct.pack("<q", m)))
     largest = torch.tensor([m], dtype=torch.int64)
