@@ -86,7 +86,7 @@ def worker(args):
     if rank == 0:
         try:
             path = os.path.join(tmp, args.family)
-            vocab = save_tiny(path, args.family, num_experts=2 * world).vocab_size
+            vocab = save_tiny(path, args.family, num_experts=2 * world).get_text_config().vocab_size
             shared = [path, vocab, None]
         except Exception as error:
             shared = [None, None, f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"]
