@@ -368,7 +368,8 @@ def dispatch(a2a, x, indices, *, zero_padding=True):
     """Sends each token of x to its experts; differentiable in x.
 
     a2a      pmoe.torch.AllToAll
-    x        [m, H] a2a.dtype, contiguous, on a2a.device; m <= max_num_tokens (may differ between ranks)
+    x        [m, H] a2a.dtype, contiguous, on a2a.device; m <= max_num_tokens (may differ
+             between ranks)
     indices  [m, k] int32 or int64: expert ids in [0, E), or -1 for a slot to skip; no expert
              twice in a row
     returns  (expert_x [E_local, W * max_num_tokens, H], expert_num_tokens [E_local] int32):
