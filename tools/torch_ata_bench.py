@@ -38,6 +38,8 @@ import subprocess
 import sys
 import time
 
+from bench_output import write_results
+
 
 def worker(args):
     import torch
@@ -323,13 +325,7 @@ def main():
                       "warmup": args.warmup, "iters": args.iters, "dtype": "bf16",
                       "device": args.device},
            "skipped": skipped, "rows": rows}
-    text = markdown(doc)
-    print(text)
-    if args.out:
-        with open(args.out + ".json", "w") as f:
-            json.dump(doc, f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(text)
+    write_results(doc, markdown(doc), args.out)
 
 
 if __name__ == "__main__":

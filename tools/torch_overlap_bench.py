@@ -43,6 +43,8 @@ import time
 
 import numpy as np
 
+from bench_output import write_results
+
 DTYPES = {"f32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "f16": "float16", "float16": "float16"}
 OPS = ("ag-gemm", "gemm-rs")
@@ -403,13 +405,7 @@ def main():
                       "ranks": ranks, "ops": args.ops, "iters": args.iters,
                       "warmup": args.warmup, "seed": args.seed, "device": args.device},
            "pmoe": pmoe, "rows": rows}
-    text = markdown(doc)
-    print(text)
-    if args.out:
-        with open(args.out + ".json", "w") as f:
-            json.dump(doc, f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(text)
+    write_results(doc, markdown(doc), args.out)
 
 
 if __name__ == "__main__":

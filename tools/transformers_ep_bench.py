@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from bench_output import write_results
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python", "tests"))
@@ -291,13 +293,7 @@ def main():
            "config": {"models": {m: MODELS[m] for m in args.models}, "dtype": args.dtype,
                       "warmup": args.warmup, "iters": args.iters},
            "rows": rows}
-    text = markdown(doc)
-    print(text)
-    if args.out:
-        with open(args.out + ".json", "w") as f:
-            json.dump(doc, f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(text)
+    write_results(doc, markdown(doc), args.out)
 
 
 if __name__ == "__main__":

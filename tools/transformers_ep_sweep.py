@@ -20,6 +20,8 @@ import sys
 import tempfile
 import traceback
 
+from bench_output import write_results
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TESTS = os.path.join(ROOT, "python", "tests")
@@ -201,13 +203,7 @@ def main():
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "torch": torch.__version__, "transformers": transformers.__version__,
            "ranks": args.ranks, "rows": rows}
-    text = markdown(doc)
-    print(text)
-    if args.out:
-        with open(args.out + ".json", "w") as f:
-            json.dump(doc, f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(text)
+    write_results(doc, markdown(doc), args.out)
 
 
 if __name__ == "__main__":
