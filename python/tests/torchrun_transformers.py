@@ -84,12 +84,12 @@ def reference(path, dtype, all_ids):
     return logits, grads
 
 
-def distributed(path, dtype, all_ids, impl, tp):
+def distributed(path, dtype, all_ids, impl, tp, ep=None):
     """The same on W ranks with ep_implementation=impl: this rank's logits and every gradient."""
     from transformers import AutoModelForCausalLM
     from transformers.distributed.configuration_utils import DistributedConfig
     world, rank = dist.get_world_size(), dist.get_rank()
-    config = DistributedConfig(fsdp_size=world // tp, tp_size=tp, ep_size=world,
+    config = DistributedConfig(fsdp_size=world // tp, tp_size=tp, ep_size=ep or world,
                                ep_implementation=impl)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, distributed_config=config)
     ids = all_ids[rank // tp]
@@ -101,7 +101,7 @@ def distributed(path, dtype, all_ids, impl, tp):
     return gathered(logits).detach(), grads
 
 
-def check_model(family, dtype_name, impls, tp, length):
+def check_model(family, dtype_name, impls, tp, length, ep=None):
     dtype = DTYPES[dtype_name]
     world, rank = dist.get_world_size(), dist.get_rank()
     tmp = tempfile.mkdtemp(prefix="pmoe-hf-") if rank == 0 else None
@@ -116,7 +116,7 @@ def check_model(family, dtype_name, impls, tp, length):
         want_logits, want_grads = reference(path, dtype, all_ids)
         problems = []
         for impl in impls:
-            got_logits, got_grads = distributed(path, dtype, all_ids, impl, tp)  # collective
+            got_logits, got_grads = distributed(path, dtype, all_ids, impl, tp, ep)  # collective
             try:  # local checks only from here, so that every rank stays in step
                 worst = close(f"{family} {dtype_name} {impl} logits", got_logits,
                               want_logits[rank // tp], dtype)
@@ -130,7 +130,8 @@ def check_model(family, dtype_name, impls, tp, length):
                 problems.append(str(failed))
                 continue
             if rank == 0:
-                print(f"ok {family} {dtype_name} {impl} tp={tp}: logits and {len(want_grads)} "
+                print(f"ok {family} {dtype_name} {impl} tp={tp} ep={ep or world}: logits and "
+                      f"{len(want_grads)} "
                       f"gradients within {worst:.2g} of the largest magnitude", flush=True)
         if problems:
             raise AssertionError("; ".join(problems))
@@ -293,6 +294,8 @@ def main():
     parser.add_argument("--dtypes", default="f32")
     parser.add_argument("--implementations", default="pmoe,all_to_all")
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--ep", type=int, help="ep_size (default: every rank); below the world, "
+                        "each expert lives on world / ep ranks, FSDP-sharded")
     parser.add_argument("--length", type=int, default=7, help="tokens of the first batch")
     parser.add_argument("--errors", action="store_true", help="only the bad set-ups")
     parser.add_argument("--edges", action="store_true",
@@ -316,7 +319,7 @@ def main():
         for dtype_name in args.dtypes.split(","):
             try:
                 check_model(family, dtype_name, args.implementations.split(","), args.tp,
-                            args.length)
+                            args.length, args.ep)
             except Exception:  # report every failing family, then fail
                 failures += 1
                 print(f"FAIL on rank {dist.get_rank()}: {family} {dtype_name}", flush=True)
