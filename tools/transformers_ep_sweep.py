@@ -7,8 +7,10 @@ model, one torchrun launch per family so that one family's failure cannot stall 
         writes NAME.json and NAME.md: family -> match (and the worst error), or why not
 
 A family is "match" when its logits and gradients agree with the single-process model within
-1e-4 of the largest magnitude (f32); "mismatch" names the first tensor that did not; "not
-run" gives the error that stopped it (building the small config, the model, or the run), as
+1e-4 of the largest magnitude (f32); "mismatch" names the first tensor that did not, and then
+runs transformers' own "all_to_all" on the same model ("mismatch, as all_to_all" when that
+differs from the single-process model too, i.e. the distributed model, not pmoe); "not run"
+gives the error that stopped it (building the small config, the model, or the run), as
 transformers or pmoe said it.
 """
 import argparse
@@ -112,6 +114,14 @@ def worker(args):
             result.update(status="match", worst=worst, gradients=len(want_grads))
         except AssertionError as error:
             result.update(status="mismatch", stage=stage, why=str(error))
+            # Is it pmoe's? transformers' own "all_to_all" on the same model and batches.
+            theirs, _ = distributed(path, torch.float32, all_ids, "all_to_all", 1)
+            try:
+                close("all_to_all logits", theirs, want_logits[rank], torch.float32)
+                result["why"] += "; transformers' all_to_all matches"
+            except AssertionError as also:
+                result.update(status="mismatch, as all_to_all",
+                              why=f"{error}; transformers' all_to_all too: {also}")
         except Exception as error:
             result.update(status="not run", stage=stage,
                           why=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
