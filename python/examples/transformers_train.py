@@ -11,4 +11,4 @@ ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generat
 for step in range(5):
     loss = model(ids, labels=ids).loss                  # dispatch/combine on pmoe, both ways
     loss.backward(); optimizer.step(); optimizer.zero_grad()
-    print(f"rank {os.environ['RANK']} step {step} loss {loss.item():.4f}", flush=True)
+    print(f"rank {os.environ['RANK']} step {step} loss {loss.item():.4f}")

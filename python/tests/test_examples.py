@@ -13,6 +13,7 @@ def test_readme_transformers_training_example(tmp_path):
     """The README's transformers script under torchrun, on a small random Mixtral: it trains
     (the loss falls over its five steps on every rank) and prints nothing else at exit."""
     import os
+    import re
     import subprocess
     import sys
 
@@ -27,8 +28,10 @@ def test_readme_transformers_training_example(tmp_path):
         capture_output=True, text=True, timeout=300,
         env=dict(os.environ, OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error"))
     assert done.returncode == 0, done.stdout + done.stderr
-    for rank in (0, 1):
-        losses = [float(line.split()[-1]) for line in done.stdout.splitlines()
-                  if line.startswith(f"rank {rank} step")]
+    # The ranks share torchrun's stdout, and their lines may be cut into each other: match the
+    # records, not the lines.
+    records = re.findall(r"rank (\d) step (\d) loss (\d+\.\d+)", done.stdout)
+    for rank in ("0", "1"):
+        losses = [float(loss) for r, _, loss in records if r == rank]
         assert len(losses) == 5 and losses[-1] < losses[0], done.stdout
     assert "leaked" not in done.stderr
