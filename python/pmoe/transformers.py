@@ -65,10 +65,6 @@ except ImportError as missing:
         f"pip install 'transformers>={MIN_TRANSFORMERS_VERSION}'") from missing
 
 
-def _group_ranks(group):
-    return tuple(dist.get_process_group_ranks(group))
-
-
 class _State:
     """What the process shares between layers: communicators by EP group, exchanges by shape."""
 
@@ -96,8 +92,10 @@ def use_communicator(comm):
     _state.given = comm
 
 
-def _communicator_for(ep_mesh):
-    size = ep_mesh.size()
+def _communicator_for(group, ranks):
+    """The pmoe communicator of the EP group `group`, whose ranks are `ranks` (made on first
+    use; kept by ranks, so that every model loaded over the same ranks shares it)."""
+    size = len(ranks)
     if _state.given is not None:
         if _state.given.size != size:
             raise _pmoe.Error(
@@ -105,11 +103,9 @@ def _communicator_for(ep_mesh):
                 f"{_state.given.size} ranks, but the expert-parallel group has {size} "
                 f"(DistributedConfig.ep_size); give one of the EP group's ranks, or None")
         return _state.given
-    group = ep_mesh.get_group()
-    key = _group_ranks(group)
-    if key not in _state.communicators:
-        _state.communicators[key] = communicator(group)  # collective over the EP group
-    return _state.communicators[key]
+    if ranks not in _state.communicators:
+        _state.communicators[ranks] = communicator(group)  # collective over the EP group
+    return _state.communicators[ranks]
 
 
 def _largest_batch(comm, group, m):
@@ -177,14 +173,16 @@ class PmoeEP(EPImplementation):
 
     def __init__(self, experts, ep_mesh, tp_mesh):
         super().__init__(experts, ep_mesh, tp_mesh)
-        _communicator_for(ep_mesh)  # made now, collectively, while every rank builds its layers
-        self.ep_mesh = ep_mesh
-        self.num_experts = self.num_local_experts * ep_mesh.size()
+        self.group = ep_mesh.get_group()
+        self.ranks = tuple(dist.get_process_group_ranks(self.group))
+        # Made now, collectively, while every rank builds its layers.
+        _communicator_for(self.group, self.ranks)
+        self.num_experts = self.num_local_experts * len(self.ranks)
 
     def _exchange(self, top_k, hidden_dim, dtype):
         # Looked up per call rather than held, so that the module's exit hook, not the model's
         # lifetime, decides when pmoe's objects go.
-        return _exchange_for(_communicator_for(self.ep_mesh), self.ep_mesh.get_group(),
+        return _exchange_for(_communicator_for(self.group, self.ranks), self.group,
                              self.num_experts, top_k, hidden_dim, dtype)
 
     def __call__(self, hidden_states, top_k_index, top_k_weights):

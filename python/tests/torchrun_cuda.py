@@ -36,21 +36,10 @@ import pmoe.torch as pt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference import check_f32_round_trip, make_inputs  # noqa: E402
+from test_cuda_device import on_device, to_host  # noqa: E402  (pmoe arrays to and from a device)
 
 torch.set_num_threads(1)  # W processes on a 2-core machine
 DEVICE = "cuda:0"
-
-
-def on_device(array, device):
-    out = pmoe.zeros(array.shape, "i32" if array.dtype == np.int32 else "f32", device)
-    pmoe.copy(out, np.ascontiguousarray(array))
-    return out
-
-
-def to_host(array, shape, dtype):
-    out = np.zeros(shape, dtype)
-    pmoe.copy(out, array)
-    return out
 
 
 def say(text):
