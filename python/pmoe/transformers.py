@@ -9,13 +9,13 @@ Token flow of one MoE block on rank r of an EP group of W ranks (E experts, E_lo
 
     hidden_states [m, H], top_k_index [m, k] (global ids), top_k_weights [m, k]
       | (tp_size > 1: the ranks of a TP group share the batch; each keeps its slice of rows)
-      | pmoe dispatch: each token crosses once to each rank owning one of its experts
+      | pmoe dispatch_packed: each token crosses once to each rank owning one of its experts
       v
-    expert_x [E_local, W * capacity, H]: expert e's rows are [0, counts[e]), by (source, token)
-      | packed to [n, H] with local expert ids; experts_forward(rows, ids, unit weights)
+    rows [n, H]: the rows that arrived, by local expert, then (source, token); counts [E_local]
+      | experts_forward(rows, local expert ids, unit weights)
       v
-    expert_y [E_local, W * capacity, H], the same rows
-      | pmoe combine: y[t] = sum_j w[t, j] * expert_y[row of (t, j)], in f32, in j order
+    expert rows [n, H], the same order
+      | pmoe combine_packed: y[t] = sum_j w[t, j] * row of (t, j), in f32, in j order
       v
     y [m, H] (tp_size > 1: the slices gathered back over the TP group)
 
@@ -26,8 +26,10 @@ One pmoe communicator per process and EP group (``pmoe.torch.communicator``, or 
 ``use_communicator``), shared by every layer. Layers of the same shape (hidden size, top-k,
 experts, dtype) share one pmoe.torch.AllToAll, sized for ``capacity`` tokens per rank: every
 forward agrees on the largest batch of the group (one 8-byte all-gather), and the exchange grows,
-to the next power of two, only when a batch needs it. The exchanges made so far are released at
-interpreter exit.
+to the next power of two, only when a batch needs it. Its padded buffers [E_local, W * capacity,
+H] stay inside it and are reused by every call (on the CPU, pmoe's in-place buffers, where the
+node's peers read tokens and expert rows without a copy). The exchanges made so far are
+released at interpreter exit.
 """
 import atexit
 import struct
@@ -37,8 +39,7 @@ import torch
 import torch.distributed as dist
 
 from . import _pmoe
-from .torch import AllToAll, combine, communicator, dispatch
-from .torch._autograd import arrived_rows
+from .torch import AllToAll, combine_packed, communicator, dispatch_packed
 
 #: The first transformers with EPImplementationInterface, the registry this module extends.
 MIN_TRANSFORMERS_VERSION = "5.23.0"
@@ -138,7 +139,8 @@ class _Exchange:
                 capacity *= 2
             # Every rank saw the same largest batch, so every rank builds the same one.
             self.a2a = None  # the old workspace goes before the new one is made
-            self.a2a = AllToAll(self.comm, max_num_tokens=capacity, **self.shape)
+            self.a2a = AllToAll(self.comm, max_num_tokens=capacity, in_place_buffers=True,
+                                **self.shape)
             self.capacity = capacity
             self.grown += 1
         return self.a2a
@@ -197,31 +199,25 @@ class PmoeEP(EPImplementation):
                                   hidden_states.dtype)
         a2a = exchange.fit(hidden_states.shape[0])
         indices, top_k_weights = _merge_repeated_experts(top_k_index.detach(), top_k_weights)
-        expert_x, counts = dispatch(a2a, hidden_states.contiguous(), indices, zero_padding=False)
-        expert_y = self._run_experts(expert_x, counts)
-        y = combine(a2a, expert_y, indices, top_k_weights, zero_padding=False)
+        rows, counts = dispatch_packed(a2a, hidden_states.contiguous(), indices)
+        y = combine_packed(a2a, self._run_experts(rows, counts), counts, indices, top_k_weights)
         if self.tp_mesh.size() > 1:
             y = _tp_gather(y, self.tp_mesh, num_tokens)
         return y
 
-    def _run_experts(self, expert_x, counts):
-        """This rank's experts on the rows that arrived: packed, run top-1 with unit weights (the
-        routing weights are combine's), and put back in the rows they came from."""
-        local, rows = expert_x.shape[0], expert_x.shape[1]
-        # Where the counts are on the host, each expert's rows are one contiguous span: copied
-        # as such; on a device, through indices, so that nothing reads the counts back.
-        where = counts.tolist() if counts.device.type == "cpu" else arrived_rows(counts, rows)
-        packed = _ArrivedRows.apply(expert_x, where)
-        ids = torch.repeat_interleave(torch.arange(local, device=counts.device),
+    def _run_experts(self, rows, counts):
+        """This rank's experts on the rows that arrived, packed by expert, run top-1 with unit
+        weights (the routing weights are combine's)."""
+        ids = torch.repeat_interleave(torch.arange(counts.shape[0], device=counts.device),
                                       counts.long()).unsqueeze(1)
-        if packed.shape[0] == 0:
+        if rows.shape[0] == 0:
             # Run the experts on one zero row all the same, so that their parameters stay in the
             # backward graph and FSDP's gradient reduction over the expert group runs here too.
-            out = self.experts_forward(packed.sum(0, keepdim=True), ids.new_zeros(1, 1),
-                                       packed.new_ones(1, 1))[:0]
+            out = self.experts_forward(rows.sum(0, keepdim=True), ids.new_zeros(1, 1),
+                                       rows.new_ones(1, 1))[:0]
         else:
-            out = self.experts_forward(packed, ids, packed.new_ones(packed.shape[0], 1))
-        return _IntoRows.apply(out.to(expert_x.dtype), where, local, rows)
+            out = self.experts_forward(rows, ids, rows.new_ones(rows.shape[0], 1))
+        return out.to(rows.dtype)
 
 
 def _merge_repeated_experts(indices, weights):
@@ -235,54 +231,6 @@ def _merge_repeated_experts(indices, weights):
     repeat = first != torch.arange(k, device=indices.device)
     merged = torch.zeros_like(weights).scatter_add(1, first.long(), weights)
     return indices.masked_fill(repeat, -1), merged
-
-
-def _gather_rows(padded, where):
-    """[E_local, rows, H] -> its rows that arrived, packed [n, H]. `where`: each expert's count
-    (a list), or the rows' flat indices (a tensor)."""
-    if isinstance(where, list):
-        return torch.cat([padded[e, :count] for e, count in enumerate(where)])
-    return padded.reshape(-1, padded.shape[-1]).index_select(0, where)
-
-
-def _scatter_rows(padded, packed, where):
-    """The inverse: packed rows into their rows of `padded`, the others left as they are."""
-    if isinstance(where, list):
-        start = 0
-        for e, count in enumerate(where):
-            padded[e, :count].copy_(packed[start:start + count])
-            start += count
-    else:
-        padded.view(-1, padded.shape[-1]).index_copy_(0, where, packed)
-    return padded
-
-
-class _ArrivedRows(torch.autograd.Function):
-    """expert rows [E_local, rows, H] -> the rows that arrived, packed [n, H]. The gradient's
-    padding is left unwritten: dispatch's backward (a combine) reads only the rows that arrived."""
-
-    @staticmethod
-    def forward(ctx, expert_x, where):
-        ctx.where, ctx.shape = where, expert_x.shape
-        return _gather_rows(expert_x, where)
-
-    @staticmethod
-    def backward(ctx, grad_packed):
-        return _scatter_rows(grad_packed.new_empty(ctx.shape), grad_packed, ctx.where), None
-
-
-class _IntoRows(torch.autograd.Function):
-    """The packed rows [n, H] back into [E_local, rows, H], the padding unwritten: combine reads
-    only the rows that arrived."""
-
-    @staticmethod
-    def forward(ctx, packed, where, local, rows):
-        ctx.where = where
-        return _scatter_rows(packed.new_empty(local, rows, packed.shape[-1]), packed, where)
-
-    @staticmethod
-    def backward(ctx, grad_expert_y):
-        return _gather_rows(grad_expert_y, ctx.where), None, None, None
 
 
 EPImplementationInterface.register(NAME, PmoeEP)

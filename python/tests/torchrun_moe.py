@@ -2,7 +2,7 @@
 
 One launch runs every check (torchrun's start-up is the slow part): dispatch/combine and their
 gradients against a dense single-process torch reference (f32, bf16; masked slots, top-k = E,
-m = 0 on some ranks), EpMoE gradients and training steps against the dense layer, the same on a
+m = 0 on some ranks; padded and packed, with and without the ops' in-place buffers), EpMoE gradients and training steps against the dense layer, the same on a
 communicator whose ranks sit on two "nodes" (PMOE_NODE), bad inputs raising pmoe.Error, and
 ranks disagreeing on a config failing on every rank. Exits non-zero if any check fails.
 
@@ -29,6 +29,8 @@ def close(name, got, want, dtype):
     got, want = got.detach().float(), want.detach().float()
     if got.shape != want.shape:
         raise AssertionError(f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+    if want.numel() == 0:
+        return
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
     else:
@@ -69,22 +71,36 @@ def dense_moe(xs, idxs, ws, E, expert):
     return ys
 
 
-def check_dispatch_combine(comm, dtype, *, m_of, experts_per_rank, k, drop, seed, H=12, tag=""):
-    """Forward rows and y, and gradients of x, weights and an expert parameter, vs dense."""
+def check_dispatch_combine(comm, dtype, *, m_of, experts_per_rank, k, drop, seed, H=12, tag="",
+                           packed=False, in_place=False, a2a=None):
+    """Forward rows and y, and gradients of x, weights and an expert parameter, vs dense.
+    packed: through dispatch_packed/combine_packed (in_place: with the ops' own buffers);
+    a2a: an AllToAll to use again (its kept buffers must not leak one call into the next).
+    Returns the AllToAll."""
     W, rank = comm.size, comm.rank
     E = experts_per_rank * W
     max_tokens = max(m_of(r) for r in range(W)) or 1
-    a2a = pt.AllToAll(comm, max_num_tokens=max_tokens, num_experts=E, experts_per_token=k,
-                      hidden_dim=H, dtype=dtype)
+    if a2a is None:
+        a2a = pt.AllToAll(comm, max_num_tokens=max_tokens, num_experts=E, experts_per_token=k,
+                          hidden_dim=H, dtype=dtype, in_place_buffers=in_place)
     inputs = case_inputs(W, m_of, E, k, H, drop, seed)
     scale_full = torch.linspace(0.5, 1.5, E)
-    name = f"{tag}dispatch/combine {dtype} W={W} k={k} drop={drop} rank {rank}"
+    name = (f"{tag}dispatch/combine{' packed' if packed else ''}{' in place' if in_place else ''}"
+            f" {dtype} W={W} k={k} drop={drop} rank {rank}")
 
     # Distributed: expert e's output is tanh(c_e * row), c a parameter.
     x = inputs[rank][0].to(dtype).requires_grad_()
     idx, w = inputs[rank][1], inputs[rank][2].clone().requires_grad_()
     c = scale_full.clone().requires_grad_()
-    expert_x, counts = pt.dispatch(a2a, x, idx)
+    if packed:
+        rows, counts = pt.dispatch_packed(a2a, x, idx)
+        starts = [0] + torch.cumsum(counts, 0).tolist()
+        if rows.shape[0] != starts[-1]:
+            raise AssertionError(f"{name}: {rows.shape[0]} packed rows, counts sum {starts[-1]}")
+        expert_rows = lambda e: rows[starts[e]:starts[e + 1]]  # noqa: E731
+    else:
+        expert_x, counts = pt.dispatch(a2a, x, idx)
+        expert_rows = lambda e: expert_x[e, :int(counts[e])]  # noqa: E731
     # Rows of each local expert, in (source rank, source token) order.
     for e in range(a2a.num_local_experts):
         g = a2a.first_expert + e
@@ -93,11 +109,15 @@ def check_dispatch_combine(comm, dtype, *, m_of, experts_per_rank, k, drop, seed
         if int(counts[e]) != len(want):
             raise AssertionError(f"{name}: expert {g} got {int(counts[e])} rows, want {len(want)}")
         if want:
-            torch.testing.assert_close(expert_x[e, :len(want)], torch.stack(want).to(dtype),
+            torch.testing.assert_close(expert_rows(e), torch.stack(want).to(dtype),
                                        rtol=0, atol=0)
-    local_c = c[a2a.first_expert:a2a.first_expert + a2a.num_local_experts].view(-1, 1, 1)
-    expert_y = torch.tanh(expert_x.float() * local_c).to(dtype)
-    y = pt.combine(a2a, expert_y, idx, w)
+    local_c = c[a2a.first_expert:a2a.first_expert + a2a.num_local_experts]
+    if packed:
+        row_c = torch.repeat_interleave(local_c, counts.long()).unsqueeze(1)
+        y = pt.combine_packed(a2a, torch.tanh(rows.float() * row_c).to(dtype), counts, idx, w)
+    else:
+        expert_y = torch.tanh(expert_x.float() * local_c.view(-1, 1, 1)).to(dtype)
+        y = pt.combine(a2a, expert_y, idx, w)
     g_y = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed + 1 + rank))
     (y.float() * g_y).sum().backward()
     grad_c = c.grad.clone()
@@ -119,6 +139,7 @@ def check_dispatch_combine(comm, dtype, *, m_of, experts_per_rank, k, drop, seed
     masked = idx < 0
     if masked.any() and w.grad[masked].abs().max() != 0:
         raise AssertionError(f"{name}: masked slots got a gradient")
+    return a2a
 
 
 def dense_epmoe(xs, router, W1, W2, W3, k, dtype):
@@ -236,6 +257,14 @@ def check_bad_inputs(comm):
     expect_error("weights int", lambda: pt.combine(a2a, torch.zeros(rows), idx,
                                                    torch.ones(3, 2, dtype=torch.int32)),
                  "floating")
+    rows, counts = pt.dispatch_packed(a2a, x, idx)
+    expect_error("packed rows of another count", lambda: pt.combine_packed(
+        a2a, torch.cat([rows, rows[:1]]) if rows.shape[0] else torch.zeros(1, 8), counts, idx,
+        torch.ones(3, 2)), "counts say")
+    expect_error("packed rows bf16", lambda: pt.combine_packed(
+        a2a, rows.bfloat16(), counts, idx, torch.ones(3, 2)), "expected torch.float32")
+    y = pt.combine_packed(a2a, rows, counts, idx, torch.ones(3, 2))  # completes the pair
+    torch.testing.assert_close(y, x * (idx >= 0).sum(1, keepdim=True))
     # The layer is still usable after rejected calls: a valid round trip.
     ex, _ = pt.dispatch(a2a, x, idx)
     y = pt.combine(a2a, ex, idx, torch.ones(3, 2))
@@ -263,6 +292,16 @@ def run_cases(comm, tag=""):
     # top-k = E, m = 0 on odd ranks, masked slots.
     check_dispatch_combine(comm, torch.float32, m_of=lambda r: 0 if r % 2 else 4,
                            experts_per_rank=1, k=W, drop=0.3, seed=12, tag=tag)
+    # Packed rows, with and without the ops' own buffers; each AllToAll used twice, the second
+    # time with other tokens, routes and counts (m = 0 on a rank included), so that rows left in
+    # its kept buffers by the first call would show.
+    for dtype, in_place in ((torch.float32, True), (torch.bfloat16, True), (torch.float32, False)):
+        a2a = check_dispatch_combine(comm, dtype, m_of=lambda r: 5 - r % 2, experts_per_rank=2,
+                                     k=3, drop=0.25, seed=13, tag=tag, packed=True,
+                                     in_place=in_place)
+        check_dispatch_combine(comm, dtype, m_of=lambda r: 0 if r == 1 else 3 + r % 2,
+                               experts_per_rank=2, k=3, drop=0.25, seed=14, tag=tag, packed=True,
+                               in_place=in_place, a2a=a2a)
     check_epmoe(comm, torch.float32, swiglu=True, m_of=lambda r: 6 - r, steps=4, tag=tag)
 
 

@@ -89,16 +89,59 @@ class _StreamOrder:
 class _Op:
     """One pmoe.AllToAll and where it stands in its dispatch -> combine alternation."""
 
-    def __init__(self, comm, config, dtype, device, order):
-        self.op = _pmoe.AllToAll(comm, in_dtype=dtype, out_dtype=dtype, **config)
+    def __init__(self, comm, config, dtype, device, order, in_place):
+        # With in-place buffers (the CPU only: pmoe hands them to Python as host arrays), the
+        # packed functions (_packed.py) stage tokens in the op's input buffer and write expert rows
+        # to its output buffer, where the node's peers read them: neither takes an extra copy.
+        self.in_place = in_place and device.type == "cpu"
+        self.op = _pmoe.AllToAll(comm, in_dtype=dtype, out_dtype=dtype,
+                                 in_place_buffers=self.in_place, **config)
         self.dtype = dtype
         self.device = device
         self.order = order  # order() brackets each pmoe call: _StreamOrder on a GPU
         self.hidden = config["hidden_dim"]
+        self.max_num_tokens = config["max_num_tokens"]
         self.local = self.op.num_local_experts
         self.rows = self.op.world_size * config["max_num_tokens"]
         self.pending = None  # the indices of a dispatch not yet followed by its combine
         self.settles = 0  # empty calls made to complete a half-run pair (tests read it)
+        self._landing = self._outgoing = self._input = None  # made on first use, then kept
+
+    def _own_buffer(self, numpy_view):
+        view = torch.from_numpy(numpy_view)
+        return view.view(torch.bfloat16) if self.dtype == "bf16" else view
+
+    def landing(self):
+        """A padded [E_local, rows, hidden] buffer kept for the op's life, for dispatches whose
+        rows are copied out at once (the packed functions): no fresh pages per call."""
+        if self._landing is None:
+            self._landing = torch.empty(self.local, self.rows, self.hidden,
+                                        dtype=self._torch_dtype(), device=self.device)
+        return self._landing
+
+    def outgoing(self):
+        """The padded buffer the packed functions' combines read: the op's own expert output
+        buffer on the CPU (peers read its rows in place), else a buffer kept like landing()."""
+        if self._outgoing is None:
+            if self.in_place:
+                self._outgoing = self._own_buffer(self.op.expert_output_buffer())
+            else:
+                self._outgoing = torch.empty(self.local, self.rows, self.hidden,
+                                             dtype=self._torch_dtype(), device=self.device)
+        return self._outgoing
+
+    def _stage(self, x):
+        """x as dispatch should read it: copied into the op's input buffer where it has one
+        (peers read it there: one copy of m rows instead of one per destination), else x. Called
+        with no dispatch pending: the op's last combine waited until every peer had read the
+        buffer's last tokens."""
+        if not self.in_place:
+            return x
+        if self._input is None:
+            self._input = self._own_buffer(self.op.input_buffer())
+        staged = self._input[:x.shape[0]]
+        staged.copy_(x)
+        return staged
 
     def _torch_dtype(self):
         return {v: k for k, v in _PMOE_DTYPE.items()}[self.dtype]
@@ -114,25 +157,38 @@ class _Op:
         with self.order():
             self.op.combine(rows, idx, weights, y)
 
-    def dispatch(self, x, indices, zero_padding=True):
+    def dispatch(self, x, indices, zero_padding=True, out=None, stage=False):
         """(expert_x, counts); rows past an expert's count are zero, or, without zero_padding,
-        whatever the memory held (no pass over the whole padded buffer)."""
+        whatever the memory held (no pass over the whole padded buffer). out: the padded
+        buffer to land in (its padding is left as it is). stage: x may go through the op's
+        input buffer."""
         if self.pending is not None:
             self._settle()
+        if stage:
+            x = self._stage(x)
         counts = torch.zeros(self.local, dtype=torch.int32, device=self.device)
-        make = torch.zeros if zero_padding else torch.empty
-        expert_x = make(self.local, self.rows, self.hidden, dtype=x.dtype, device=self.device)
+        if out is not None:
+            expert_x = out
+        else:
+            make = torch.zeros if zero_padding else torch.empty
+            expert_x = make(self.local, self.rows, self.hidden, dtype=x.dtype, device=self.device)
         with self.order():
             self.op.dispatch(x, indices, counts, expert_x)
         self.pending = indices
         return expert_x, counts
 
-    def combine(self, expert_y, indices, weights):
+    def ready_for_combine(self, indices):
+        """Makes the pending dispatch the one of `indices`, by empty calls if it is not; after
+        this, the op's own expert output buffer (outgoing()) may be written: every peer's
+        reads of its last rows are done once this op's dispatch has heard from every peer."""
         if self.pending is not None and not _same(self.pending, indices):
             self._settle()
         if self.pending is None:  # the rows' content does not matter to a combine: zeros
             self.dispatch(torch.zeros(indices.shape[0], self.hidden, dtype=self._torch_dtype(),
                                       device=self.device), indices)
+
+    def combine(self, expert_y, indices, weights):
+        self.ready_for_combine(indices)
         y = torch.empty(indices.shape[0], self.hidden, dtype=self._torch_dtype(),
                         device=self.device)
         with self.order():
@@ -166,10 +222,13 @@ class AllToAll:
     have no float64 path). Tensors must be on the device the communicator serves (self.device:
     the CPU, or its GPU). Builds three pmoe.AllToAll ops (forward, backward, and the small f32
     exchange of combine's backward); workspace_bytes() says what they hold.
+    in_place_buffers: on the CPU, give each op pmoe's in-place input and expert output buffers
+    (one padded [E_local, W * max_num_tokens, H] buffer more per op, in shared memory), which
+    dispatch_packed and combine_packed use to skip a copy of every token and every expert row.
     """
 
     def __init__(self, comm, *, max_num_tokens, num_experts, experts_per_token, hidden_dim,
-                 dtype=torch.float32):
+                 dtype=torch.float32, in_place_buffers=False):
         if dtype not in _PMOE_DTYPE:
             raise _error(f"pmoe.torch.AllToAll: dtype must be torch.float32, torch.bfloat16 or "
                          f"torch.float16, got {dtype} (pmoe's ops have no float64 path)")
@@ -186,7 +245,7 @@ class AllToAll:
         order = contextlib.nullcontext  # the CPU: pmoe's ops run in this thread, in order
         if self.device.type == "cuda" and _torch_sees_pmoe_device():
             order = _StreamOrder(comm, self.device)
-        ops = dict(device=self.device, order=order)
+        ops = dict(device=self.device, order=order, in_place=in_place_buffers)
         self._forward = _Op(comm, dict(config, hidden_dim=hidden_dim), _PMOE_DTYPE[dtype], **ops)
         self._backward = _Op(comm, dict(config, hidden_dim=hidden_dim), _PMOE_DTYPE[dtype], **ops)
         self._slots = _Op(comm, dict(config, hidden_dim=2 * experts_per_token), "f32", **ops)

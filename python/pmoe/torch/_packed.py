@@ -1,0 +1,165 @@
+"""Dispatch and combine on packed rows: the rows that arrived, [n, H], not the padded
+[E_local, W * max_num_tokens, H] buffer, which stays inside the AllToAll and is reused by every
+call.
+
+This is the form an expert-parallel layer wants (transformers' experts_forward takes packed rows
+and their expert ids), and the one that moves the fewest bytes: a padded buffer made per call is
+mostly untouched memory, and the first touch of each of its pages costs a page fault (on this
+project's 2-core VM, making and filling a quarter of a fresh 64 MiB buffer took 5 to 8 times as
+long as filling a kept one). With AllToAll(in_place_buffers=True) on the CPU, tokens are staged in
+the op's input buffer and expert rows written to its output buffer, where the node's peers read
+them: dispatch copies a token once, not once per destination, and combine copies no expert row
+before it sums.
+
+The gradients are those of dispatch and combine (_autograd.py), on packed rows:
+    dispatch_packed:  grad_x = a combine of grad_rows, unit weights
+    combine_packed:   grad_rows[i] = w[t, j] * grad_y[t] for row i serving slot j of token t;
+                      grad_w[t, j] = <grad_y[t], rows[i]>, returned by a combine
+where a row finds its slot j from the (weights, expert ids) dispatched with combine's backward.
+
+Rows of local expert e are rows[offsets[e]:offsets[e + 1]] with offsets the cumulative counts,
+ordered by (source rank, source token), as dispatch lays them out. n = counts.sum(): on a GPU,
+finding it waits for the counts (the packed shape is data).
+"""
+import torch
+
+from ._autograd import _error
+
+
+class _Where:
+    """The rows that arrived in a padded [E_local, rows, w] buffer: each expert's span on the
+    CPU (copied as spans), flat indices on a GPU (finding them waits for the counts)."""
+
+    def __init__(self, counts, rows):
+        self.counts = counts
+        if counts.device.type == "cpu":
+            self.spans, self.index = counts.tolist(), None
+            self.n = sum(self.spans)
+        else:
+            mask = torch.arange(rows, device=counts.device) < counts.unsqueeze(1)
+            self.spans, self.index = None, mask.view(-1).nonzero().squeeze(1)
+            self.n = self.index.shape[0]
+
+    def gather(self, padded):
+        """padded [E_local, rows, w] -> its arrived rows, packed [n, w] (a new tensor)."""
+        if self.spans is not None:
+            return torch.cat([padded[e, :count] for e, count in enumerate(self.spans)])
+        return padded.reshape(-1, padded.shape[-1]).index_select(0, self.index)
+
+    def scatter(self, padded, packed):
+        """packed [n, w] into the arrived rows of padded; the padding is left as it is."""
+        if self.spans is not None:
+            start = 0
+            for e, count in enumerate(self.spans):
+                padded[e, :count].copy_(packed[start:start + count])
+                start += count
+        else:
+            padded.view(-1, padded.shape[-1]).index_copy_(0, self.index, packed)
+        return padded
+
+
+class _DispatchPacked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, indices, a2a):
+        op = a2a._forward
+        landing, counts = op.dispatch(x.detach(), indices, out=op.landing(), stage=True)
+        where = _Where(counts, op.rows)
+        ctx.a2a, ctx.indices, ctx.where = a2a, indices, where
+        ctx.mark_non_differentiable(counts)
+        return where.gather(landing), counts
+
+    @staticmethod
+    def backward(ctx, grad_rows, _grad_counts):
+        op = ctx.a2a._backward
+        op.ready_for_combine(ctx.indices)
+        padded = ctx.where.scatter(op.outgoing(), grad_rows.to(ctx.a2a.dtype))
+        ones = torch.ones(ctx.indices.shape, dtype=torch.float32, device=ctx.a2a.device)
+        return op.combine(padded, ctx.indices, ones), None, None
+
+
+class _CombinePacked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows, weights, counts, indices, a2a):
+        op = a2a._forward
+        op.ready_for_combine(indices)
+        where = _Where(counts, op.rows)
+        if where.n != rows.shape[0]:
+            raise _error(f"combine_packed: {rows.shape[0]} rows, but counts say {where.n} arrived "
+                         f"(pass dispatch_packed's rows and counts)")
+        padded = where.scatter(op.outgoing(), rows.detach())
+        y = op.combine(padded, indices, weights.detach().float().contiguous())
+        ctx.a2a, ctx.indices, ctx.where = a2a, indices, where
+        ctx.weights_dtype = weights.dtype
+        ctx.save_for_backward(rows, weights)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        a2a, indices, where = ctx.a2a, ctx.indices, ctx.where
+        rows, weights = ctx.saved_tensors
+        k = a2a.top_k
+        back, slots = a2a._backward, a2a._slots
+        grad_y = grad_y.to(a2a.dtype).contiguous()
+        landing, _ = back.dispatch(grad_y, indices, out=back.landing(), stage=True)
+        grads = where.gather(landing).float()
+        # Which slot of its token each row serves, and that slot's weight.
+        slot_info = torch.cat([weights.detach().float(), indices.float()], dim=1).contiguous()
+        info_landing, _ = slots.dispatch(slot_info, indices, out=slots.landing(), stage=True)
+        info = where.gather(info_landing)
+        local_expert = torch.repeat_interleave(
+            torch.arange(a2a.num_local_experts, device=grads.device), where.counts.long())
+        is_slot = info[:, k:] == (local_expert + a2a.first_expert).unsqueeze(1).float()
+        row_weight = (info[:, :k] * is_slot).sum(-1, keepdim=True)
+        grad_rows = (grads * row_weight).to(rows.dtype)
+        # <grad_y[t], rows[i]> in the row's slot column, zero in the others, summed back per
+        # token by a combine with unit weights.
+        dots = (grads * rows.detach().float()).sum(-1, keepdim=True)
+        back_rows = torch.cat([is_slot * dots, torch.zeros_like(info[:, k:])], dim=1)
+        slots.ready_for_combine(indices)
+        padded = where.scatter(slots.outgoing(), back_rows)
+        ones = torch.ones(indices.shape, dtype=torch.float32, device=a2a.device)
+        grad_w = slots.combine(padded, indices, ones)[:, :k]
+        return grad_rows, grad_w.to(ctx.weights_dtype), None, None, None
+
+
+def dispatch_packed(a2a, x, indices):
+    """Sends each token of x to its experts and returns the rows that arrived, packed;
+    differentiable in x.
+
+    a2a      pmoe.torch.AllToAll (in_place_buffers=True on the CPU saves a copy per token)
+    x        [m, H] a2a.dtype, contiguous, on a2a.device; m <= max_num_tokens
+    indices  [m, k] int32 or int64 expert ids in [0, E), or -1 for a slot to skip; no expert
+             twice in a row
+    returns  (rows [n, H], counts [E_local] int32): local expert e's rows are the counts[e] rows
+             after those of experts 0..e-1, ordered by (source rank, source token).
+    Each call must be followed by combine_packed with the same indices (as dispatch by combine).
+    """
+    a2a.check_tokens("x", x, a2a.hidden_dim, a2a.dtype)
+    return _DispatchPacked.apply(x, a2a.routing(indices, x.shape[0]), a2a)
+
+
+def combine_packed(a2a, rows, counts, indices, weights):
+    """Brings packed expert rows back: y[t] = sum_j weights[t, j] * rows[row of (t, j)], in
+    f32, skipping -1 slots. Differentiable in rows and weights.
+
+    rows     [n, H] a2a.dtype, in dispatch_packed's order (n = counts.sum())
+    counts   [E_local] int32, as dispatch_packed returned them
+    indices  [m, k], the same as given to dispatch_packed
+    weights  [m, k] floating point (used in f32)
+    returns  y [m, H] a2a.dtype
+    """
+    if not isinstance(rows, torch.Tensor) or not isinstance(weights, torch.Tensor):
+        raise _error("combine_packed: rows and weights must be torch.Tensors")
+    a2a.check_device("rows", rows)
+    a2a.check_device("weights", weights)
+    if rows.dtype != a2a.dtype or rows.dim() != 2 or rows.shape[1] != a2a.hidden_dim:
+        raise _error(f"rows: {rows.dtype} of shape {tuple(rows.shape)}, expected {a2a.dtype} "
+                     f"[n, {a2a.hidden_dim}]")
+    if counts.shape != (a2a.num_local_experts,) or counts.device != rows.device:
+        raise _error(f"counts: shape {tuple(counts.shape)} on {counts.device}, expected "
+                     f"[{a2a.num_local_experts}] on {rows.device} (dispatch_packed's counts)")
+    m = weights.shape[0] if weights.dim() == 2 else -1
+    if not weights.is_floating_point() or weights.dim() != 2 or weights.shape[1] != a2a.top_k:
+        raise _error(f"weights: {weights.dtype} of shape {tuple(weights.shape)}, expected a "
+                     f"floating-point [m, {a2a.top_k}]")
+    return _CombinePacked.apply(rows, weights, counts, a2a.routing(indices, m), a2a)
