@@ -124,75 +124,80 @@ def worker(args):
             grad_y = torch.randn(m, hidden, generator=gen).to(dtype)
             ids = torch.randint(0, spec["vocab"], (1, m), generator=gen)
 
-            # The exchange alone.
-            for impl in IMPLEMENTATIONS:
-                ep = EPImplementationInterface()[impl](RowsBack(experts // world), mesh["ep"],
-                                                       mesh["tp"])
-                xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+            if "exchange" in args.parts:
+                # The exchange alone.
+                for impl in IMPLEMENTATIONS:
+                    ep = EPImplementationInterface()[impl](RowsBack(experts // world), mesh["ep"],
+                                                           mesh["tp"])
+                    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
 
-                def exchange():
-                    xg.grad = wg.grad = None
-                    y = ep(xg, idx, wg)
-                    y.backward(grad_y)
-                    return y
+                    def exchange():
+                        xg.grad = wg.grad = None
+                        y = ep(xg, idx, wg)
+                        y.backward(grad_y)
+                        return y
 
-                y = exchange()
-                total = w.sum(-1, keepdim=True)
-                check(f"{name} {impl} exchange y", y, x.float() * total)
-                check(f"{name} {impl} exchange grad x", xg.grad, grad_y.float() * total)
-                check(f"{name} {impl} exchange grad w", wg.grad,
-                      (grad_y.float() @ x.float().t()).diagonal().unsqueeze(1).expand(m, top_k))
-                record(name, "exchange", impl, m, timed(exchange))
+                    y = exchange()
+                    total = w.sum(-1, keepdim=True)
+                    check(f"{name} {impl} exchange y", y, x.float() * total)
+                    check(f"{name} {impl} exchange grad x", xg.grad, grad_y.float() * total)
+                    check(f"{name} {impl} exchange grad w", wg.grad,
+                          (grad_y.float() @ x.float().t()).diagonal().unsqueeze(1).expand(m, top_k))
+                    record(name, "exchange", impl, m, timed(exchange))
 
-            # One MoE block, with the model's EP plan.
-            plan = {key.split("mlp.", 1)[1]: style
-                    for key, style in config.base_model_ep_plan.items() if ".mlp." in key}
-            outputs = {}
-            for impl in IMPLEMENTATIONS:
-                torch.manual_seed(0)  # the same block on every rank and for both
-                block = AutoModelForCausalLM.from_config(config, dtype=dtype).model.layers[0].mlp
-                apply_expert_parallelism(block, mesh["ep"], mesh["tp"], plan,
-                                         ep_implementation=impl)
-                xb = x.unsqueeze(0).clone().requires_grad_()
+            if "block" in args.parts:
+                # One MoE block, with the model's EP plan.
+                plan = {key.split("mlp.", 1)[1]: style
+                        for key, style in config.base_model_ep_plan.items() if ".mlp." in key}
+                outputs = {}
+                for impl in IMPLEMENTATIONS:
+                    torch.manual_seed(0)  # the same block on every rank and for both
+                    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+                    block = model.model.layers[0].mlp
+                    apply_expert_parallelism(block, mesh["ep"], mesh["tp"], plan,
+                                             ep_implementation=impl)
+                    xb = x.unsqueeze(0).clone().requires_grad_()
 
-                def run_block():
-                    xb.grad = None
-                    for p in block.parameters():
-                        p.grad = None
-                    out = block(xb)
-                    out = out[0] if isinstance(out, tuple) else out
-                    out.backward(grad_y.unsqueeze(0))
-                    return out
+                    def run_block():
+                        xb.grad = None
+                        for p in block.parameters():
+                            p.grad = None
+                        out = block(xb)
+                        out = out[0] if isinstance(out, tuple) else out
+                        out.backward(grad_y.unsqueeze(0))
+                        return out
 
-                outputs[impl] = (run_block().detach(), xb.grad.clone())
-                record(name, "block", impl, m, timed(run_block))
-            check(f"{name} block output, pmoe vs all_to_all", outputs["pmoe"][0],
-                  outputs["all_to_all"][0])
-            check(f"{name} block grad x, pmoe vs all_to_all", outputs["pmoe"][1],
-                  outputs["all_to_all"][1])
+                    outputs[impl] = (run_block().detach(), xb.grad.clone())
+                    record(name, "block", impl, m, timed(run_block))
+                check(f"{name} block output, pmoe vs all_to_all", outputs["pmoe"][0],
+                      outputs["all_to_all"][0])
+                check(f"{name} block grad x, pmoe vs all_to_all", outputs["pmoe"][1],
+                      outputs["all_to_all"][1])
 
-            # A training step of the whole model.
-            losses = {}
-            for impl in IMPLEMENTATIONS:
-                model = AutoModelForCausalLM.from_pretrained(
-                    path[0], dtype=dtype, distributed_config=DistributedConfig(
-                        fsdp_size=world, ep_size=world, ep_implementation=impl))
-                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            if "step" in args.parts:
+                # A training step of the whole model.
+                losses = {}
+                for impl in IMPLEMENTATIONS:
+                    model = AutoModelForCausalLM.from_pretrained(
+                        path[0], dtype=dtype, distributed_config=DistributedConfig(
+                            fsdp_size=world, ep_size=world, ep_implementation=impl))
+                    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-                def step():
-                    logits = model(ids).logits
-                    loss = torch.nn.functional.cross_entropy(logits[0].float(),
-                                                             torch.roll(ids[0], -1))
-                    loss.backward()
-                    optimizer.step()
-                    optimizer.zero_grad()
-                    return loss.detach()
+                    def step():
+                        logits = model(ids).logits
+                        loss = torch.nn.functional.cross_entropy(logits[0].float(),
+                                                                 torch.roll(ids[0], -1))
+                        loss.backward()
+                        optimizer.step()
+                        optimizer.zero_grad()
+                        return loss.detach()
 
-                losses[impl] = step()
-                record(name, "step", impl, m, timed(step))
-                del model, optimizer
-            check(f"{name} first step's loss, pmoe vs all_to_all", losses["pmoe"],
-                  losses["all_to_all"])
+                    losses[impl] = step()
+                    record(name, "step", impl, m, timed(step))
+                    del model, optimizer
+                check(f"{name} first step's loss, pmoe vs all_to_all", losses["pmoe"],
+                      losses["all_to_all"])
+
             if rank == 0:
                 print(f"{name} W={world} m={m}: checked and timed", flush=True)
         dist.barrier()
@@ -256,11 +261,16 @@ def main():
     parser.add_argument("--dtype", default="f32", choices=("f32", "bf16"))
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--parts", default="exchange,block,step",
+                        help="which measurements to run (a quick look at one: --parts exchange)")
     parser.add_argument("--out", help="write OUT.json and OUT.md")
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.tokens = [int(t) for t in args.tokens.split(",")]
     args.models = args.models.split(",")
+    args.parts = args.parts.split(",")
+    if set(args.parts) - {"exchange", "block", "step"}:
+        parser.error(f"--parts: exchange, block and/or step, got {','.join(args.parts)}")
     unknown = set(args.models) - set(MODELS)
     if unknown:
         parser.error(f"unknown model(s) {sorted(unknown)}; known: {', '.join(MODELS)}")
@@ -277,7 +287,8 @@ def main():
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={w}", os.path.abspath(__file__), "--worker-out", part,
                "--tokens", ",".join(map(str, args.tokens)), "--models", ",".join(args.models),
-               "--dtype", args.dtype, "--warmup", str(args.warmup), "--iters", str(args.iters)]
+               "--dtype", args.dtype, "--warmup", str(args.warmup), "--iters", str(args.iters),
+               "--parts", ",".join(args.parts)]
         subprocess.run(cmd, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         with open(part) as f:
             rows += json.load(f)
@@ -291,7 +302,7 @@ def main():
            "load_before": load_before,
            "load_after": " ".join(f"{v:.2f}" for v in os.getloadavg()),
            "config": {"models": {m: MODELS[m] for m in args.models}, "dtype": args.dtype,
-                      "warmup": args.warmup, "iters": args.iters},
+                      "warmup": args.warmup, "iters": args.iters, "parts": args.parts},
            "rows": rows}
     write_results(doc, markdown(doc), args.out)
 

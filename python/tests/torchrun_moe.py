@@ -2,9 +2,10 @@
 
 One launch runs every check (torchrun's start-up is the slow part): dispatch/combine and their
 gradients against a dense single-process torch reference (f32, bf16; masked slots, top-k = E,
-m = 0 on some ranks; padded and packed, with and without the ops' in-place buffers), EpMoE gradients and training steps against the dense layer, the same on a
-communicator whose ranks sit on two "nodes" (PMOE_NODE), bad inputs raising pmoe.Error, and
-ranks disagreeing on a config failing on every rank. Exits non-zero if any check fails.
+m = 0 on some ranks; padded and packed, with and without the ops' in-place buffers), EpMoE
+gradients and training steps against the dense layer, the same on a communicator whose ranks
+sit on two "nodes" (PMOE_NODE), bad inputs raising pmoe.Error, and ranks disagreeing on a
+config failing on every rank. Exits non-zero if any check fails.
 
 Tolerances: f32 results and gradients within rtol 1e-4 / atol 1e-5 of the f32 reference (the
 sums run in another order); bf16 within 3e-2 of the reference's largest magnitude, the reference
