@@ -50,6 +50,11 @@ TEST(ModelLinks, OneTokenByHand) {
   // Combine, rank 0: receives the row and a 4 B dtype word (132 B, 2 transfers); sums 1 row.
   EXPECT_EQ(p.combine.critical_rank, 0);
   EXPECT_NEAR(p.combine.us, 6 + 2 + 0.0132 + 1 + 0.000256, 1e-9);
+  // The exchange's terms, as `model published` names them: latency, bandwidth, per-transfer.
+  EXPECT_NEAR(p.dispatch.latency_us, 2, 1e-12);
+  EXPECT_NEAR(p.dispatch.bandwidth_us, 0.0256, 1e-12);
+  EXPECT_NEAR(p.dispatch.transfer_us, 0.5, 1e-12);
+  EXPECT_NEAR(p.combine.transfer_us, 1, 1e-12);
   // Hierarchical: rank 1 is rank 0's relay on node 1. Rank 0's relay block (head 12 B padded to
   // 64, one slot: header 24 B padded to 64 + 128; 256 B, one put) crosses as the direct block
   // did; then the node stage: rank 1 rebuilds the 148 B slot (20 B header + 128) and rank 0's
@@ -60,6 +65,12 @@ TEST(ModelLinks, OneTokenByHand) {
   EXPECT_EQ(h.dispatch.critical_rank, 1);
   EXPECT_NEAR(h.dispatch.us, 6 + 2 + 0.0256 + 0.5 + 0.000172 + 0.000256, 1e-9);
   EXPECT_NEAR(h.combine.us, p.combine.us, 1e-9);
+  // Staged: the network stage's terms plus the node stage's (same rank: bandwidth only).
+  EXPECT_NEAR(h.dispatch.latency_us, 2, 1e-12);
+  EXPECT_NEAR(h.dispatch.bandwidth_us, 0.0256 + 0.000172, 1e-12);
+  EXPECT_NEAR(h.dispatch.transfer_us, 0.5, 1e-12);
+  for (const OpPrediction& op : {p.dispatch, p.combine, h.dispatch, h.combine})
+    EXPECT_NEAR(op.latency_us + op.bandwidth_us + op.transfer_us, op.exchange_us, 1e-12);
 }
 
 TEST(ModelLinks, CpuFormulaByHand) {

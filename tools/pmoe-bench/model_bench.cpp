@@ -226,7 +226,7 @@ void add_model_command(CLI::App& app) {
   add_shape_options(cmd, o->shape);
   cmd->add_option("--preset", o->preset,
                   "hardware preset (h100-ib, h100-ibrc, h200-ib, h800-ib, "
-                  "gb200-nvl72, aws-efa-p5)")
+                  "gb200-nvl72, aws-efa-p5, aws-efa-p5en)")
       ->capture_default_str();
   cmd->add_option("--preset-file", o->preset_file, "a preset file from `model calibrate`");
   cmd->add_option("--ranks", o->ranks, "EP sizes, comma-separated")->capture_default_str();

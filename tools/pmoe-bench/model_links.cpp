@@ -60,6 +60,11 @@ const std::vector<HardwarePreset>& builtin_presets() {
           "AWS p5.48xlarge: 8 H100 with NVLink 4, EFA 3200 Gb/s per instance (400 Gb/s per "
           "GPU), transfers posted by the host (latency and per-transfer cost: estimates)",
           8, 3350, 450, 50, 15.0, 1.0),
+      gpu("aws-efa-p5en",
+          "AWS p5en.48xlarge: 8 H200 (HBM3e 4.8 TB/s) with NVLink 4, 16 EFA NICs of 200 Gb/s "
+          "(two per GPU, 400 Gb/s per GPU), transfers posted by the host (latency and "
+          "per-transfer cost: the aws-efa-p5 estimates)",
+          8, 4800, 450, 50, 15.0, 1.0),
   };
   return presets;
 }
@@ -137,13 +142,21 @@ HardwarePreset load_preset(const std::string& path) {
 
 namespace {
 
-double link_us(const LinkParams& p, const detail::LinkCount& sent,
-               const detail::LinkCount& received) {
-  if (sent.transfers == 0 && received.transfers == 0) return 0;
+// One link kind's time on one rank, in its three terms (all 0 when the link is unused).
+struct LinkTime {
+  double latency_us = 0, bandwidth_us = 0, transfer_us = 0;
+  double us() const { return latency_us + bandwidth_us + transfer_us; }
+};
+
+LinkTime link_time(const LinkParams& p, const detail::LinkCount& sent,
+                   const detail::LinkCount& received) {
+  if (sent.transfers == 0 && received.transfers == 0) return {};
   const double bytes = double(std::max(sent.bytes, received.bytes));
   const double transfers = double(std::max(sent.transfers, received.transfers));
-  return p.latency_us + bytes / (p.gbps * 1e3) + transfers * p.per_transfer_us;
+  return {p.latency_us, bytes / (p.gbps * 1e3), transfers * p.per_transfer_us};
 }
+
+LinkTime slower(const LinkTime& a, const LinkTime& b) { return b.us() > a.us() ? b : a; }
 
 // staged: the network stage, then the node stage (a relay forwards what it received); else the
 // link kinds at once.
@@ -152,14 +165,22 @@ OpPrediction predict_op(const HardwarePreset& hw, const detail::OpTraffic& op, b
   OpPrediction worst;
   for (int r = 0; r < int(op.ranks.size()); ++r) {
     const detail::RankTraffic& t = op.ranks[r];
-    double per_link[detail::kLinkKinds];
+    LinkTime per_link[detail::kLinkKinds];
     for (int l = 0; l < detail::kLinkKinds; ++l)
-      per_link[l] = link_us(hw.links[l], t.sent[l], t.received[l]);
-    const double node = std::max(per_link[kSame], per_link[kLoadStore]);
+      per_link[l] = link_time(hw.links[l], t.sent[l], t.received[l]);
+    const LinkTime node = slower(per_link[kSame], per_link[kLoadStore]);
+    const LinkTime& net = per_link[kNetwork];
+    const LinkTime path =
+        staged ? LinkTime{node.latency_us + net.latency_us, node.bandwidth_us + net.bandwidth_us,
+                          node.transfer_us + net.transfer_us}
+               : slower(node, net);
     OpPrediction p;
     p.critical_rank = r;
     p.launch_us = hw.kernels_per_op * hw.launch_us;
-    p.exchange_us = staged ? node + per_link[kNetwork] : std::max(node, per_link[kNetwork]);
+    p.exchange_us = path.us();
+    p.latency_us = path.latency_us;
+    p.bandwidth_us = path.bandwidth_us;
+    p.transfer_us = path.transfer_us;
     p.local_us = double(t.rows) * row_bytes * 2 / (hw.local_gbps * 1e3);
     p.us = p.launch_us + p.exchange_us + p.local_us;
     if (r == 0 || p.us > worst.us) worst = p;

@@ -63,6 +63,11 @@ struct OpPrediction {
   double us = 0;
   int critical_rank = 0;
   double launch_us = 0, exchange_us = 0, local_us = 0;  // the critical rank's parts
+  // exchange_us's own terms, summed over the links on its path (direct: the slowest link kind;
+  // staged: the network stage plus the slower node link): link latency, bytes / bandwidth and
+  // transfers x per-transfer cost. They add up to exchange_us; `model published` names the
+  // largest term where pmoe is predicted slower than a published row.
+  double latency_us = 0, bandwidth_us = 0, transfer_us = 0;
 };
 
 struct Prediction {
