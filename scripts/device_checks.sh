@@ -274,7 +274,8 @@ for root in site.getsitepackages() + [site.getusersitepackages()]:
     for lib in sorted(glob.glob(os.path.join(root, "nvidia", "nccl", "lib", "libnccl.so.2"))):
         print(lib)' 2>/dev/null | head -1)
   if [ -z "$nccl" ]; then
-    [ "$dry_run" = 1 ] || { echo "gin_wheel: SKIPPED, no nvidia-nccl wheel beside python3"; return 0; }
+    [ "$dry_run" = 1 ] ||
+      { echo "gin_wheel: SKIPPED, no nvidia-nccl wheel beside python3"; return 0; }
     nccl=libnccl.so.2
   fi
   gin_on "$nccl"

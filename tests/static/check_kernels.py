@@ -42,6 +42,7 @@ ARCHS = {
 BLOCK_THREADS = 256            # kBlockThreads, src/cuda/launch.cuh
 STATIC_SHARED_LIMIT = 48 * 1024  # what a block may declare as static __shared__
 RESERVED_SHARED = 1024         # per block, kept by the runtime (sm_80 on)
+DEFAULT_BUDGETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_budgets.txt")
 
 
 def tool(name):
@@ -167,11 +168,18 @@ def read_budgets(path):
     for line in open(path):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
+        if line[0].isspace():  # the why of the entry above, continued
+            if not budgets:
+                sys.exit(f"{path}: '{line.strip()}' continues no entry")
+            budgets[-1]["why"] += " " + line.strip()
+            continue
         fields = line.split(None, 4)
         if len(fields) < 4:
             sys.exit(f"{path}: '{line.strip()}' needs kernel, blocks, local, vector[, why]")
         kernel, blocks, local, vector = fields[:4]
         why = fields[4].strip() if len(fields) > 4 else "-"
+        if int(local) and why == "-":
+            sys.exit(f"{path}: {kernel} may use {local} bytes of local memory: say why")
         budgets.append({"kernel": kernel, "blocks": int(blocks), "local": int(local),
                         "vector": [] if vector == "-" else vector.split(","), "why": why})
     return budgets
@@ -243,8 +251,8 @@ def problems(name, arch, k, budget):
                      f"or local arrays), over the {budget['local']} its budget allows"
                      + ("" if budget["local"] else " (none: say why in kernel_budgets.txt)"))
     if k["shared"] > STATIC_SHARED_LIMIT:
-        found.append(f"{k['shared']} bytes of shared memory, over the {STATIC_SHARED_LIMIT} a block "
-                     "may declare")
+        found.append(f"{k['shared']} bytes of shared memory, over the {STATIC_SHARED_LIMIT} a "
+                     "block may declare")
     fit = blocks_per_sm(k, arch)
     if fit < budget["blocks"]:
         found.append(f"{fit} blocks fit on an SM ({k['registers']} registers, {k['shared']} bytes "
@@ -295,9 +303,10 @@ def table(args):
     for arch in archs:
         for k in measured["archs"][arch].values():
             rows.setdefault(k["name"], {})[arch] = k
-    print("| kernel | registers (" + " / ".join(archs) + ") | shared memory (B) | stack + local (B) "
-          "| spills (B, sm_90a) | vector width, load / store (sm_90a) | blocks per SM: fit ("
-          + " / ".join(archs) + "), expected |")
+    both = " / ".join(archs)
+    print(f"| kernel | registers ({both}) | shared memory (B) | stack + local (B) "
+          f"| spills (B, sm_90a) | vector width, load / store (sm_90a) | blocks per SM: fit "
+          f"({both}), expected |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name in sorted(rows):
         per = rows[name]
@@ -397,23 +406,23 @@ def main():
     m = sub.add_parser("measure")
     m.add_argument("library")
     m.add_argument("--out", required=True)
-    m.add_argument("--budgets", default=os.path.join(os.path.dirname(__file__), "kernel_budgets.txt"))
+    m.add_argument("--budgets", default=DEFAULT_BUDGETS)
     m.add_argument("--arch", default="sm_90a,sm_80")
     m.add_argument("--sass-all", action="store_true")
     m.add_argument("--ptxas", action="store_true")
     for name in ("check", "table"):
         c = sub.add_parser(name)
         c.add_argument("measured")
-        c.add_argument("--budgets",
-                       default=os.path.join(os.path.dirname(__file__), "kernel_budgets.txt"))
+        c.add_argument("--budgets", default=DEFAULT_BUDGETS)
         if name == "check":
             c.add_argument("--only", help="check only the kernels of this budget line")
     d = sub.add_parser("driver")
     d.add_argument("binary")
     d.add_argument("measured")
-    d.add_argument("--budgets", default=os.path.join(os.path.dirname(__file__), "kernel_budgets.txt"))
+    d.add_argument("--budgets", default=DEFAULT_BUDGETS)
     args = ap.parse_args()
-    return {"measure": measure, "check": check, "table": table, "driver": driver}[args.command](args)
+    commands = {"measure": measure, "check": check, "table": table, "driver": driver}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ import check_kernels  # noqa: E402
 
 BUDGETS = """\
 copy_kernel   2  0   LDG.E.128,STG.E.128  -
-send_tokens   2  288 -                    its local arrays
+send_tokens   2  288 -                    its local arrays,
+    indexed at run time
 *             2  0   -                    -
 """
 WITHIN = {
@@ -61,8 +62,8 @@ class Verdicts(unittest.TestCase):
         self.assertEqual(code, 0, out)
 
     def test_registers_over_what_two_blocks_per_sm_allow(self):
-        self.fails(broken("_Zmoe", registers=136), "FAIL: plan_tiles_kernel (sm_90a): 136 registers",
-                   "the 128 that 2 blocks")
+        self.fails(broken("_Zmoe", registers=136),
+                   "FAIL: plan_tiles_kernel (sm_90a): 136 registers", "the 128 that 2 blocks")
 
     def test_a_spill_or_local_array_without_a_why(self):
         self.fails(broken("_Zcopy", stack=16), "FAIL: copy_kernel (sm_90a): 16 bytes of stack")
@@ -71,7 +72,8 @@ class Verdicts(unittest.TestCase):
         self.fails(broken("_Zsend", local=32), "FAIL: send_tokens (sm_90a)", "over the 288")
 
     def test_shared_memory_over_the_static_limit(self):
-        self.fails(broken("_Zsend", shared=49153), "FAIL: send_tokens (sm_90a): 49153 bytes of shared")
+        self.fails(broken("_Zsend", shared=49153),
+                   "FAIL: send_tokens (sm_90a): 49153 bytes of shared")
 
     def test_shared_memory_that_leaves_fewer_blocks_than_the_design_counts_on(self):
         self.fails(broken("_Zsend", shared=48 * 1024, registers=200), "1 blocks fit on an SM")
@@ -85,6 +87,21 @@ class Verdicts(unittest.TestCase):
         kernels = copy.deepcopy(WITHIN)
         kernels["_Zcopy"]["name"] = "copy_kernel_v2"
         self.fails(kernels, "no kernel matches the budget line 'copy_kernel'")
+
+    def test_local_memory_needs_a_why(self):
+        with tempfile.TemporaryDirectory() as scratch:
+            path = os.path.join(scratch, "budgets.txt")
+            open(path, "w").write("copy_kernel 2 16 - -\n")
+            with self.assertRaises(SystemExit) as raised:
+                check_kernels.read_budgets(path)
+            self.assertIn("say why", str(raised.exception))
+
+    def test_a_why_goes_on_over_indented_lines(self):
+        with tempfile.TemporaryDirectory() as scratch:
+            path = os.path.join(scratch, "budgets.txt")
+            open(path, "w").write(BUDGETS)
+            why = check_kernels.read_budgets(path)[1]["why"]
+            self.assertEqual(why, "its local arrays, indexed at run time")
 
     def test_only_checks_its_own_line(self):
         kernels = broken("_Zmoe", registers=136)
