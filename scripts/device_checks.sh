@@ -11,9 +11,10 @@
 #
 # Every command runs under `timeout` (bounded, below), for its own bound or what is left of its
 # part's budget, whichever is less, so a part never takes more than its budget. Budgets, in
-# seconds (PMOE_BUDGET_<part>=S overrides one); a run of the default parts is bounded by
-# 50 + 150 + 140 + 140 = 480 s, the 8 minutes the device time allows it (50: unpacking 20, env.sh's
-# probes 15, nvidia-smi 5, packing the results 10):
+# seconds (PMOE_BUDGET_<part>=S overrides one). A run of the default parts is bounded by
+# 50 + 150 + 140 + 40 = 380 s, within DEFAULT_LIMIT_S = 390: a session's 900 s of device time, less
+# 120 for the machine's start, holds two such runs (a rerun after a fix). 50 is what runs around
+# the parts: unpacking 20, env.sh's probes 15, nvidia-smi 5, packing the results 10.
 #   tests         150  every GPU test program: test_cuda_all_to_all_gpu (the CPU cases on one GPU
 #                      at W = 1, 2, 4, 8, graph replays, a rank that never arrives),
 #                      test_cuda_moe_gpu (the MoE layers), test_cuda_cublas_gpu,
@@ -27,10 +28,15 @@
 #                      tools/torch_ata_bench.py on CUDA tensors with NCCL at the same shapes (it
 #                      needs W GPUs, and says so on one); tools/ata_ratios.py puts the three side
 #                      by side in all_to_all_ratios.json
+#   static         40  tests/static's checks of what nvcc compiled, on the kit's pmoe-bench (the
+#                      same libpmoe, so the same sm_90a cubins) with this machine's cuobjdump, then
+#                      the driver's own view of those cubins on this GPU: registers, local and
+#                      shared memory, and the blocks per SM it keeps resident (kernels_sm_90a.md)
+# By name only:
 #   overlap_cuda  140  test_cuda_overlap_gpu and test_cuda_graph_gpu, then pmoe-bench ag-gemm /
 #                      gemm-rs --device cuda, f16, 2 and 4 thread ranks sharing the GPU, pieces
-#                      moved by the copy engines and (--copy kernel) by a copy kernel
-# By name only:
+#                      moved by the copy engines and (--copy kernel) by a copy kernel (a default
+#                      part until the static one joined: all four do not fit twice in a lease)
 #   python        420  builds the Python module with CUDA for the device's Python (the kit cannot:
 #                      it is built here for this machine's Python), then the whole pytest suite,
 #                      torch CUDA too
@@ -42,9 +48,13 @@
 #                      "unavailable here" with NCCL's reason, and passes; it fails only if the
 #                      path was set up and then moved wrong bytes or lost a signal. Where the ring
 #                      check set GIN up, AllToAll then runs over it (direct and hierarchical).
+#   gin_wheel     300  the same, on the NCCL that PyTorch's wheels bring (nvidia-nccl-cu13, 2.30
+#                      or later; PMOE_NCCL_LIBRARY points the GIN path at it), where the gin part
+#                      uses the one env.sh found (the toolkit's 2.28 first)
 # A part that fails is reported and the next one still runs; the exit status says whether all
 # passed. The device tool brings back at most 8 files from $OUT, so the logs and JSON of every part
-# go into $OUT/results.tar.gz, beside $OUT/summary.txt and $OUT/all_to_all_ratios.json.
+# go into $OUT/results.tar.gz, beside $OUT/summary.txt, $OUT/all_to_all_ratios.json and
+# $OUT/kernels_sm_90a.md (the static part's tables).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 IMAGE=scripts/device_image.txt
@@ -59,12 +69,14 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-declare -A BUDGET=([tests]=150 [bench]=140 [overlap_cuda]=140 [python]=420 [overlap]=240
-                   [gin]=300)
-DEFAULT_PARTS=(tests bench overlap_cuda)
+declare -A BUDGET=([tests]=150 [bench]=140 [static]=40 [overlap_cuda]=140 [python]=420
+                   [overlap]=240 [gin]=300 [gin_wheel]=300)
+DEFAULT_PARTS=(tests bench static)
 FIXED_S=50         # around the parts: unpacking 20 (a few seconds for the ~31 MiB kit), env.sh's
                    # probes 15, nvidia-smi 5, packing the results 10
-DEFAULT_LIMIT_S=480
+LEASE_S=900        # a session's device time, all calls together
+START_S=120        # what the machine's start takes of it (assumed: "minutes", the device README)
+DEFAULT_LIMIT_S=$(((LEASE_S - START_S) / 2))  # 390: room for a rerun of the default parts
 KILL_AFTER_S=5     # a command that ignores SIGTERM gets SIGKILL this much later
 for part in "${!BUDGET[@]}"; do
   override=PMOE_BUDGET_$part
@@ -200,14 +212,13 @@ part_python() {
       --nproc-per-node 2 python/tests/torchrun_cuda.py --transformers-model
 }
 
-part_gin() {
+# gin_on NCCL: the GIN checks with that libnccl (a path, or a name the loader finds).
+gin_on() {
+  local nccl=$1 status
   if ! command -v gin_ring_gpu >/dev/null; then
     echo "gin: SKIPPED, the kit has no gin_ring_gpu (built where CMake found no NCCL >= 2.28.7)"
     return 0
   fi
-  # libnccl as env.sh found it (the kit does not carry it: only this part and pmoe-bench's NCCL
-  # row load it); else the loader's.
-  local nccl=${PMOE_NCCL_LIBRARY:-libnccl.so.2} status
   echo "gin: NCCL from $nccl"
   bounded 90 env PMOE_NCCL_LIBRARY="$nccl" PMOE_GIN_RANKS_PER_NODE=1 PMOE_TIMEOUT_S=30 \
     NCCL_DEBUG=WARN mpirun -n 2 -x PMOE_NCCL_LIBRARY -x PMOE_GIN_RANKS_PER_NODE -x PMOE_TIMEOUT_S \
@@ -236,6 +247,40 @@ part_gin() {
     --iters 20 --json "$WORK/gin_all_to_all_hierarchical.json"
 }
 
+part_gin() {
+  # libnccl as env.sh found it (the kit does not carry it: only this part and pmoe-bench's NCCL
+  # row load it); else the loader's.
+  gin_on "${PMOE_NCCL_LIBRARY:-libnccl.so.2}"
+}
+
+part_static() {
+  local measured=$WORK/kernels_sm_90a.json
+  bounded 15 python3 tests/static/check_kernels.py measure "$KIT/bin/pmoe-bench" --arch sm_90a \
+    --out "$measured" || return 1
+  bounded 5 python3 tests/static/check_kernels.py table "$measured" > "$WORK/kernels_sm_90a.md"
+  bounded 5 python3 tests/static/check_kernels.py check "$measured" || return 1
+  # The driver's view of the same cubins on this GPU (registers, memory, resident blocks).
+  bounded 10 python3 tests/static/check_kernels.py driver "$KIT/bin/pmoe-bench" "$measured" \
+    >> "$WORK/kernels_sm_90a.md"
+}
+
+part_gin_wheel() {
+  # The NCCL of PyTorch's wheels (nvidia-nccl-cu13) beside the machine's python3, not the one
+  # env.sh found first.
+  local nccl
+  nccl=$(env LD_LIBRARY_PATH="${PMOE_MACHINE_LD_LIBRARY_PATH:-}" timeout 10 python3 -c '
+import glob, os, site
+for root in site.getsitepackages() + [site.getusersitepackages()]:
+    for lib in sorted(glob.glob(os.path.join(root, "nvidia", "nccl", "lib", "libnccl.so.2"))):
+        print(lib)' 2>/dev/null | head -1)
+  if [ -z "$nccl" ]; then
+    [ "$dry_run" = 1 ] ||
+      { echo "gin_wheel: SKIPPED, no nvidia-nccl wheel beside python3"; return 0; }
+    nccl=libnccl.so.2
+  fi
+  gin_on "$nccl"
+}
+
 if [ "$dry_run" = 1 ]; then
   # shellcheck source=scripts/device_checks_dry_run.sh
   source scripts/device_checks_dry_run.sh
@@ -262,5 +307,6 @@ done
 # At most 8 files come back from $OUT: everything in one archive, and the two to read first.
 cp "$WORK/summary.txt" "$OUT/"
 [ -e "$WORK/all_to_all_ratios.json" ] && cp "$WORK/all_to_all_ratios.json" "$OUT/"
+[ -e "$WORK/kernels_sm_90a.md" ] && cp "$WORK/kernels_sm_90a.md" "$OUT/"
 timeout 10 tar -czf "$OUT/results.tar.gz" -C "$WORK" .
 [ ${#failed[@]} -eq 0 ] || { echo "failed: ${failed[*]}"; exit 1; }

@@ -70,6 +70,9 @@ OPERATORS = [
     ("stride", "skip in a grid-stride loop", r"\+= gridDim\.x\)", "+= 2 * gridDim.x)", None),
     ("stride", "skip in a grid-stride loop", r"\+= stride\)", "+= 2 * stride)", r"gridDim|stride\)"),
     ("stride", "skip in a grid-stride loop", r"\+= grid_step\(\)\)", "+= 2 * grid_step())", None),
+    # The copy comes out right on x86 and faults on a GPU: caught only by the emulated device's
+    # alignment check (src/cuda/emulator/misaligned_access.cpp).
+    ("align", "take a 16-byte path at any alignment", r"% 16 (==|!=) 0", r"% 1 \1 0", None),
 ]
 
 # Mutants that cannot change what any kernel does, by (file, classes, text of the mutated line and

@@ -18,6 +18,10 @@ debian_packages=(
 # transformers (5.23 brought the expert-parallel registry pmoe.transformers extends) and
 # accelerate (transformers' distributed loading needs it) for the integration's tests.
 python_packages=(numpy pytest nanobind matplotlib torch "transformers>=5.23.0" "accelerate>=1.0")
+# cuobjdump and the nvdisasm it runs for -sass: the static checks of what nvcc compiled
+# (tests/static) read the kernels' cubins with them, and the CUDA toolkit installed here has
+# neither.
+python_packages+=(nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)
 
 missing=()
 for pkg in "${debian_packages[@]}"; do

@@ -115,6 +115,12 @@ TEST_P(AllToAllCuda, EdgeCases) {
   odd.config.in_dtype = DType::f16;
   odd.expert_y_dtype = DType::f16;
   expect_case_on_gpu(W(), odd);
+  // f8 rows of 9 bytes with 3 scales each: rows and scale blocks at every byte alignment, so the
+  // copies take their byte and narrow-word paths (a 16-byte access there traps: emulated-device.md)
+  AllToAllCase odd_f8 = with_f8(base(2, 9));
+  odd_f8.config.scale_block = 3;
+  odd_f8.calls = 1;
+  expect_case_on_gpu(W(), odd_f8);
 }
 
 // Odd hidden sizes in every dtype pair the combine reads and writes: rows whose vector body and

@@ -66,8 +66,15 @@ void atomic_read_at(const void* at, bool acquires);    // after an atomic read o
 // CUDA IPC in use in this process (memory.cpp): the reader side is off from now on.
 void late_stores_shared_across_processes();
 
+// Ends the process with a "misaligned address" report (misaligned_access.cpp): a GPU faults on
+// such an access.
+[[noreturn]] void misaligned_store(const void* dst, size_t bytes, size_t alignment);
+
 template <typename T>
 void store_late(T* dst, const T& value) {
+  // Checked here, not left to UBSan's alignment check: a held store is written later, bytewise.
+  if (reinterpret_cast<uintptr_t>(dst) % alignof(T) != 0)
+    misaligned_store(dst, sizeof(T), alignof(T));
   if (!late_stores_enabled()) {
     *dst = value;
     return;
