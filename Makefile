@@ -49,8 +49,8 @@ fuzz: setup
 # The emulated device's mutation suite: each barrier, fence, ordering, scope, loop bound, offset
 # and grid stride of the CUDA kernels changed in turn, the emulated CUDA tests run after each
 # (lean build in build/mutation); the table lands in docs/emulated-device.md. About an hour
-# (about 100 mutants, 53 min for 97 on the loaded 2-core VM); `scripts/mutation.py --only REGEX --doc ... --merge`
-# reruns a few and replaces only their rows.
+# (about 100 mutants; 97 took 53 min on the loaded 2-core VM); `scripts/mutation.py --only
+# REGEX --doc ... --merge` reruns a few and replaces only their rows.
 mutation: setup
 	@scripts/mutation.py --doc docs/emulated-device.md
 
