@@ -218,7 +218,8 @@ bool remote_signal_add(RemoteProxy& proxy, int peer, int slot) {
 }
 void remote_flush(RemoteProxy& proxy) { proxy.flush(calling_coop()); }
 uint64_t read_gin_signal(const uint64_t* word) {
-  return std::atomic_ref<const uint64_t>(*word).load(std::memory_order_acquire);
+  // atomic_ref of a const type is C++26; the load writes nothing.
+  return std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(word)).load(std::memory_order_acquire);
 }
 
 }  // namespace pmoe::emu
