@@ -41,7 +41,7 @@ NOT_EMULATED = {"src/cuda/transport/gin_remote.cuh"}
 TEST_TARGETS = ["test_cuda_all_to_all", "test_cuda_grid", "test_cuda_device_utils",
                 "test_cuda_emulator", "test_cuda_ipc", "test_cuda_overlap", "test_cuda_cublas",
                 "test_emulated_ipc", "test_cuda_moe", "test_cuda_graph",
-                "test_cuda_all_to_all_traffic", "test_mpi_cuda_remote"]
+                "test_cuda_all_to_all_traffic", "test_mpi_cuda_remote", "test_emulated_remote"]
 
 
 def kernel_files():
@@ -73,6 +73,16 @@ OPERATORS = [
     # The copy comes out right on x86 and faults on a GPU: caught only by the emulated device's
     # alignment check (src/cuda/emulator/misaligned_access.cpp).
     ("align", "take a 16-byte path at any alignment", r"% 16 (==|!=) 0", r"% 1 \1 0", None),
+    # The remote path's rules (gin.h; docs/emulated-device.md, "The remote path"): a flush covers
+    # the calling thread's puts only, GIN's signals start anywhere, a signal follows only the puts
+    # issued before it.
+    ("coop", "a flush by the wrong coop", r"threadIdx\.x == 0\) flush\(", "threadIdx.x == 1) flush(",
+     None),
+    ("baseline", "a missing baseline", r" - t\.remote_baseline\[slot\]", "", None),
+    ("signal", "a signal before its put",
+     r"return remote_put\(t\.remote, peer, dst_offset, src_offset, bytes, slot\);",
+     "return remote_signal_add(t.remote, peer, slot) && "
+     "remote_put(t.remote, peer, dst_offset, src_offset, bytes, -1);", None),
 ]
 
 # Mutants that cannot change what any kernel does, by (file, classes, text of the mutated line and

@@ -22,9 +22,6 @@
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
 #include "reference/all_to_all_reference.hpp"
-#if !defined(PMOE_TEST_ON_GPU)
-#include "cuda/emulator/remote.hpp"
-#endif
 
 namespace pmoe::testing {
 namespace {
@@ -685,49 +682,6 @@ TEST(AllToAllCuda, RankThatNeverArrivesIsNamed) {
 }
 
 #if !defined(PMOE_TEST_ON_GPU)
-// The emulated remote path keeps GIN's promise and no more: rank 0 puts to rank 1 by hand-stepped
-// delivery. Three puts then a put with a signal: whenever the signal shows, all four payloads are
-// there, whatever order the puts landed in. A signal added before its data (the bug GIN does not
-// forgive) is delivered first, and the stale data is seen.
-TEST(AllToAllCuda, EmulatedRemotePathOrdersSignalsOnlyAfterEarlierPuts) {
-  constexpr size_t kBytes = 64, kStride = 8;
-  for (uint64_t seed = 0; seed < 20; ++seed) {
-    std::vector<std::byte> region0(8 * kBytes), region1(8 * kBytes);
-    std::vector<uint64_t> signals0(2 * kStride), signals1(2 * kStride);
-    for (size_t i = 0; i < region0.size(); ++i) region0[i] = std::byte(1 + (i + seed) % 250);
-    emu::RemoteProxy proxy(0, {region0.data(), region1.data()}, {signals0.data(), signals1.data()},
-                           kStride, 2, /*by_hand=*/true);
-    for (int i = 0; i < 3; ++i) proxy.put(1, kBytes * size_t(i), kBytes * size_t(i), kBytes, -1);
-    proxy.put(1, 3 * kBytes, 3 * kBytes, kBytes, /*slot=*/1);
-    // Another peer's traffic is not ordered against it.
-    int steps = 0;
-    while (proxy.deliver_one()) {
-      ++steps;
-      if (signals1[1 * kStride] >= 1) {
-        ASSERT_EQ(std::memcmp(region1.data(), region0.data(), 4 * kBytes), 0)
-            << "signal before its data, seed " << seed;
-      }
-    }
-    EXPECT_EQ(steps, 4);
-    EXPECT_EQ(signals1[1 * kStride], 1u);
-    EXPECT_EQ(proxy.counters().bytes, 4 * kBytes);
-    EXPECT_EQ(proxy.counters().transfers, 4u);
-  }
-  // The wrong order: signal first, data after. The emulated network delivers the signal while the
-  // data is still on its way, so a receiver that trusted it reads stale bytes.
-  std::vector<std::byte> region0(kBytes, std::byte{7}), region1(kBytes, std::byte{0});
-  std::vector<uint64_t> signals0(kStride), signals1(kStride);
-  emu::RemoteProxy proxy(0, {region0.data(), region1.data()}, {signals0.data(), signals1.data()},
-                         kStride, 1, /*by_hand=*/true);
-  proxy.signal_add(1, 0);
-  proxy.put(1, 0, 0, kBytes, -1);
-  ASSERT_TRUE(proxy.deliver_one());
-  EXPECT_EQ(signals1[0], 1u);
-  EXPECT_EQ(region1[0], std::byte{0}) << "the data came with a signal issued before it";
-  ASSERT_TRUE(proxy.deliver_one());
-  EXPECT_EQ(region1[0], std::byte{7});
-}
-
 // Four ranks as two nodes of two; rank 3 (node 1) never calls dispatch: rank 0 and 1 (node 0),
 // which reach it only through the remote path, name it and its node after the timeout. In
 // hierarchical mode rank 1 waits for rank 3's relay block, and rank 0 for the forward rank 1

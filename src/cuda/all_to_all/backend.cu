@@ -43,7 +43,7 @@ class CudaAllToAll final : public AllToAllBackend {
                "on this backend yet; pass your own buffers");
     memory_ = cuda::alloc_transport_memory(comm, layout_.total_bytes, layout_.signal_slots(),
                                            config.ranks_per_node, stream_);
-    remote_ = std::make_unique<cuda::RemoteSetup>(*memory_, AllToAllLayout::kSignalWords);
+    remote_ = std::make_unique<cuda::RemoteSetup>(*memory_, AllToAllLayout::kSignalWords, stream_);
     // Counted after a barrier (every rank of this process has made its stream) and agreed on
     // (the largest count), so that every rank decides alike even as failing ones leave.
     comm.barrier();
@@ -96,6 +96,7 @@ class CudaAllToAll final : public AllToAllBackend {
     t.local_signals = memory_->signal_word(p.rank, 0);
     t.signal_stride = int(AllToAllLayout::kSignalWords);
     t.remote = remote_->path();
+    t.remote_baseline = remote_->baseline();
     // Private scratch, one allocation.
     scratch_bytes_ = 0;
     auto reserve = [&](size_t bytes) {

@@ -4,8 +4,11 @@
 //   send:  return_rows (grid)  each routed row of expert_y to its source's combine area at
 //                              (token, top-k slot), 16-byte words with several loads in flight;
 //                              ranks start at different routes (rank / W of the way in), so
-//                              they do not all write to one source first; the last block
-//                              writes this rank's expert_y dtype there and signals every source
+//                              they do not all write to one source first; a remote source's
+//                              row is staged here and put by the block's thread 0, which
+//                              flushes its own puts before the block ends (a flush covers the
+//                              calling thread's only); the last block writes this rank's
+//                              expert_y dtype there and signals every source
 //   recv:  await_owners (1 block)  waits for every owner (a thread each) and checks its dtype
 //                                  (for Phase::both, the last block of return_rows does this
 //                                  instead, when every other block has ended: one kernel less)
@@ -92,6 +95,10 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
       }
     }
   }
+  // A flush covers only the calling thread's puts (gin.h: "from any thread in this coop", and the
+  // coop is the thread): each block's thread 0 flushes the rows it put itself, so that when this
+  // kernel ends every staged row has been read and the next combine may rewrite the staging.
+  if (threadIdx.x == 0) flush(p.transport);
   if (!last_block_all(&p.block_counters[kReturnDone])) return;
   if (threadIdx.x == 0) {
     p.round->next_step = int32_t(Step::combine_recv);  // every block has read it
@@ -114,7 +121,7 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
         report(p.error, kNoRemote, dest, Step::combine_send);
       }
     }
-    flush(p.transport);  // the staging is rewritten by the next combine
+    flush(p.transport);  // the dtype's staging word, put just above by this thread
   }
   if (p.fuse_recv) {
     __syncthreads();  // next_step, advanced above

@@ -452,7 +452,8 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
                       lay.relay_signal(p.rank)))
         report(p.error, kNoRemote, relay_rank, Step::dispatch_send);
     }
-    // The staging is rewritten by the next dispatch: every put must have left it by then.
+    // The staging is rewritten by the next dispatch: every put must have left it by then. This
+    // thread issued every put of the kernel, and a flush covers the calling thread's only.
     flush(p.transport);
   }
   if (p.fuse_recv) {

@@ -11,7 +11,10 @@
 //
 // Ordering, GIN's and no more: a signal added by put_signal or signal_add is seen at the peer
 // only after the payload of that put and of every earlier put of the same context to the same
-// peer. Nothing orders puts to different peers. A put's source may be rewritten after flush.
+// peer (a *strong* signal, in 2.30's words: combine's signal covers rows put before it without
+// one, so 2.30's WeakSignalAdd, which covers its own put only, would not do). Nothing orders puts
+// to different peers, nor a later put against an earlier signal. A put's source may be rewritten
+// after the flush of the thread that issued it.
 // Offsets are bytes from the window's start, which is the region's start.
 //
 // Compile-checked only (sm_80, sm_90a): no GPU and no NIC has run it yet.
@@ -77,8 +80,9 @@ __device__ __forceinline__ bool remote_flush(const RemotePath& path) {
   return true;
 }
 
-// This rank's GIN signal `slot` (what remote peers added), read with acquire: the payloads it
-// covers are visible after it. 0 where there is no remote path.
+// This rank's GIN signal `slot`, read with acquire: the payloads it covers are visible after it.
+// It starts where NCCL left it (gin.h names no value): callers count from the baseline read when
+// the op was built (signal_baseline.cuh). 0 where there is no remote path.
 __device__ __forceinline__ uint64_t remote_signal_value(const RemotePath& path, int slot) {
   if (!remote_ready(path)) return 0;
   ncclGin gin(path.comm, path.context);

@@ -84,11 +84,15 @@ GinRingResult run_gin_ring_check(const NcclGin& gin, cudaStream_t stream, size_t
   c.round = round;
   c.timeout_ns = timeout_ns;
   void* results = nullptr;
-  constexpr size_t kResultBytes = 16 + 2 * sizeof(ErrorWord);
+  // Then two zero baselines: the check counts its rounds from 0, as NCCL 2.28.9 leaves a new
+  // communicator's signals (gin.h does not promise it; AllToAll reads its baselines instead,
+  // signal_baseline.cuh, which a second call here could not do before a peer's add of round 1).
+  constexpr size_t kResultBytes = 16 + 2 * sizeof(ErrorWord) + 2 * sizeof(uint64_t);
   PMOE_CUDA_CHECK(cudaMalloc(&results, kResultBytes));
   c.wrong = static_cast<int64_t*>(results);
   c.arrived = reinterpret_cast<int32_t*>(static_cast<std::byte*>(results) + 8);
   c.error = reinterpret_cast<ErrorWord*>(static_cast<std::byte*>(results) + 16);
+  c.t.remote_baseline = reinterpret_cast<const uint64_t*>(c.error + 2);
   ErrorWord error{};
   error.host_mirror = c.error + 1;
   GinRingResult result;

@@ -7,13 +7,15 @@
 //   __device__ bool remote_put(const RemotePath&, int peer, size_t dst_offset,
 //                              size_t src_offset, size_t bytes, int slot);  // slot < 0: none
 //   __device__ bool remote_signal_add(const RemotePath&, int peer, int slot);
-//   __device__ bool remote_flush(const RemotePath&);
-//   // The value remote writers added to this rank's slot (0 where the path has no signals of its
-//   // own, e.g. where they land in local memory).
+//   __device__ bool remote_flush(const RemotePath&);  // the calling thread's puts' sources only
+//   // This rank's signal `slot` in the path's own words (GIN's readSignal): it starts at a value
+//   // nobody promises, so callers count from a baseline read before any peer added
+//   // (Transport::remote_baseline); 0 where the path has no signals of its own.
 //   __device__ uint64_t remote_signal_value(const RemotePath&, int slot);
 //
 // Ordering (GIN's, no stronger): a slot's add becomes visible at the peer only after the payloads
-// of that put and of every earlier put of the same rank to the same peer.
+// of that put and of every earlier put of the same rank to the same peer; a later put may land
+// before it.
 //
 //   nvcc, NCCL's device API found  gin_remote.cuh: NCCL GIN (compile-checked only)
 //   nvcc without it                no_remote.cuh: no peer is ever remote; puts return false

@@ -1,6 +1,7 @@
 // The host side of the remote path, per flavour (the one place that branches on it, as
 // remote_path.cuh does for the device side): builds the RemotePath that a rank's kernels carry
-// when some peers have no load/store pointer, and reads its traffic counters.
+// when some peers have no load/store pointer, the baselines of this rank's remote signals, and its
+// traffic counters.
 //   emulated device: a RemoteProxy (src/cuda/emulator/remote.hpp) over the pointers this machine
 //                    maps, which the node split hid from the kernels
 //   nvcc:            NCCL GIN (src/cuda/transport/nccl_gin.*): the memory is NCCL's window
@@ -16,6 +17,7 @@
 
 #include "comm/node_split.hpp"
 #include "cuda/flavor.hpp"
+#include "cuda/transport/signal_baseline.cuh"
 #include "cuda/transport/transport_state.cuh"
 #include "pmoe/all_to_all.hpp"
 #include "pmoe/comm.hpp"
@@ -24,6 +26,7 @@
 #include "cuda/transport/gin_memory.hpp"
 #else
 #include "cuda/emulator/remote.hpp"
+#include "cuda/emulator/schedule.hpp"
 #endif
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
@@ -31,13 +34,51 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 class RemoteSetup {
  public:
   // `memory`: this rank's (possibly split) symmetric memory; signal slots `signal_stride` words
-  // apart. Nothing is built where every peer is direct.
-  RemoteSetup(const SymmetricMemory& memory, size_t signal_stride) {
+  // apart. Where every peer is direct, no path is built and every baseline is 0. Otherwise the
+  // baselines of this rank's remote signals are read on `stream` (signal_baseline.cuh): call it
+  // before the barrier after which peers may signal this rank.
+  RemoteSetup(const SymmetricMemory& memory, size_t signal_stride, cudaStream_t stream) {
+    const int slots = memory.signal_slots();
     bool remote = false;
     for (int r = 0; r < memory.size(); ++r) remote = remote || memory.peer(r) == nullptr;
-    if (!remote) return;
+    if (remote) open(memory, signal_stride);
+    baseline_ = capture_signal_baselines(path(), slots, stream);
+  }
+  ~RemoteSetup() {
+    if (baseline_) (void)cudaFree(baseline_);
+  }
+  RemoteSetup(const RemoteSetup&) = delete;
+  RemoteSetup& operator=(const RemoteSetup&) = delete;
+
+  RemotePath path() const {
+    RemotePath path{};
 #if defined(__CUDACC__)
-    (void)signal_stride;
+    if (gin_) fill_remote_path(*gin_, path);
+#else
+    path.proxy = proxy_.get();
+    path.gin_signals = gin_signals_;
+    path.gin_stride = gin_stride_;
+#endif
+    return path;
+  }
+
+  // Device: [slot] the value each of this rank's remote signals had when the op was built.
+  const uint64_t* baseline() const { return baseline_; }
+
+  // What this rank has put to remote peers so far.
+  AllToAll::RemoteTraffic traffic() const {
+#if !defined(__CUDACC__)
+    if (proxy_) {
+      const auto c = proxy_->counters();
+      return {c.bytes, c.transfers};
+    }
+#endif
+    return {};
+  }
+
+ private:
+  void open(const SymmetricMemory& memory, [[maybe_unused]] size_t signal_stride) {
+#if defined(__CUDACC__)
     const auto* gin = dynamic_cast<const GinMemory*>(&memory);
     PMOE_CHECK(gin != nullptr, "AllToAll on CUDA: a peer with no load/store pointer outside "
                "NCCL's window (alloc_transport_memory) cannot be reached");
@@ -56,39 +97,26 @@ class RemoteSetup {
       regions.push_back(all.peer(r));
       signals.push_back(all.signal_word(r, 0));
     }
+    // GIN's own words of this rank's slots, from where NCCL might leave them (not 0): no peer
+    // adds before the barrier that ends the op's construction.
+    uint64_t* own = all.signal_word(memory.rank(), 0);
+    ::pmoe::emu::start_gin_signals(own, signal_stride, memory.signal_slots(), memory.rank());
+    gin_signals_ = own + ::pmoe::emu::kGinSignalWord;
+    gin_stride_ = signal_stride;
     proxy_ = std::make_unique<::pmoe::emu::RemoteProxy>(memory.rank(), std::move(regions),
                                                         std::move(signals), signal_stride,
-                                                        memory.signal_slots());
+                                                        ::pmoe::emu::schedule().seed);
 #endif
   }
 
-  RemotePath path() const {
-    RemotePath path{};
-#if defined(__CUDACC__)
-    if (gin_) fill_remote_path(*gin_, path);
-#else
-    path.proxy = proxy_.get();
-#endif
-    return path;
-  }
-
-  // What this rank has put to remote peers so far.
-  AllToAll::RemoteTraffic traffic() const {
-#if !defined(__CUDACC__)
-    if (proxy_) {
-      const auto c = proxy_->counters();
-      return {c.bytes, c.transfers};
-    }
-#endif
-    return {};
-  }
-
- private:
 #if defined(__CUDACC__)
   const NcclGin* gin_ = nullptr;  // owned by the GinMemory, which outlives this
 #else
   std::unique_ptr<::pmoe::emu::RemoteProxy> proxy_;
+  const uint64_t* gin_signals_ = nullptr;
+  size_t gin_stride_ = 0;
 #endif
+  uint64_t* baseline_ = nullptr;
 };
 
 // Collective: this rank's symmetric memory for an op of `bytes` and `signal_slots` whose ranks

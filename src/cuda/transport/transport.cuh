@@ -7,7 +7,7 @@
 //                       put(...)/put_signal(...) to d, flush(t) before the staging is reused
 //   waiting          -> wait_signal(t, slot, epoch, ...): "value >= epoch" means "this call's
 //                       data is here", whether a direct peer stored the epoch or a remote one
-//                       added 1 per call.
+//                       added 1 per call to GIN's signal (counted from t.remote_baseline).
 //
 // Ordering (exactly GIN's): a remote signal becomes visible only after the payloads of its put
 // and of every earlier put of this rank to that peer. Nothing orders puts to one peer against
@@ -50,7 +50,9 @@ __device__ __forceinline__ bool signal_add(const Transport& t, int peer, int slo
   return remote_signal_add(t.remote, peer, slot);
 }
 
-// Until every put this thread issued has left its source (the source may be reused then).
+// Until every put *this thread* issued has left its source (the source may be reused then):
+// GIN's flush(ncclCoopThread). Another thread's puts are not covered, and nothing is known to
+// have landed at the peer.
 __device__ __forceinline__ void flush(const Transport& t) { (void)remote_flush(t.remote); }
 
 // A direct peer's signal `slot` set to `value` with a system-scope release: every store of this
@@ -61,10 +63,11 @@ __device__ __forceinline__ void signal_direct(const Transport& t, int peer, int 
 }
 
 // This rank's signal `slot`: the larger of what direct writers stored and what remote ones added
-// (a slot has one writer, so one of the two is 0 where they are kept apart).
+// since the op was built (a slot has one writer, so the other is 0: GIN's word counts from its
+// baseline, pmoe's is never stored by a remote peer).
 __device__ __forceinline__ uint64_t read_signal(const Transport& t, int slot) {
   const uint64_t stored = signal_acquire(local_signal(t, slot));
-  const uint64_t added = remote_signal_value(t.remote, slot);
+  const uint64_t added = remote_signal_value(t.remote, slot) - t.remote_baseline[slot];
   return stored > added ? stored : added;
 }
 

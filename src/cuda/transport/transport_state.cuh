@@ -6,7 +6,7 @@
 //   rank r                         peer d, direct                 peer d, remote
 //   region --load/store-------->   direct[d] (its region)
 //   region[src_offset] --put---------------------------------->   region_d[dst_offset]
-//   signal add ------------------------------------------------>   signal slot at d (+= 1)
+//   signal add ------------------------------------------------>   GIN's signal `slot` at d (+= 1)
 //
 // Data only, so that AllToAllParams can hold it; the functions are in transport.cuh.
 #pragma once
@@ -28,6 +28,9 @@ struct Transport {
   uint64_t* local_signals;               // this rank's signal array (read and waited on here)
   int signal_stride;                     // u64 words between two signal slots
   RemotePath remote;                     // flavour-specific: remote_path.cuh
+  // [slot]: what remote_signal_value read for this rank's slot when the op was built, before any
+  // peer could add (GIN's signals start where NCCL leaves them; gin.h promises no 0). Device.
+  const uint64_t* remote_baseline;
 };
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR
