@@ -1,10 +1,13 @@
 #include "cuda/transport/nccl_api.hpp"
 
+#include "cuda/transport/gin_bootstrap.hpp"
+
 #include <dlfcn.h>
 
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
 
 namespace pmoe::cuda {
 namespace {
@@ -12,9 +15,6 @@ namespace {
 #ifndef PMOE_NCCL_LIBRARY_PATH
 #define PMOE_NCCL_LIBRARY_PATH "libnccl.so.2"
 #endif
-
-// GIN's device API is in NCCL from 2.28.7 on (NCCL's device API documentation).
-constexpr int kFirstGinVersion = 22807;
 
 template <typename Fn>
 void bind(void* library, const std::string& path, const char* name, Fn& fn) {
@@ -26,8 +26,16 @@ void bind(void* library, const std::string& path, const char* name, Fn& fn) {
 NcclApi load() {
   NcclApi api;
   const char* chosen = std::getenv("PMOE_NCCL_LIBRARY");
-  api.path = chosen && *chosen ? chosen : PMOE_NCCL_LIBRARY_PATH;
-  void* library = dlopen(api.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* library = nullptr;
+  if (!(chosen && *chosen)) {
+    // A libnccl already in the process (torch's) is the one to share, rather than a second copy.
+    api.path = "libnccl.so.2";
+    library = dlopen(api.path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  }
+  if (!library) {
+    api.path = chosen && *chosen ? chosen : PMOE_NCCL_LIBRARY_PATH;
+    library = dlopen(api.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  }
   if (!library && !(chosen && *chosen)) {  // the baked-in path is gone: try the loader's path
     api.path = "libnccl.so.2";
     library = dlopen(api.path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -53,13 +61,8 @@ NcclApi load() {
   bind(library, api.path, "ncclGroupEnd", api.GroupEnd);
   PMOE_CHECK(api.GetVersion(&api.version) == ncclSuccess, "GIN remote path: ncclGetVersion of ",
              api.path, " failed");
-  const int major = api.version / 10000, minor = api.version / 100 % 100;
-  PMOE_CHECK(major == NCCL_MAJOR && minor == NCCL_MINOR && api.version >= kFirstGinVersion,
-             "GIN remote path: ", api.path, " is NCCL ", major, ".", minor, ".", api.version % 100,
-             ", but pmoe's kernels were compiled with the device API headers of NCCL ", NCCL_MAJOR,
-             ".", NCCL_MINOR, ".", NCCL_PATCH,
-             " (their ncclDevComm must match the library's; 2.28.7 at least);",
-             " set PMOE_NCCL_LIBRARY to that release");
+  const std::string mismatch = nccl_release_mismatch(NCCL_VERSION_CODE, api.version);
+  PMOE_CHECK(mismatch.empty(), "GIN remote path: ", api.path, ": ", mismatch);
   return api;  // the library stays loaded for the life of the process
 }
 
