@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -134,7 +135,11 @@ TEST(GinBootstrap, AgreeOnStepNamesTheLowestFailedRankOnEveryRank) {
   // An exception without a message is still a failure, not a success.
   const auto silent = errors_per_rank(3, [](Communicator& comm) {
     detail::agree_on_step(
-        comm, [&] { if (comm.rank() == 2) throw std::runtime_error(""); }, "GIN step");
+        comm,
+        [&] {
+          if (comm.rank() == 2) throw std::runtime_error("");
+        },
+        "GIN step");
   });
   for (const auto& e : silent)
     EXPECT_NE(e.find("GIN step failed on rank 2: (no message)"), std::string::npos) << e;
@@ -166,11 +171,13 @@ TEST(GinBootstrap, RequestChecksNameTheField) {
       {{(size_t(1) << 44) + 1, 8, 2}, "exceeds the 16 TiB"},
       {{4096, 0, 2}, "signal_slots must be positive, got 0"},
       {{4096, 65536, 2}, nullptr},
-      {{4096, 65537, 2}, "signal_slots 65537 exceed the 65536 GIN signals NCCL gives "
-                         "(NCCL_GIN_SIGNAL_POOL_SIZE, per NCCL communicator)"},
+      {{4096, 65537, 2},
+       "signal_slots 65537 exceed the 65536 GIN signals NCCL gives "
+       "(NCCL_GIN_SIGNAL_POOL_SIZE, per NCCL communicator)"},
       {{4096, 8, 2, 0}, "contexts 0 outside the [1, 4]"},
-      {{4096, 8, 2, 5}, "contexts 5 outside the [1, 4] GIN contexts NCCL gives a device "
-                        "communicator (NCCL_GIN_NCONTEXTS)"},
+      {{4096, 8, 2, 5},
+       "contexts 5 outside the [1, 4] GIN contexts NCCL gives a device "
+       "communicator (NCCL_GIN_NCONTEXTS)"},
       {{4096, 8, 0}, "ranks_per_node must be in [1, 4], got 0"},
       {{4096, 8, 5}, "ranks_per_node must be in [1, 4], got 5"},
       {{4096, 8, 3}, "ranks_per_node 3 does not divide the 4 ranks"},
@@ -213,11 +220,14 @@ TEST(GinBootstrap, LimitsAreNcclsForItsReleaseAndEnvironment) {
   EXPECT_EQ(gin_limits(22809, env_of("1073741824", "9")).signal_pool, 65536);
   EXPECT_EQ(gin_limits(22809, env_of("-1", "9")).contexts, 4);
   EXPECT_EQ(gin_limits(22809, env_of("0", "0")).contexts, 0);
-  // 2.29 on: per device communicator, up to the 24-bit signal id, whatever the environment.
+  EXPECT_EQ(gin_limits(22907, no_env).signal_pool, 512 << 10) << "2.29.7's default pool";
+  EXPECT_TRUE(gin_limits(22907, no_env).pool_shared);
+  // 2.30 on: per device communicator, up to the 24-bit signal id, whatever the environment.
   const GinLimits later = gin_limits(23007, env_of("1000", "1"));
   EXPECT_EQ(later.signal_pool, 1 << 24);
   EXPECT_FALSE(later.pool_shared);
-  EXPECT_EQ(later.contexts, 4);
+  EXPECT_EQ(later.contexts, std::numeric_limits<int>::max()) << "as many as asked";
+  EXPECT_EQ(gin_limits(22907, env_of("1000", "1")).contexts, std::numeric_limits<int>::max());
 }
 
 // A pool shared by the NCCL communicator counts what the Communicator's other ops hold.
@@ -291,9 +301,10 @@ TEST(GinBootstrap, GpuRanksPerNodeOpensGinOnlyForASplitWorld) {
     ADD_FAILURE() << "ranks spanning nodes without ranks_per_node were accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("only 8 of the 16 ranks share this rank's node"),
-              std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("set AllToAllConfig::ranks_per_node"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("set AllToAllConfig::ranks_per_node"), std::string::npos)
+        << e.what();
   }
   EXPECT_THROW((void)gpu_ranks_per_node(16, 8, 16), Error);  // "one node" that is not
 }
@@ -372,7 +383,8 @@ TEST(SharedNcclComm, EveryOpOnOneCommunicatorSharesOneNcclComm) {
   EXPECT_EQ(counts.closed.load(), 4 * 2) << "the last op's end closes it";
   // Every rank holds the same token.
   std::vector<uint64_t> tokens(3);
-  run_ranks(3, [&](Communicator& comm) { tokens[size_t(comm.rank())] = counts.share(comm)->token(); });
+  run_ranks(3,
+            [&](Communicator& comm) { tokens[size_t(comm.rank())] = counts.share(comm)->token(); });
   EXPECT_NE(tokens[0], 0u);
   EXPECT_EQ(tokens[1], tokens[0]);
   EXPECT_EQ(tokens[2], tokens[0]);
@@ -405,11 +417,23 @@ TEST(SharedNcclComm, CheckSeesTheSignalsOtherOpsHoldAndRefusesBeforeOpening) {
     first->hold_signals(65000);
     std::vector<int> seen;
     share_nccl_comm(
-        comm, 0, [&](int held) { check_gin_request(comm, {4096, 536, 1}, kNccl228, held); },
-        [&]() -> std::shared_ptr<void> { ADD_FAILURE() << "opened"; return nullptr; });
+        comm, 0,
+        [&](int held) {
+          check_gin_request(comm, {4096, 536, 1}, kNccl228, held);
+        },
+        [&]() -> std::shared_ptr<void> {
+          ADD_FAILURE() << "opened";
+          return nullptr;
+        });
     share_nccl_comm(
-        comm, 0, [&](int held) { check_gin_request(comm, {4096, 537, 1}, kNccl228, held); },
-        [&]() -> std::shared_ptr<void> { ADD_FAILURE() << "opened"; return nullptr; });
+        comm, 0,
+        [&](int held) {
+          check_gin_request(comm, {4096, 537, 1}, kNccl228, held);
+        },
+        [&]() -> std::shared_ptr<void> {
+          ADD_FAILURE() << "opened";
+          return nullptr;
+        });
   });
   for (const auto& e : errors)
     EXPECT_NE(e.find("signal_slots 537 (besides the 65000 that this Communicator's other ops "

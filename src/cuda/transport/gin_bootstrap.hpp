@@ -19,7 +19,8 @@ namespace pmoe::cuda {
 // NCCL registers windows in whole 4 KiB pages (NCCL_WIN_REQUIRED_ALIGNMENT in nccl.h; nccl_gin.cu
 // checks the two agree).
 constexpr size_t kGinWindowAlign = 4096;
-// GIN contexts a device communicator may have (NCCL_GIN_MAX_CONTEXTS in nccl_device).
+// GIN contexts a device communicator may have up to 2.29.2 (NCCL_GIN_MAX_CONTEXTS in
+// nccl_device); later releases make as many as asked.
 constexpr int kGinMaxContexts = 4;
 
 // What one AllToAll asks of the GIN state: its layout's region (every rank the same size), one
@@ -37,8 +38,8 @@ struct GinRequest {
 // ncclDevCommCreate on one rank only where the pool runs out), so pmoe checks them first.
 struct GinLimits {
   // Signals one device communicator may hold. `pool_shared`: they come from one pool per NCCL
-  // communicator, shared by every device communicator made on it (2.28), not per device
-  // communicator (2.29 on).
+  // communicator, shared by every device communicator made on it (2.28, 2.29), not per device
+  // communicator (2.30 on).
   int signal_pool = 0;
   bool pool_shared = false;
   const char* signal_setting = "";  // what sets signal_pool, for the error
@@ -53,8 +54,9 @@ struct GinLimits {
 //         [0, 2^30) is NCCL's default again), shared by all its device communicators; every
 //         device communicator gets min(4, NCCL_GIN_NCONTEXTS) contexts, whatever
 //         ginContextCount asks (it is a hint);
-//   2.29+: signals per device communicator, at most 2^24 (the proxy's 24-bit signal id);
-//         contexts as asked (ginContextCount), at most kGinMaxContexts here.
+//   2.29: the same pool, 512K from 2.29.7 on;
+//   2.30+: signals per device communicator, at most 2^24 (the proxy's 24-bit signal id);
+//   2.29.7+: contexts as asked (ginContextCount), without a fixed cap.
 GinLimits gin_limits(int version, const std::function<const char*(const char*)>& env);
 
 // "" where libnccl of release `library` (ncclGetVersion's code) can run kernels compiled with the

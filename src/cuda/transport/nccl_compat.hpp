@@ -18,8 +18,15 @@
 #include <cstring>
 
 #include "cuda/flavor.hpp"
+#include "cuda/transport/gin_bootstrap.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
+
+// Until 2.29.2 a device communicator had at most NCCL_GIN_MAX_CONTEXTS contexts; 2.29.7 caps
+// connections (NCCL_GIN_MAX_CONNECTIONS) instead, and makes as many contexts as asked.
+#ifdef NCCL_GIN_MAX_CONTEXTS
+static_assert(kGinMaxContexts == NCCL_GIN_MAX_CONTEXTS);
+#endif
 
 // Requirements with nothing asked (no barriers, multimem or LL A2A), for the caller to fill.
 inline ncclDevCommRequirements nccl_dev_comm_requirements() {

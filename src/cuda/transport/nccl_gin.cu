@@ -102,9 +102,8 @@ NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
 
   // The release of the headers the kernels were built with sets the limits (the library is
   // that release, or one that lays the device communicator out alike: nccl_api.cu).
-  const GinLimits limits = gin_limits(NCCL_VERSION_CODE, [](const char* name) -> const char* {
-    return std::getenv(name);
-  });
+  const GinLimits limits = gin_limits(
+      NCCL_VERSION_CODE, [](const char* name) -> const char* { return std::getenv(name); });
   shared_ = share_nccl_comm(
       comm, device_, [&](int held) { check_gin_request(comm, request, limits, held); },
       [&] { return open_nccl_comm(comm, nccl, device_); });

@@ -41,7 +41,6 @@
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
 static_assert(kGinWindowAlign == NCCL_WIN_REQUIRED_ALIGNMENT);
-static_assert(kGinMaxContexts == NCCL_GIN_MAX_CONTEXTS);
 
 class NcclGin {
  public:

@@ -25,9 +25,9 @@ Registry& registry() {
 
 }  // namespace
 
-std::shared_ptr<SharedNcclComm> share_nccl_comm(Communicator& comm, int device,
-                                                const std::function<void(int)>& check,
-                                                const std::function<std::shared_ptr<void>()>& open) {
+std::shared_ptr<SharedNcclComm> share_nccl_comm(
+    Communicator& comm, int device, const std::function<void(int)>& check,
+    const std::function<std::shared_ptr<void>()>& open) {
   const auto key = std::make_pair(static_cast<const Communicator*>(&comm), device);
   std::shared_ptr<SharedNcclComm> mine;
   {
