@@ -17,7 +17,11 @@ debian_packages=(
 # The Python module, its tests, --plot; torch for pmoe.torch and its torchrun tests (PyPI's wheel);
 # transformers (5.23 brought the expert-parallel registry pmoe.transformers extends) and
 # accelerate (transformers' distributed loading needs it) for the integration's tests.
-python_packages=(numpy pytest nanobind matplotlib torch "transformers>=5.23.0" "accelerate>=1.0")
+# nvidia-nccl-cu13: the NCCL torch loads (2.30 on), whose device API headers the GPU remote path
+# is built with where found, and which `make test` compiles besides the toolkit's 2.28 (docs/gpu.md,
+# "NCCL flavours").
+python_packages=(numpy pytest nanobind matplotlib torch "transformers>=5.23.0" "accelerate>=1.0"
+                 "nvidia-nccl-cu13>=2.30.0")
 # cuobjdump and the nvdisasm it runs for -sass: the static checks of what nvcc compiled
 # (tests/static) read the kernels' cubins with them, and the CUDA toolkit installed here has
 # neither.

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "cuda/flavor.hpp"
+#include "cuda/transport/nccl_compat.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
@@ -56,7 +57,7 @@ __device__ __forceinline__ bool remote_put(const RemotePath& path, int peer, siz
   const ncclTeam world = ncclTeamWorld(path.comm);
   if (slot >= 0) {
     gin.put(world, peer, path.window, dst_offset, path.window, src_offset, bytes,
-            ncclGin_SignalAdd{ncclGinSignal_t(slot), 1});
+            GinSignalAdd{ncclGinSignal_t(slot), 1});
   } else {
     gin.put(world, peer, path.window, dst_offset, path.window, src_offset, bytes);
   }
@@ -67,7 +68,7 @@ __device__ __forceinline__ bool remote_put(const RemotePath& path, int peer, siz
 __device__ __forceinline__ bool remote_signal_add(const RemotePath& path, int peer, int slot) {
   if (!remote_ready(path)) return false;
   ncclGin gin(path.comm, path.context);
-  gin.signal(ncclTeamWorld(path.comm), peer, ncclGin_SignalAdd{ncclGinSignal_t(slot), 1});
+  gin.signal(ncclTeamWorld(path.comm), peer, GinSignalAdd{ncclGinSignal_t(slot), 1});
   return true;
 }
 

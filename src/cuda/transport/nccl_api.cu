@@ -1,10 +1,13 @@
 #include "cuda/transport/nccl_api.hpp"
 
+#include "cuda/transport/gin_bootstrap.hpp"
+
 #include <dlfcn.h>
 
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
 
 namespace pmoe::cuda {
 namespace {
@@ -13,53 +16,72 @@ namespace {
 #define PMOE_NCCL_LIBRARY_PATH "libnccl.so.2"
 #endif
 
-// GIN's device API is in NCCL from 2.28.7 on (NCCL's device API documentation).
-constexpr int kFirstGinVersion = 22807;
-
+// Not named `bind`: for a std::string argument, ADL would pick std::bind, which binds nothing.
 template <typename Fn>
-void bind(void* library, const std::string& path, const char* name, Fn& fn) {
+void bind_symbol(void* library, const std::string& path, const char* name, Fn& fn) {
   fn = reinterpret_cast<Fn>(dlsym(library, name));
   PMOE_CHECK(fn != nullptr, "GIN remote path: ", path, " has no ", name, " (NCCL ", NCCL_MAJOR, ".",
              NCCL_MINOR, " or later needed)");
 }
 
+// The release of a loaded libnccl, 0 where it has no working ncclGetVersion.
+int release_of(void* library) {
+  int version = 0;
+  const auto get = reinterpret_cast<decltype(&ncclGetVersion)>(dlsym(library, "ncclGetVersion"));
+  return get && get(&version) == ncclSuccess ? version : 0;
+}
+
+// Which libnccl: $PMOE_NCCL_LIBRARY if set; else one already in the process (torch's: sharing it
+// saves a second copy and its threads) where it fits the headers; else the one CMake found; else
+// the loader's libnccl.so.2. RTLD_LOCAL: a second NCCL in the process keeps to itself.
+void* open_library(std::string& path) {
+  const char* chosen = std::getenv("PMOE_NCCL_LIBRARY");
+  if (chosen && *chosen) {
+    path = chosen;
+    return dlopen(chosen, RTLD_NOW | RTLD_LOCAL);
+  }
+  path = "libnccl.so.2";
+  if (void* loaded = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)) {
+    if (nccl_release_mismatch(NCCL_VERSION_CODE, release_of(loaded)).empty()) return loaded;
+    dlclose(loaded);  // another release (a 2.28 build beside torch's 2.30): load pmoe's own
+  }
+  path = PMOE_NCCL_LIBRARY_PATH;
+  if (void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return library;
+  path = "libnccl.so.2";  // the baked-in path is gone: try the loader's path
+  return dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+}
+
 NcclApi load() {
   NcclApi api;
-  const char* chosen = std::getenv("PMOE_NCCL_LIBRARY");
-  api.path = chosen && *chosen ? chosen : PMOE_NCCL_LIBRARY_PATH;
-  void* library = dlopen(api.path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!library && !(chosen && *chosen)) {  // the baked-in path is gone: try the loader's path
-    api.path = "libnccl.so.2";
-    library = dlopen(api.path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  }
+  void* library = open_library(api.path);
   PMOE_CHECK(library != nullptr, "GIN remote path: cannot load NCCL (", api.path, "): ", dlerror(),
              "; set PMOE_NCCL_LIBRARY to libnccl.so.2 of NCCL ", NCCL_MAJOR, ".", NCCL_MINOR);
-  bind(library, api.path, "ncclGetVersion", api.GetVersion);
-  bind(library, api.path, "ncclGetErrorString", api.GetErrorString);
-  bind(library, api.path, "ncclGetLastError", api.GetLastError);
-  bind(library, api.path, "ncclGetUniqueId", api.GetUniqueId);
-  bind(library, api.path, "ncclCommInitRank", api.CommInitRank);
-  bind(library, api.path, "ncclCommFinalize", api.CommFinalize);
-  bind(library, api.path, "ncclCommDestroy", api.CommDestroy);
-  bind(library, api.path, "ncclMemAlloc", api.MemAlloc);
-  bind(library, api.path, "ncclMemFree", api.MemFree);
-  bind(library, api.path, "ncclCommWindowRegister", api.CommWindowRegister);
-  bind(library, api.path, "ncclCommWindowDeregister", api.CommWindowDeregister);
-  bind(library, api.path, "ncclDevCommCreate", api.DevCommCreate);
-  bind(library, api.path, "ncclDevCommDestroy", api.DevCommDestroy);
-  bind(library, api.path, "ncclSend", api.Send);
-  bind(library, api.path, "ncclRecv", api.Recv);
-  bind(library, api.path, "ncclGroupStart", api.GroupStart);
-  bind(library, api.path, "ncclGroupEnd", api.GroupEnd);
-  PMOE_CHECK(api.GetVersion(&api.version) == ncclSuccess, "GIN remote path: ncclGetVersion of ",
-             api.path, " failed");
-  const int major = api.version / 10000, minor = api.version / 100 % 100;
-  PMOE_CHECK(major == NCCL_MAJOR && minor == NCCL_MINOR && api.version >= kFirstGinVersion,
-             "GIN remote path: ", api.path, " is NCCL ", major, ".", minor, ".", api.version % 100,
-             ", but pmoe's kernels were compiled with the device API headers of NCCL ", NCCL_MAJOR,
-             ".", NCCL_MINOR, ".", NCCL_PATCH,
-             " (their ncclDevComm must match the library's; 2.28.7 at least);",
-             " set PMOE_NCCL_LIBRARY to that release");
+  try {
+    bind_symbol(library, api.path, "ncclGetVersion", api.GetVersion);
+    bind_symbol(library, api.path, "ncclGetErrorString", api.GetErrorString);
+    bind_symbol(library, api.path, "ncclGetLastError", api.GetLastError);
+    bind_symbol(library, api.path, "ncclGetUniqueId", api.GetUniqueId);
+    bind_symbol(library, api.path, "ncclCommInitRank", api.CommInitRank);
+    bind_symbol(library, api.path, "ncclCommFinalize", api.CommFinalize);
+    bind_symbol(library, api.path, "ncclCommDestroy", api.CommDestroy);
+    bind_symbol(library, api.path, "ncclMemAlloc", api.MemAlloc);
+    bind_symbol(library, api.path, "ncclMemFree", api.MemFree);
+    bind_symbol(library, api.path, "ncclCommWindowRegister", api.CommWindowRegister);
+    bind_symbol(library, api.path, "ncclCommWindowDeregister", api.CommWindowDeregister);
+    bind_symbol(library, api.path, "ncclDevCommCreate", api.DevCommCreate);
+    bind_symbol(library, api.path, "ncclDevCommDestroy", api.DevCommDestroy);
+    bind_symbol(library, api.path, "ncclSend", api.Send);
+    bind_symbol(library, api.path, "ncclRecv", api.Recv);
+    bind_symbol(library, api.path, "ncclGroupStart", api.GroupStart);
+    bind_symbol(library, api.path, "ncclGroupEnd", api.GroupEnd);
+    PMOE_CHECK(api.GetVersion(&api.version) == ncclSuccess, "GIN remote path: ncclGetVersion of ",
+               api.path, " failed");
+    const std::string mismatch = nccl_release_mismatch(NCCL_VERSION_CODE, api.version);
+    PMOE_CHECK(mismatch.empty(), "GIN remote path: ", api.path, ": ", mismatch);
+  } catch (...) {
+    dlclose(library);  // a library refused is not kept
+    throw;
+  }
   return api;  // the library stays loaded for the life of the process
 }
 

@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <span>
 #include <string>
 
 #include "comm/agree_on_step.hpp"
@@ -13,6 +16,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/transport/gin_remote.cuh"
 #include "cuda/transport/gin_setup.hpp"
+#include "cuda/transport/nccl_compat.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
@@ -30,13 +34,53 @@ __global__ void read_lsa_bases(ncclDevComm comm, ncclWindow_t window, int world_
           : nullptr;
 }
 
+// The NCCL communicator of one Communicator and GPU, shared by its ops (SharedNcclComm holds it
+// type-erased); the last op's end tears it down, printing a failure (there is no caller to throw
+// to).
+struct NcclCommOwner {
+  const NcclApi* nccl = nullptr;
+  ncclComm_t comm = nullptr;
+  int device = 0, rank = 0;
+
+  ~NcclCommOwner() {
+    try {
+      PMOE_CUDA_CHECK(cudaSetDevice(device));
+      PMOE_NCCL_CHECK(nccl->CommFinalize(comm));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "pmoe: GIN remote path teardown on rank %d: %s\n", rank, e.what());
+    }
+    try {
+      PMOE_NCCL_CHECK(nccl->CommDestroy(comm));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "pmoe: GIN remote path teardown on rank %d: %s\n", rank, e.what());
+    }
+  }
+};
+
+// Collective: rank 0 makes the id, pmoe's communicator carries it (a failure there reaches every
+// rank), and every rank joins NCCL's communicator.
+std::shared_ptr<void> open_nccl_comm(Communicator& comm, const NcclApi& nccl, int device) {
+  const auto id_bytes = share_root_id(
+      comm, 0, sizeof(ncclUniqueId),
+      [&](std::span<std::byte> id) {
+        ncclUniqueId made;
+        PMOE_NCCL_CHECK(nccl.GetUniqueId(&made));
+        std::memcpy(id.data(), &made, sizeof made);
+      },
+      "ncclGetUniqueId");
+  ncclUniqueId id;
+  std::memcpy(&id, id_bytes.data(), sizeof id);
+  ncclComm_t nccl_comm = nullptr;
+  PMOE_NCCL_CHECK(nccl.CommInitRank(&nccl_comm, comm.size(), id, comm.rank()));
+  return std::shared_ptr<void>(new NcclCommOwner{&nccl, nccl_comm, device, comm.rank()});
+}
+
 }  // namespace
 
 NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
     : request_(request), rank_(comm.rank()), world_size_(comm.size()) {
   PMOE_CHECK(comm.device().kind == Device::Kind::cuda,
              "GIN remote path: needs CUDA device ranks, not ", comm.device().str());
-  check_gin_request(comm, request);  // the same on every rank: all refuse alike
   window_bytes_ = gin_window_bytes(request);
   device_ = comm.device().index;
   // Ranks on other nodes may lack NCCL (or have another release): all learn it before any waits.
@@ -56,20 +100,16 @@ NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
   check_distinct_devices(comm, gpu);
   const NcclApi& nccl = *nccl_;
 
-  // Rank 0 makes the id; pmoe's communicator carries it, and a failure there reaches every rank.
-  const auto id_bytes = share_root_id(
-      comm, 0, sizeof(ncclUniqueId),
-      [&](std::span<std::byte> id) {
-        ncclUniqueId made;
-        PMOE_NCCL_CHECK(nccl.GetUniqueId(&made));
-        std::memcpy(id.data(), &made, sizeof made);
-      },
-      "ncclGetUniqueId");
-  ncclUniqueId id;
-  std::memcpy(&id, id_bytes.data(), sizeof id);
+  // The release of the headers the kernels were built with sets the limits (the library is
+  // that release, or one that lays the device communicator out alike: nccl_api.cu).
+  const GinLimits limits = gin_limits(
+      NCCL_VERSION_CODE, [](const char* name) -> const char* { return std::getenv(name); });
+  shared_ = share_nccl_comm(
+      comm, device_, [&](int held) { check_gin_request(comm, request, limits, held); },
+      [&] { return open_nccl_comm(comm, nccl, device_); });
+  comm_ = static_cast<NcclCommOwner*>(shared_->nccl_comm())->comm;
 
   try {
-    PMOE_NCCL_CHECK(nccl.CommInitRank(&comm_, world_size_, id, rank_));
     void* base = nullptr;
     PMOE_NCCL_CHECK(nccl.MemAlloc(&base, window_bytes_));
     base_ = static_cast<std::byte*>(base);
@@ -86,18 +126,22 @@ NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
     PMOE_NCCL_CHECK(
         nccl.CommWindowRegister(comm_, base_, window_bytes_, &window_, NCCL_WIN_COLL_SYMMETRIC));
 
-    ncclDevCommRequirements requirements;
-    std::memset(&requirements, 0, sizeof requirements);  // no barriers, multimem, LL A2A
+    ncclDevCommRequirements requirements = nccl_dev_comm_requirements();
     requirements.ginForceEnable = true;  // GIN even where NCCL could load/store every peer
-    // One context: GIN orders a signal after earlier puts of the same context only, and a GIN
-    // signal is read through the context that received it (gin_remote.cuh uses context 0).
-    requirements.ginContextCount = 1;
+    // A hint: 2.28 gives every device communicator all the communicator's contexts (min(4,
+    // NCCL_GIN_NCONTEXTS)), 2.30 what is asked where its GIN plugin can. pmoe's kernels issue
+    // every put, signal and read on context 0 (gin_remote.cuh): GIN orders a signal after earlier
+    // puts of the same context only, and a signal is read through the context that received it.
+    requirements.ginContextCount = request.contexts;
     requirements.ginSignalCount = request.signal_slots;  // ids 0 .. slots-1
     requirements.ginCounterCount = 0;
     PMOE_NCCL_CHECK(nccl.DevCommCreate(comm_, &requirements, &dev_comm_));
     have_dev_comm_ = true;
-    PMOE_CHECK(dev_comm_.ginContextCount >= 1,
-               "GIN remote path: ncclDevCommCreate made no GIN context",
+    signals_held_ = request.signal_slots;
+    shared_->hold_signals(signals_held_);
+    PMOE_CHECK(int(dev_comm_.ginContextCount) >= request.contexts,
+               "GIN remote path: ncclDevCommCreate made ", int(dev_comm_.ginContextCount),
+               " GIN contexts, pmoe's kernels use ", request.contexts,
                " (is there an RDMA NIC NCCL can use? NCCL_DEBUG=INFO says)");
   } catch (...) {
     destroy(/*report_only=*/true);
@@ -126,15 +170,14 @@ void NcclGin::destroy(bool report_only) {
   if (comm_ || base_) step([&] { PMOE_CUDA_CHECK(cudaSetDevice(device_)); });
   if (have_dev_comm_) step([&] { PMOE_NCCL_CHECK(nccl.DevCommDestroy(comm_, &dev_comm_)); });
   have_dev_comm_ = false;
+  if (shared_) shared_->release_signals(signals_held_);
+  signals_held_ = 0;
   if (window_) step([&] { PMOE_NCCL_CHECK(nccl.CommWindowDeregister(comm_, window_)); });
   window_ = nullptr;
   if (base_) step([&] { PMOE_NCCL_CHECK(nccl.MemFree(base_)); });
   base_ = nullptr;
-  if (comm_) {
-    step([&] { PMOE_NCCL_CHECK(nccl.CommFinalize(comm_)); });
-    step([&] { PMOE_NCCL_CHECK(nccl.CommDestroy(comm_)); });
-  }
   comm_ = nullptr;
+  shared_.reset();  // the last op on this Communicator and GPU closes NCCL's communicator
   if (first.empty()) return;
   if (!report_only) throw Error(first);
   std::fprintf(stderr, "pmoe: GIN remote path teardown on rank %d: %s\n", rank_, first.c_str());

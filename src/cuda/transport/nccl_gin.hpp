@@ -1,6 +1,7 @@
-// The NCCL state behind the GPU remote path (nvcc builds with NCCL's device API only): one
-// ncclComm over the Communicator's ranks, a device communicator with one GIN signal per slot, and
-// one symmetric window that NCCL allocated and registered:
+// The NCCL state behind the GPU remote path (nvcc builds with NCCL's device API). Shared by every
+// op on one Communicator and GPU (shared_nccl_comm.hpp): one ncclComm over the Communicator's
+// ranks, and with it GIN's queue pairs to every peer. Per op: one symmetric window that NCCL
+// allocated and registered, and a device communicator with one GIN signal per slot:
 //
 //   window (every rank alike, whole 4 KiB pages):
 //   ┌──────────────────────────────┬───────────────────────────────────┬─────┐
@@ -9,12 +10,14 @@
 //   └──────────────────────────────┴───────────────────────────────────┴─────┘
 //   GIN signals 0 .. slots-1 live in NCCL's own memory: remote peers add to them.
 //
-//   rank 0: ncclGetUniqueId ─ Communicator::broadcast ─► every rank: ncclCommInitRank
-//   ncclMemAlloc ► cudaMemset 0 ► ncclCommWindowRegister ► ncclDevCommCreate
+//   first op on (Communicator, GPU): rank 0: ncclGetUniqueId ─ Communicator::broadcast ─►
+//                                    every rank: ncclCommInitRank
+//   every op:  ncclMemAlloc ► cudaMemset 0 ► ncclCommWindowRegister ► ncclDevCommCreate
 //   teardown, the other way round: ncclDevCommDestroy ► ncclCommWindowDeregister ► ncclMemFree
-//   ► ncclCommFinalize ► ncclCommDestroy
+//   last op on (Communicator, GPU): ncclCommFinalize ► ncclCommDestroy
 //
-// NCCL's host functions come from libnccl loaded at run time (nccl_api.hpp).
+// NCCL's host functions come from libnccl loaded at run time (nccl_api.hpp); where the releases
+// differ, nccl_compat.hpp says how.
 //
 // Compile-checked only: no GPU (and no NIC) has run this yet (docs/gpu.md, "Across nodes").
 #pragma once
@@ -25,30 +28,34 @@
 #include <cuda_runtime.h>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cuda/flavor.hpp"
 #include "cuda/transport/gin_bootstrap.hpp"
 #include "cuda/transport/nccl_api.hpp"
+#include "cuda/transport/shared_nccl_comm.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
 static_assert(kGinWindowAlign == NCCL_WIN_REQUIRED_ALIGNMENT);
-static_assert(kGinMaxContexts == NCCL_GIN_MAX_CONTEXTS);
 
 class NcclGin {
  public:
   static constexpr size_t kSignalBytes = SymmetricMemory::kSignalBytes;
 
   // Collective over `comm`, a communicator of CUDA device ranks (each rank's device is made
-  // current here): checks `request` (check_gin_request) before any NCCL call, then builds the
-  // state drawn above. Region and direct signals are zeroed, GIN signals start at 0. If a step
-  // fails, what the steps before made is undone before the pmoe::Error naming the call leaves.
+  // current here): checks `request` against NCCL's limits (check_gin_request, with the signals
+  // that the Communicator's other ops hold where NCCL's pool is shared) before any NCCL call,
+  // then builds the state drawn above, opening the NCCL communicator only where no op on `comm`
+  // and this GPU holds one. Region and direct signals are zeroed. If a step fails, what the
+  // steps before made is undone before the pmoe::Error naming the call leaves.
   NcclGin(Communicator& comm, const GinRequest& request);
   // Teardown as drawn, collective; a failure there goes to stderr, never thrown (close() throws
-  // it). The owner first synchronizes the stream of every kernel that used the window.
+  // this op's; the shared communicator's, when this was its last op, goes to stderr). The owner
+  // first synchronizes the stream of every kernel that used the window.
   ~NcclGin();
   NcclGin(const NcclGin&) = delete;
   NcclGin& operator=(const NcclGin&) = delete;
@@ -81,11 +88,13 @@ class NcclGin {
   GinRequest request_;
   int rank_ = 0, world_size_ = 0, device_ = 0;
   size_t window_bytes_ = 0;
-  ncclComm_t comm_ = nullptr;
+  std::shared_ptr<SharedNcclComm> shared_;  // the NCCL communicator, held while this op lives
+  ncclComm_t comm_ = nullptr;               // shared_'s
   std::byte* base_ = nullptr;
   ncclWindow_t window_ = nullptr;
   ncclDevComm dev_comm_{};
   bool have_dev_comm_ = false;
+  int signals_held_ = 0;  // added to shared_'s count once the device communicator is made
 };
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

@@ -11,7 +11,11 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 bool gpu_remote_path_built() { return false; }
 
 NcclGinHandle open_gpu_remote_path(Communicator& comm, const GinRequest& request) {
-  check_gin_request(comm, request);
+  // No NCCL, so no limits of its own: the request's fields alone are checked, on every rank.
+  GinLimits unlimited;
+  unlimited.signal_pool = request.signal_slots > 0 ? request.signal_slots : 1;
+  unlimited.contexts = kGinMaxContexts;
+  check_gin_request(comm, request, unlimited);
   throw Error(detail::cat("GIN remote path: rank ", comm.rank(), "'s ranks span ",
                           comm.size() / request.ranks_per_node,
                           " nodes, but this pmoe was built "
