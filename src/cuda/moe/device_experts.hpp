@@ -2,14 +2,14 @@
 // (what dispatch and the local grouping produce), with the row counts on the device only. The
 // GEMMs run over the counts without the host reading them: a one-block kernel plans tiles of T
 // rows over each group's rows in use (moe_kernels.cuh, PlanTiles), and each GEMM is one
-// cublasGemmBatchedEx over a number of tiles the host knows from a bound on the rows. T is the
+// cublasGemmBatchedEx over a number of tiles the host knows from a bound on the rows. D is the
 // layer's dtype (bf16: tensor cores; f32: f32, or TF32 tensor cores with MoeConfig::tf32):
 //
-//   x       [count, C, x_ld] T       expert e's rows at x + e C x_ld (rows past its count: garbage)
-//   W1      [count, H, g F'] T       g = 2 for swiglu (gate | linear), F' this object's slice
+//   x       [count, C, x_ld] D       expert e's rows at x + e C x_ld (rows past its count: garbage)
+//   W1      [count, H, g F'] D       g = 2 for swiglu (gate | linear), F' this object's slice
 //   hidden  [count, C, g F'] f32     = x . W1 over the tiles, f32 accumulation
-//   act     [count, C, F'] T         = act(hidden), rounded to T (f32: in place in hidden)
-//   W2      [count, F', O] T
+//   act     [count, C, F'] D         = act(hidden), rounded to D (f32: in place in hidden)
+//   W2      [count, F', O] D
 //   out     [count, C, O] f32        = act . W2 over the same tiles
 //
 // The tile size and the batch follow expert_tiles.hpp: tiles of T rows (8 <= T <= 128, sized so
