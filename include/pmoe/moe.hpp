@@ -82,8 +82,9 @@ float moe_weight(const MoeConfig& config, MoeTensor tensor, int expert, int64_t 
 
 // What the last forward() did on this rank, for benchmarks: its work, its traffic and where its
 // time went. Times are wall-clock seconds on this rank. On a CUDA device, forward() does not
-// wait for its work, so last_stats() waits for what the device counts itself (EpMoe's
-// bytes_moved); a forward captured in a CUDA graph leaves those counts at 0.
+// wait for its work; with MoeConfig::device_stats, last_stats() waits for what the device
+// counts itself (the phase times, EpMoe's bytes_moved, the expert rows in use and live), and
+// without it those stay 0, as for a forward captured in a CUDA graph.
 struct MoeStats {
   int64_t tokens = 0;       // tokens this rank routed
   int64_t expert_rows = 0;  // (token, expert) rows this rank's expert GEMMs were issued
