@@ -47,7 +47,8 @@ struct MoeConfig {
   int top_k = 0;        // experts per token, 1..E
   Activation act = Activation::relu;
   // f32 or bf16: the inputs and outputs of forward(), what travels between ranks, and the values
-  // of the weights (bf16 weights are bf16 values kept in f32, because BLAS computes in f32).
+  // of the weights (on the CPU, bf16 values kept in f32, because BLAS computes in f32; on a CUDA
+  // device, stored in bf16 for bf16 tensor-core GEMMs).
   DType dtype = DType::f32;
   uint64_t seed = 0;  // the weights (and nothing else)
   // CUDA devices only (the CPU layers ignore both):
