@@ -47,9 +47,19 @@ struct MoeConfig {
   int top_k = 0;        // experts per token, 1..E
   Activation act = Activation::relu;
   // f32 or bf16: the inputs and outputs of forward(), what travels between ranks, and the values
-  // of the weights (bf16 weights are bf16 values kept in f32, because BLAS computes in f32).
+  // of the weights (on the CPU, bf16 values kept in f32, because BLAS computes in f32; on a CUDA
+  // device, stored in bf16 for bf16 tensor-core GEMMs).
   DType dtype = DType::f32;
   uint64_t seed = 0;  // the weights (and nothing else)
+  // CUDA devices only (the CPU layers ignore both):
+  // tf32: an f32 layer's expert GEMMs on TF32 tensor cores (inputs rounded to 10 mantissa bits,
+  // f32 accumulation). Off by default: f32 experts then compute in f32. A bf16 layer always runs
+  // bf16 tensor-core GEMMs (bf16 weights and inputs, f32 accumulation), so tf32 is f32-only.
+  bool tf32 = false;
+  // device_stats: forward() also records what only the device can count (phase events, EpMoe's
+  // traffic, the expert rows in use), for last_stats(). Off by default: a forward then launches
+  // and records nothing for statistics, and last_stats() holds only the host-known fields.
+  bool device_stats = false;
 
   int out_dim() const { return output_dim > 0 ? output_dim : feature_dim; }
   // 2 for swiglu (gate and linear halves of W1), else 1.
@@ -73,11 +83,18 @@ float moe_weight(const MoeConfig& config, MoeTensor tensor, int expert, int64_t 
 
 // What the last forward() did on this rank, for benchmarks: its work, its traffic and where its
 // time went. Times are wall-clock seconds on this rank. On a CUDA device, forward() does not
-// wait for its work, so last_stats() waits for what the device counts itself (EpMoe's
-// bytes_moved); a forward captured in a CUDA graph leaves those counts at 0.
+// wait for its work; with MoeConfig::device_stats, last_stats() waits for what the device
+// counts itself (the phase times, EpMoe's bytes_moved, the expert rows in use and live), and
+// without it those stay 0, as for a forward captured in a CUDA graph.
 struct MoeStats {
   int64_t tokens = 0;       // tokens this rank routed
-  int64_t expert_rows = 0;  // (token, expert) rows this rank's experts computed
+  int64_t expert_rows = 0;  // (token, expert) rows this rank's expert GEMMs were issued
+  // Of those, the rows in use (tokens this rank's experts serve) and the rows of the tiles that
+  // hold them (a device pads each expert's rows to whole GEMM tiles; the batch it launches is
+  // sized from a bound the host knows, so expert_rows can exceed these). The CPU computes exactly
+  // the rows in use: all three are equal there. On a device, counted only with device_stats.
+  int64_t expert_rows_used = 0;
+  int64_t expert_rows_live = 0;
   double expert_flops = 0;  // GEMM FLOPs of those rows (2 per multiply-add)
   double router_flops = 0;  // GEMM FLOPs of the router logits
   // This rank's share of the traffic between ranks, so that the sum over ranks is the total:
@@ -181,9 +198,11 @@ class TpMoe {
   // Collective. x [m, feature_dim] config.dtype, the same tokens on every rank (TP replicates
   // them), 0 <= m <= max_tokens; y [m, out_dim] config.dtype (out), the same bits on every rank.
   // One all-reduce of the f32 partial outputs per call, summed in rank order. A rank that
-  // receives partials for another m than its own throws pmoe::Error naming both counts; on a
-  // CUDA device every rank checks all the counts first (over comm, which must outlive the
-  // layer) and all throw before anything is launched.
+  // receives partials for another m than its own throws pmoe::Error naming both counts. On a
+  // CUDA device the counts are compared on the device (no host round trip): a call with
+  // differing counts sums nothing (y is left as it was), and this rank's next forward throws that
+  // error at entry, before it launches anything, once; the layer then goes on. The error is seen
+  // at the latest once the host has synchronised the rank's stream.
   void forward(const Tensor& x, const Tensor& y);
 
   const MoeConfig& config() const;

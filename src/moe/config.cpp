@@ -38,6 +38,9 @@ void MoeConfig::validate() const {
              "MoeConfig: act must be relu, gelu or swiglu, got value ", int(act));
   PMOE_CHECK(dtype == DType::f32 || dtype == DType::bf16,
              "MoeConfig: dtype must be f32 or bf16, got ", dtype_name(dtype));
+  PMOE_CHECK(!tf32 || dtype == DType::f32, "MoeConfig: tf32 applies to f32 layers; a ",
+             dtype_name(dtype), " layer's experts already run ", dtype_name(dtype),
+             " tensor-core GEMMs");
   // Every GEMM dimension goes to BLAS as an int.
   const int64_t widest = int64_t(w1_halves()) * ffn_dim;
   PMOE_CHECK(widest <= (int64_t(1) << 30), "MoeConfig: ffn_dim = ", ffn_dim, " is too large");

@@ -252,6 +252,7 @@ void EpMoe::forward(const Tensor& x, const Tensor& y) {
                   static_cast<std::byte*>(y.data()) + size_t(t) * O * elem);
   }
   p.stats.expert_flops = p.experts->flops(p.stats.expert_rows);
+  p.stats.expert_rows_used = p.stats.expert_rows_live = p.stats.expert_rows;  // no tiles here
 }
 
 const MoeConfig& EpMoe::config() const { return impl_->config; }

@@ -79,7 +79,7 @@ void LocalMoe::forward(const Tensor& x, float* y_acc, MoeStats& stats) {
     experts_.forward(e, row_view(gathered, DType::f32, rows, H, H),
                      row_view(out + int64_t(first) * O, DType::f32, rows, O, O));
   }
-  stats.expert_rows = int64_t(m) * k;
+  stats.expert_rows = stats.expert_rows_used = stats.expert_rows_live = int64_t(m) * k;
   stats.expert_flops = experts_.flops(stats.expert_rows);
   stats.experts_s = seconds_since(start);
 

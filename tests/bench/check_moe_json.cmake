@@ -1,6 +1,7 @@
 # Checks the JSON of pmoe-bench moe --device cuda (bench.moe_cuda.columns in tests/CMakeLists.txt):
-# every row has the phase times its layer runs, its device memory and, for EP, its traffic, all
-# above 0 (on a device they were 0 before the layers timed their phases and counted their bytes).
+# every row has the phase times its layer runs, its device memory, its expert GEMMs' rate and rows
+# issued / rows in use and, for EP, its traffic, all above 0 (on a device they were 0 before the
+# layers timed their phases and counted their bytes, and stay 0 without MoeConfig::device_stats).
 #   cmake -DJSON=<file written by --json> -P check_moe_json.cmake
 file(READ "${JSON}" text)
 string(JSON rows GET "${text}" rows)
@@ -11,7 +12,7 @@ endif()
 math(EXPR last "${count} - 1")
 foreach(i RANGE ${last})
   string(JSON variant GET "${rows}" ${i} variant)
-  set(fields max_mem_mb route_ms experts_ms combine_ms)
+  set(fields max_mem_mb route_ms experts_ms combine_ms gemm_tflops gemm_rows_issued_per_used)
   if(variant STREQUAL "tp")
     list(APPEND fields reduce_ms)
   elseif(variant STREQUAL "ep")
@@ -24,4 +25,4 @@ foreach(i RANGE ${last})
     endif()
   endforeach()
 endforeach()
-message(STATUS "${count} rows: phase times, device memory and EP traffic all > 0")
+message(STATUS "${count} rows: phase times, device memory, GEMM rate and rows, EP traffic > 0")

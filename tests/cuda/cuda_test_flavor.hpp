@@ -53,6 +53,23 @@ inline uint64_t kernels_launched() {
   return emu::kernels_launched_by_this_thread();
 #endif
 }
+// Stream work items (kernels, GEMMs, copies, event records and waits) this thread has enqueued,
+// and its waits for the device (stream, event or device synchronisations): the emulated
+// device's counts; a GPU build checks nothing.
+inline uint64_t stream_work() {
+#if defined(PMOE_TEST_ON_GPU)
+  return 0;
+#else
+  return emu::stream_work_by_this_thread();
+#endif
+}
+inline uint64_t host_syncs() {
+#if defined(PMOE_TEST_ON_GPU)
+  return 0;
+#else
+  return emu::host_syncs_by_this_thread();
+#endif
+}
 
 }  // namespace pmoe::testing
 

@@ -25,7 +25,7 @@ __global__ void remote_path_calls(RemotePath path, int peer, uint64_t* out) {
 
 void open_remote_path(Communicator& comm, cudaStream_t stream, uint64_t* out) {
   auto memory = alloc_transport_memory(comm, 4096, 8, 1, stream);
-  const RemoteSetup remote(*memory, 8);
+  const RemoteSetup remote(*memory, 8, stream);
   remote_path_calls<<<1, 1, 0, stream>>>(remote.path(), (comm.rank() + 1) % comm.size(), out);
 }
 

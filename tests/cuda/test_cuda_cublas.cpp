@@ -285,6 +285,44 @@ TEST(CublasGemmEx, BetaZeroIgnoresNaNsInC) {
   cublasDestroy(handle);
 }
 
+// CUBLAS_COMPUTE_32F_FAST_TF32 multiplies f32 inputs as TF32 (10 mantissa bits), as the tensor
+// cores take them; CUBLAS_COMPUTE_32F keeps them. 1 + 2^-12 is an f32 that TF32 rounds to 1
+// (below half of its 2^-10 step), 1 + 3 * 2^-11 one it rounds to even, up to 1 + 2^-9. A GPU
+// may keep f32 for a GEMM this small ("allows" down-conversion), so it checks only the bound.
+TEST(CublasGemmEx, FastTf32RoundsF32InputsToTf32) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const float below_half = 1.0f + 0x1p-12f, tie = 1.0f + 3 * 0x1p-11f;
+  const std::vector<float> a{below_half, tie}, b{1.0f, 1.0f};  // A 2 x 1, B 1 x 1: C = A
+  float *da = nullptr, *db = nullptr, *dc = nullptr;
+  expect_ok(cudaMalloc(&da, 2 * sizeof(float)), "cudaMalloc");
+  expect_ok(cudaMalloc(&db, sizeof(float)), "cudaMalloc");
+  expect_ok(cudaMalloc(&dc, 2 * sizeof(float)), "cudaMalloc");
+  expect_ok(cudaMemcpy(da, a.data(), 2 * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  expect_ok(cudaMemcpy(db, b.data(), sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  cublasHandle_t handle;
+  expect_ok(cublasCreate(&handle), "cublasCreate");
+  const float one = 1.0f, zero = 0.0f;
+  auto product = [&](cublasComputeType_t compute) {
+    expect_ok(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 1, 1, &one, da, CUDA_R_32F, 2, db,
+                           CUDA_R_32F, 1, &zero, dc, CUDA_R_32F, 2, compute, CUBLAS_GEMM_DEFAULT),
+              "cublasGemmEx");
+    std::vector<float> c(2);
+    expect_ok(cudaMemcpy(c.data(), dc, 2 * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return c;
+  };
+  EXPECT_EQ(product(CUBLAS_COMPUTE_32F), a);
+  const std::vector<float> tf32 = product(CUBLAS_COMPUTE_32F_FAST_TF32);
+  if (kOnEmulatedDevice) {
+    EXPECT_EQ(tf32, (std::vector<float>{1.0f, 1.0f + 0x1p-9f}));
+  } else {
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(tf32[i], a[i], 0x1p-10f) << i;
+  }
+  cublasDestroy(handle);
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+}
+
 TEST(CublasGemmEx, ZeroDepthScalesCByBeta) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   Small s;

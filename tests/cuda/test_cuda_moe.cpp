@@ -11,6 +11,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <iostream>
+#include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -19,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "cpu/gemm.hpp"
+#include "cuda/moe/expert_tiles.hpp"
 #include "cuda/cuda_test_flavor.hpp"
 #include "moe_cases.hpp"
 #include "pmoe/comm.hpp"
@@ -149,6 +153,7 @@ TEST_P(MoeCuda, EpBytesMovedEqualsCpu) {
     MoeCase c = base_case(MoeVariant::ep, W, Activation::relu, DType::bf16);
     c.micro_batches = mb;
     c.config.output_dim = 40;
+    c.config.device_stats = true;
     c.calls = 2;
     const auto device = expect_case(c, W, Device::cuda(0));
     const auto cpu = expect_case(c, W, Device::cpu());
@@ -334,12 +339,16 @@ TEST(MoeCudaInput, CollectiveLayersNameBadTensorsAndStayUsable) {
 // TP replicates tokens: ranks that pass different token counts all throw the CPU layer's error
 // (tests/test_moe_errors.cpp) before anything is launched, so the layer then runs a correct call
 // (a signal of the rejected call would have left the ranks' call numbers apart).
-TEST(MoeCudaInput, TpRanksWithDifferentTokenCountsAreToldBeforeLaunch) {
+// TpMoe compares the ranks' token counts on the device (no host exchange): the call with 4 and 3
+// tokens returns on both ranks and sums nothing; once the stream has passed it, the next call
+// names both counts at entry, launching nothing; the call after that runs as usual.
+TEST(MoeCudaInput, TpRanksWithDifferentTokenCountsAreToldOnTheDevice) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   cpu::set_blas_threads(1);
   const MoeConfig cfg = make_moe_config(16, 32, 4, 2);
   const int H = cfg.feature_dim, O = cfg.out_dim();
-  std::vector<std::string> errors(2), after(2);
+  std::vector<std::string> first(2), errors(2), after(2);
+  std::vector<uint64_t> launched_by_second(2);
   run_ranks(
       2,
       [&](Communicator& comm) {
@@ -351,10 +360,19 @@ TEST(MoeCudaInput, TpRanksWithDifferentTokenCountsAreToldBeforeLaunch) {
         try {
           tp.forward(Tensor(x.data<void>(), cfg.dtype, {m, H}, Device::cuda(0)),
                      Tensor(y.data<void>(), cfg.dtype, {m, O}, Device::cuda(0)));
+          first[size_t(r)] = "(no error)";
+        } catch (const Error& e) {
+          first[size_t(r)] = e.what();
+        }
+        synchronize(comm.stream());
+        const uint64_t launched = kernels_launched();
+        try {
+          tp.forward(x, y);
           errors[size_t(r)] = "(no error)";
         } catch (const Error& e) {
           errors[size_t(r)] = e.what();
         }
+        launched_by_second[size_t(r)] = kernels_launched() - launched;
         tp.forward(x, y);
         synchronize(comm.stream());
         Buffer y_host(cfg.dtype, {4, O});
@@ -366,21 +384,21 @@ TEST(MoeCudaInput, TpRanksWithDifferentTokenCountsAreToldBeforeLaunch) {
       },
       Device::cuda(0));
   for (int r = 0; r < 2; ++r) {
-    EXPECT_NE(errors[size_t(r)].find(r == 0 ? "TpMoe::forward: rank 1 all-reduces 48 elements "
-                                              "but rank 0 has 64"
-                                            : "TpMoe::forward: rank 0 all-reduces 64 elements "
-                                              "but rank 1 has 48"),
+    EXPECT_EQ(first[size_t(r)], "(no error)") << "rank " << r;
+    EXPECT_NE(errors[size_t(r)].find(r == 0 ? "rank 1 all-reduces 48 elements but rank 0 has 64"
+                                            : "rank 0 all-reduces 64 elements but rank 1 has 48"),
               std::string::npos)
         << errors[size_t(r)];
     EXPECT_NE(errors[size_t(r)].find("every rank must pass the same number of tokens"),
               std::string::npos)
         << errors[size_t(r)];
+    EXPECT_EQ(launched_by_second[size_t(r)], 0u) << "rank " << r;
     EXPECT_EQ(after[size_t(r)], "") << "rank " << r;
   }
 }
 
-// A TpMoe rank whose partial never lands: rank 1 enters forward, so the host exchange of token
-// counts passes, but captures it into a graph it never launches. Rank 0's wait gives up after
+// A TpMoe rank whose partial never lands: rank 1 enters forward, but captures it into a graph it
+// never launches. Rank 0's wait gives up after
 // PMOE_TIMEOUT_S and writes the fault word; its next forward names rank 1 and the wait, before it
 // launches anything.
 TEST(MoeCudaInput, TpRankWhosePartialNeverLandsIsNamed) {
@@ -443,7 +461,8 @@ TEST(MoeCudaGraph, ForwardCapturedAndReplayedWithNewInputs) {
     for (int mb : {1, 2}) {
       if (v == MoeVariant::tp && mb == 2) continue;
       const int W = 3, batch = 4 * W + 2;
-      const MoeConfig cfg = base_case(v, W, Activation::swiglu, DType::bf16).config;
+      MoeConfig cfg = base_case(v, W, Activation::swiglu, DType::bf16).config;
+      cfg.device_stats = true;  // what a captured forward must leave uncounted
       std::vector<std::string> errors(W);
       run_ranks(
           W,
@@ -497,6 +516,257 @@ TEST(MoeCudaGraph, ForwardCapturedAndReplayedWithNewInputs) {
         EXPECT_EQ(errors[size_t(r)], "")
             << variant_name(v) << " micro_batches " << mb << " rank " << r;
     }
+}
+
+// The expert GEMMs' padding under skewed routing (src/cuda/moe/expert_tiles.hpp), at pmoe-bench's
+// DeepSeek-V3 (32 experts, top-8) and Mixtral (8, top-2) presets: tokens pick k distinct experts
+// with Zipf 1.2 weights (expert 0 the hottest), on W ranks with 128, 512 or 2048 tokens each.
+// W = 1 is SimpleMoe (and each TpMoe rank: the same rows); W > 1 is EpMoe (one micro-batch).
+// Wherever a rank has 1024 rows in use or more, the live tiles cover at most 1.15 x those rows.
+// The batch the host launches (issued) is sized from a bound: for the local layers the rows in
+// use, so Mixtral's stays within 1.15 too, while DeepSeek-V3's 32 experts at the 8-row tile floor
+// add up to 256 rows (1.25 x at 128 tokens); for EpMoe the most a rank can receive, R min(k,
+// E_local), far above what it gets.
+TEST(MoeCudaTiles, PaddingUnderZipfRoutingAtThePresets) {
+  struct Preset {
+    const char* name;
+    int experts, top_k;
+    std::vector<int> worlds;
+  };
+  const Preset presets[] = {{"deepseek-v3", 32, 8, {1, 2, 4, 8, 16, 32}},
+                            {"mixtral-8x7b", 8, 2, {1, 2, 4, 8}}};
+  std::mt19937 rng(12);
+  int checked = 0;
+  for (const Preset& p : presets) {
+    std::vector<double> zipf;
+    for (int e = 0; e < p.experts; ++e) zipf.push_back(1.0 / std::pow(e + 1.0, 1.2));
+    std::discrete_distribution<int> pick(zipf.begin(), zipf.end());
+    for (int W : p.worlds)
+      for (int m : {128, 512, 2048}) {
+        const int L = p.experts / W;
+        std::vector<int32_t> counts(size_t(p.experts), 0);
+        for (int t = 0; t < W * m; ++t) {
+          std::set<int> chosen;
+          while (int(chosen.size()) < p.top_k) chosen.insert(pick(rng));
+          for (int e : chosen) ++counts[size_t(e)];
+        }
+        for (int r = 0; r < W; ++r) {
+          const int32_t* mine = counts.data() + r * L;
+          int64_t used = 0;
+          for (int e = 0; e < L; ++e) used += mine[e];
+          const int64_t R = int64_t(W) * m;
+          const detail::ExpertTiles plan =
+              W == 1 ? detail::plan_expert_tiles(L, m, int64_t(m) * p.top_k, int64_t(m) * p.top_k)
+                     : detail::plan_expert_tiles(L, R, R * std::min(p.top_k, L),
+                                                 R * p.top_k / W);
+          const int64_t live = detail::live_tile_rows(mine, L, plan.tile);
+          const std::string where = detail::cat(p.name, " W ", W, " m ", m, " rank ", r, ": ",
+                                                used, " rows in use, tile ", plan.tile);
+          EXPECT_GE(live, used) << where;
+          EXPECT_GE(plan.rows(), live) << where;
+          if (used < 1024) continue;
+          ++checked;
+          EXPECT_LE(double(live), 1.15 * double(used)) << where << ", live tiles " << live;
+          if (W == 1 && p.experts == 8) {
+            EXPECT_LE(double(plan.rows()), 1.15 * double(used)) << where << ", issued " << plan.rows();
+          }
+          if (W == 1) {
+            EXPECT_LE(plan.rows(), used + L * plan.tile) << where;
+          }
+        }
+      }
+  }
+  EXPECT_GT(checked, 50);
+}
+
+// What the device counts with MoeConfig::device_stats: the rows in use equal the CPU's (which
+// computes exactly those), the live tiles' rows lie between them and the rows issued, and for
+// SimpleMoe equal the host's rule over the CPU router's counts. Without device_stats, nothing.
+TEST(MoeCudaTiles, DeviceCountsRowsInUseAndLiveTilesOnlyWhenAsked) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  cpu::set_blas_threads(1);
+  for (MoeVariant v : {MoeVariant::simple, MoeVariant::tp, MoeVariant::ep})
+    for (bool asked : {false, true}) {
+      const int W = v == MoeVariant::simple ? 1 : 2;
+      MoeCase c;
+      c.config = make_moe_config(16, 16, 8, 2, Activation::relu, DType::bf16);
+      c.config.device_stats = asked;
+      c.variant = v;
+      c.batch = 96;
+      c.micro_batches = v == MoeVariant::ep ? 2 : 1;
+      const auto device = expect_case(c, W, Device::cuda(0));
+      const auto cpu = expect_case(c, W, Device::cpu());
+      for (int r = 0; r < W; ++r) {
+        const MoeStats& d = device[size_t(r)].stats;
+        const std::string where = detail::cat(describe(c, W), " rank ", r);
+        if (!asked) {
+          EXPECT_EQ(d.expert_rows_used, 0) << where;
+          EXPECT_EQ(d.expert_rows_live, 0) << where;
+          if (v == MoeVariant::ep) {
+            EXPECT_EQ(d.bytes_moved, 0) << where;  // counted on the device (TpMoe's: the host's)
+          }
+          EXPECT_EQ(d.experts_s, 0.0) << where;
+          continue;
+        }
+        EXPECT_EQ(d.expert_rows_used, cpu[size_t(r)].stats.expert_rows) << where;
+        EXPECT_GT(d.expert_rows_used, 0) << where;
+        EXPECT_GE(d.expert_rows_live, d.expert_rows_used) << where;
+        EXPECT_GE(d.expert_rows, d.expert_rows_live) << where;
+        EXPECT_GT(d.experts_s, 0.0) << where;
+      }
+      if (v != MoeVariant::simple || !asked) continue;
+      // The host's rule over the CPU router's counts.
+      const Buffer x = reference::make_moe_input(c.config, c.batch, c.input_seed);
+      Router router(c.config);
+      Buffer indices(DType::i32, {c.batch, 2}), weights(DType::f32, {c.batch, 2});
+      router.route(x, indices, weights);
+      std::vector<int32_t> counts(8, 0);
+      for (int i = 0; i < c.batch * 2; ++i) ++counts[size_t(indices.data<int32_t>()[i])];
+      const auto plan = detail::plan_expert_tiles(8, c.batch, 2 * c.batch, 2 * c.batch);
+      EXPECT_EQ(device[0].stats.expert_rows_live, detail::live_tile_rows(counts.data(), 8, plan.tile));
+      EXPECT_EQ(device[0].stats.expert_rows, plan.rows());
+    }
+}
+
+// One forward of each layer, after a first one, counted by the emulated device: no host
+// synchronisation, with or without device_stats; its kernels and stream work items, and what
+// stats add; last_stats() waits only where stats were asked for.
+TEST(MoeCudaStats, LaunchesAndHostSyncsOfOneForward) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  if (!kOnEmulatedDevice) GTEST_SKIP() << "the counts are the emulated device's";
+  cpu::set_blas_threads(1);
+  struct Count {
+    uint64_t kernels, work, syncs, stats_syncs;
+  };
+  struct Layer {
+    MoeVariant v;
+    int micro_batches;
+    Count without, with;  // expected
+  };
+  // One forward (bf16, H = O). Kernels: SimpleMoe widen (for the router), top-k, group, gather,
+  // plan, activate, weighted sum = 7; TpMoe those and count call, done wait, publish count,
+  // landed, landed wait, sum, done = 14 at W = 2; EpMoe widen, top-k, and a micro-batch's plan,
+  // activate, narrow and AllToAll's (dispatch and combine: 2 each with both phases, 3 each split)
+  // = 9 and 20. Work adds the GEMMs (router, and 2 a micro-batch) and with two micro-batches 8
+  // event records and waits. Stats add 2 event records a timed phase (SimpleMoe 3, TpMoe 4,
+  // EpMoe 4 and 11), the tally's or the end's event, and EpMoe's traffic-count kernel; last_stats()
+  // then waits for each phase's end and that event.
+  const Layer layers[] = {
+      {MoeVariant::simple, 1, {7, 10, 0, 0}, {7, 17, 0, 4}},
+      {MoeVariant::tp, 1, {14, 17, 0, 0}, {14, 26, 0, 5}},
+      {MoeVariant::ep, 1, {9, 12, 0, 0}, {10, 22, 0, 5}},
+      {MoeVariant::ep, 2, {20, 33, 0, 0}, {21, 57, 0, 12}},
+  };
+  std::string report;
+  for (const Layer& l : layers)
+    for (bool asked : {false, true}) {
+      const int W = l.v == MoeVariant::simple ? 1 : 2;
+      MoeConfig cfg = make_moe_config(16, 16, 4, 2, Activation::relu, DType::bf16);
+      cfg.device_stats = asked;
+      std::vector<Count> counted(static_cast<size_t>(W));
+      run_ranks(
+          W,
+          [&](Communicator& comm) {
+            const int m = 8;
+            Buffer x(cfg.dtype, {m, 16}, Device::cuda(0)), y(cfg.dtype, {m, 16}, Device::cuda(0));
+            copy(x, reference::make_moe_input(cfg, m, 3));
+            std::unique_ptr<SimpleMoe> simple;
+            std::unique_ptr<TpMoe> tp;
+            std::unique_ptr<EpMoe> ep;
+            if (l.v == MoeVariant::simple)
+              simple = std::make_unique<SimpleMoe>(cfg, m, Device::cuda(0), comm.stream());
+            if (l.v == MoeVariant::tp) tp = std::make_unique<TpMoe>(comm, cfg, m);
+            if (l.v == MoeVariant::ep) ep = std::make_unique<EpMoe>(comm, cfg, m, l.micro_batches);
+            auto forward = [&] {
+              if (simple) simple->forward(x, y);
+              if (tp) tp->forward(x, y);
+              if (ep) ep->forward(x, y);
+            };
+            forward();
+            synchronize(comm.stream());
+            const uint64_t kernels = kernels_launched(), work = stream_work(), syncs = host_syncs();
+            forward();
+            Count& c = counted[size_t(comm.rank())];
+            c.kernels = kernels_launched() - kernels;
+            c.work = stream_work() - work;
+            c.syncs = host_syncs() - syncs;
+            const uint64_t before_stats = host_syncs();
+            if (simple) (void)simple->last_stats();
+            if (tp) (void)tp->last_stats();
+            if (ep) (void)ep->last_stats();
+            c.stats_syncs = host_syncs() - before_stats;
+            synchronize(comm.stream());
+            if (comm.side_stream().handle) synchronize(comm.side_stream());
+          },
+          Device::cuda(0));
+      const Count& want = asked ? l.with : l.without;
+      for (int r = 0; r < W; ++r) {
+        const Count& c = counted[size_t(r)];
+        const std::string where = detail::cat(variant_name(l.v), " micro_batches ",
+                                              l.micro_batches, " stats ", asked, " rank ", r);
+        report += detail::cat(where, ": kernels ", c.kernels, ", work ", c.work, ", syncs ",
+                              c.syncs, ", last_stats syncs ", c.stats_syncs, "\n");
+        EXPECT_EQ(c.kernels, want.kernels) << where;
+        EXPECT_EQ(c.syncs, 0u) << where;
+        EXPECT_EQ(c.work, want.work) << where;
+        EXPECT_EQ(c.stats_syncs, want.stats_syncs) << where;
+      }
+    }
+  std::cout << report;
+}
+
+// An f32 layer with MoeConfig::tf32 multiplies its experts' inputs as TF32: its output differs
+// from the f32 layer's, and matches the reference within TF32's rounding (2^-11 relative per
+// input, two GEMMs deep: 2^-8 of the magnitude of a sum's terms leaves room), where the f32
+// layer holds the f32 tolerance (1e-5). A bf16 layer cannot ask for it.
+TEST(MoeCudaGemm, Tf32IsAnF32LayersOptionAndRoundsTheInputs) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  cpu::set_blas_threads(1);
+  MoeConfig cfg = make_moe_config(24, 36, 4, 2, Activation::gelu, DType::f32);
+  const int m = 16, H = cfg.feature_dim, O = cfg.out_dim();
+  const Buffer x = reference::make_moe_input(cfg, m, 5);
+  const auto expected = reference::reference_moe(cfg, x, reference::all_rows(m));
+  auto run = [&](const MoeConfig& c) {
+    SimpleMoe layer(c, m, Device::cuda(0));
+    Buffer x_device(DType::f32, {m, H}, Device::cuda(0)), y_device(DType::f32, {m, O}, Device::cuda(0));
+    Buffer y(DType::f32, {m, O});
+    copy(x_device, x);
+    layer.forward(x_device, y_device);
+    synchronize(Stream());
+    copy(y, y_device);
+    return y;
+  };
+  const Buffer f32 = run(cfg);
+  cfg.tf32 = true;
+  const Buffer tf32 = run(cfg);
+  EXPECT_EQ(reference::compare_moe(cfg, expected, f32, 0, reference::moe_tolerance(DType::f32)).error,
+            "");
+  const auto cmp = reference::compare_moe(cfg, expected, tf32, 0, 0x1p-8);
+  EXPECT_EQ(cmp.error, "");
+  EXPECT_GT(cmp.compared, 0);
+  int differs = 0;
+  for (int i = 0; i < m * O; ++i) differs += f32.data<float>()[i] != tf32.data<float>()[i];
+  EXPECT_GT(differs, 0) << "tf32 gave the f32 layer's bits: its inputs were not rounded";
+  MoeConfig bad = cfg;
+  bad.dtype = DType::bf16;
+  try {
+    bad.validate();
+    ADD_FAILURE() << "a bf16 layer with tf32 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MoeConfig: tf32 applies to f32 layers"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A bf16 layer keeps its experts' weights in bf16 on the device (half the f32 bytes), the router
+// in f32: H E 4 + (E H 2F + E F O) 2 bytes for swiglu.
+TEST(MoeCudaGemm, Bf16WeightsAreStoredInBf16) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const MoeConfig cfg = make_moe_config(24, 36, 4, 2, Activation::swiglu, DType::bf16, 16);
+  SimpleMoe layer(cfg, 8, Device::cuda(0));
+  const size_t H = 24, F = 36, E = 4, O = 16;
+  EXPECT_EQ(layer.weight_bytes(), H * E * 4 + (E * H * 2 * F + E * F * O) * 2);
 }
 
 }  // namespace

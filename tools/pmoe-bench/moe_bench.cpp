@@ -151,6 +151,8 @@ nlohmann::json row_json(const std::string& variant, const MoeConfig& c, int batc
           {"experts_ms", r.experts_ms},
           {"combine_ms", r.combine_ms},
           {"reduce_ms", r.reduce_ms},
+          {"gemm_tflops", r.gemm_tflops},
+          {"gemm_rows_issued_per_used", r.issued_per_used},
           {"ranks", r.ranks},
           {"blas_threads", r.blas_threads},
           {"check_max_rel_error", r.check_error},
@@ -216,6 +218,7 @@ void run(Options o, const CLI::App& cmd) {
     c.act = parse_activation(o.act);
     c.dtype = parse_dtype(o.dtype);
     c.seed = o.seed;
+    c.device_stats = o.device == "cuda";  // phase times, traffic and rows in use, from the device
     c.validate();
     const int batch = o.benchmark_type == "batch_size" ? value : o.batch;
     const Buffer x = reference::make_moe_input(c, batch, o.seed + 1);
@@ -294,7 +297,8 @@ void run(Options o, const CLI::App& cmd) {
                  rows);
   std::printf(
       "\nPer rank (max over ranks): work, traffic, memory, and the median time of each "
-      "phase of a forward\n\n");
+      "phase of a forward; over all ranks: the expert GEMMs' rate (FLOPs of the rows in use per "
+      "second of the slowest expert stage) and rows issued / rows in use\n\n");
   print_markdown({column("variant", "variant"),
                   column(key, key),
                   {"mean ± std (ms)",
@@ -311,6 +315,8 @@ void run(Options o, const CLI::App& cmd) {
                   column("experts", "experts_ms", "%.3f"),
                   column("combine/sum", "combine_ms", "%.3f"),
                   column("all-reduce", "reduce_ms", "%.3f"),
+                  column("GEMM TFLOP/s", "gemm_tflops", "%.4f"),
+                  column("issued/used", "gemm_rows_issued_per_used", "%.2f"),
                   column("max rel. error", "check_max_rel_error", "%.1e")},
                  rows);
   if (!rates.empty()) {

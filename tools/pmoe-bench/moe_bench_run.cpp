@@ -88,6 +88,7 @@ struct RankReport {
   double route_ms, dispatch_ms, experts_ms, combine_ms, reduce_ms;
   double check_error, checked_rows;
   double rows, gemm_flops, grouped_ms, dense_ms;
+  double rows_used, used_flops;  // the expert rows in use, and their GEMM FLOPs
 };
 
 Tensor rows_of(const Tensor& x, int begin, int rows) {
@@ -258,6 +259,9 @@ void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
     report.reduce_ms = phase_ms(&MoeStats::reduce_s);
     report.rows = double(last.expert_rows);
     report.gemm_flops = last.expert_flops;
+    report.rows_used = double(last.expert_rows_used);
+    report.used_flops =
+        last.expert_rows > 0 ? last.expert_flops * double(last.expert_rows_used) / double(last.expert_rows) : 0;
     report.grouped_ms = report.experts_ms;
   }
   layer = Layer();  // free the model before the dense GEMMs allocate theirs
@@ -295,6 +299,7 @@ MoeRunResult run_moe_variant(const MoeRunSpec& spec, const Tensor& x,
     result.ranks = comm.size();
     result.blas_threads = cpu::blas_threads();
     const int E_local = spec.config.num_experts / comm.size();
+    double issued = 0, used = 0, used_flops = 0;
     for (int r = 0; r < comm.size(); ++r) {
       const RankReport& p = reports[size_t(r)];
       result.max_mem_mb = std::max(result.max_mem_mb, p.peak_bytes / 1e6);
@@ -310,10 +315,15 @@ MoeRunResult run_moe_variant(const MoeRunSpec& spec, const Tensor& x,
       result.reduce_ms = std::max(result.reduce_ms, p.reduce_ms);
       result.check_error = std::max(result.check_error, p.check_error);
       result.checked_rows += int(p.checked_rows);
+      issued += p.rows;
+      used += p.rows_used;
+      used_flops += p.used_flops;
       if (spec.variant == MoeVariantKind::ep && spec.gemm_rate)
         result.gemm_rates.push_back(
             {r, int64_t(p.rows), E_local, p.gemm_flops / 1e9, p.grouped_ms, p.dense_ms});
     }
+    result.issued_per_used = used > 0 ? issued / used : 0;
+    result.gemm_tflops = result.experts_ms > 0 ? used_flops / (result.experts_ms * 1e-3) / 1e12 : 0;
   };
   PMOE_CHECK(!mpi || spec.device.kind == Device::Kind::cpu,
              "pmoe-bench moe --device cuda runs thread ranks on GPU 0 (the layers across MPI "

@@ -43,13 +43,28 @@ void store(void* base, cudaDataType type, int64_t i, float value) {
   }
 }
 
-// A column-major matrix of `rows` x `cols` with leading dimension `ld`, as f32 with the same ld.
-std::vector<float> widened(const void* base, cudaDataType type, int rows, int cols, int ld) {
+// f32 to TF32 (1 sign, 8 exponent, 10 mantissa bits), to nearest even, kept in an f32: what a
+// tensor core multiplies under CUBLAS_COMPUTE_32F_FAST_TF32. Inf and NaN pass unchanged.
+float round_to_tf32(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7f800000u) == 0x7f800000u) return value;
+  bits += 0xfffu + ((bits >> 13) & 1u);
+  bits &= ~0x1fffu;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+// A column-major matrix of `rows` x `cols` with leading dimension `ld`, as f32 with the same ld
+// (rounded to TF32 where `tf32`).
+std::vector<float> widened(const void* base, cudaDataType type, int rows, int cols, int ld,
+                           bool tf32 = false) {
   std::vector<float> out(size_t(ld) * size_t(cols > 0 ? cols - 1 : 0) + size_t(rows));
   for (int c = 0; c < cols; ++c)
     for (int r = 0; r < rows; ++r) {
       const int64_t i = int64_t(c) * ld + r;
-      out[size_t(i)] = load(base, type, i);
+      const float v = load(base, type, i);
+      out[size_t(i)] = tf32 ? round_to_tf32(v) : v;
     }
   return out;
 }
@@ -73,6 +88,7 @@ struct Gemm {
   long long stride_c;
   int batch;
   void* const* c_array = nullptr;
+  bool tf32 = false;  // CUBLAS_COMPUTE_32F_FAST_TF32: f32 inputs rounded to TF32
 };
 
 // The i-th GEMM's matrix: the array's pointer (read when the stream runs the GEMM, as cuBLAS
@@ -93,8 +109,10 @@ void run_one(const Gemm& g, int i) {
   std::vector<float> a32, b32, c32;
   const float* pa = reinterpret_cast<const float*>(a);
   const float* pb = reinterpret_cast<const float*>(b);
-  if (g.a.type != CUDA_R_32F) pa = (a32 = widened(a, g.a.type, a_rows, a_cols, g.a.ld)).data();
-  if (g.b.type != CUDA_R_32F) pb = (b32 = widened(b, g.b.type, b_rows, b_cols, g.b.ld)).data();
+  if (g.a.type != CUDA_R_32F || g.tf32)
+    pa = (a32 = widened(a, g.a.type, a_rows, a_cols, g.a.ld, g.tf32)).data();
+  if (g.b.type != CUDA_R_32F || g.tf32)
+    pb = (b32 = widened(b, g.b.type, b_rows, b_cols, g.b.ld, g.tf32)).data();
   if (g.k == 0) {
     // No products: C = beta * C (cuBLAS's result; the host BLAS may not accept k == 0).
     for (int col = 0; col < g.n; ++col)
@@ -132,7 +150,7 @@ cublasStatus_t enqueue_gemm(cublasHandle_t handle, cublasOperation_t transa,
                             cublasComputeType_t compute, void* const* c_array = nullptr) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!known_type(a.type) || !known_type(b.type) || !known_type(c_type) ||
-      compute != CUBLAS_COMPUTE_32F)
+      (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_FAST_TF32))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   // cuBLAS's own checks: sizes, leading dimensions at least the stored rows, real operations.
   const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
@@ -146,7 +164,8 @@ cublasStatus_t enqueue_gemm(cublasHandle_t handle, cublasOperation_t transa,
   const Gemm gemm{transa == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
                   transb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
                   m, n, k, *static_cast<const float*>(alpha), *static_cast<const float*>(beta),
-                  a, b, C, c_type, ldc, stride_c, batch, c_array};
+                  a, b, C, c_type, ldc, stride_c, batch, c_array,
+                  compute == CUBLAS_COMPUTE_32F_FAST_TF32};
   const cudaError_t status = enqueue(handle->stream, [gemm] {
     for (int i = 0; i < gemm.batch; ++i) run_one(gemm, i);
   });

@@ -1,9 +1,10 @@
 // cuBLAS on the emulated device: the calls pmoe makes, with cuBLAS's signatures and enum values,
 // so code written for cuBLAS compiles unchanged against the stand-in <cublas_v2.h>. A GEMM is
 // enqueued on the handle's stream and runs there, in stream order, through the host BLAS
-// (OpenBLAS, as the CPU backend): 16-bit operands are widened to f32, accumulated in f32
-// (CUBLAS_COMPUTE_32F, the only compute type accepted) and C is rounded once to its type, as
-// cuBLAS does with f32 compute. Column-major, as cuBLAS. The names live in
+// (OpenBLAS, as the CPU backend): 16-bit operands are widened to f32 (exactly), accumulated in
+// f32 and C is rounded once to its type, as cuBLAS does with f32 compute (CUBLAS_COMPUTE_32F);
+// with CUBLAS_COMPUTE_32F_FAST_TF32, f32 operands are first rounded to TF32 as the tensor cores
+// take them. Only the summation order differs from a GPU's. Column-major, as cuBLAS. The names live in
 // pmoe::emu::cublas_api, made global by a using-directive as the runtime API's are.
 //
 // Kept from cuBLAS because callers rely on it:
@@ -36,7 +37,9 @@ enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 };
 // library_types.h in CUDA; the three element types pmoe multiplies.
 enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
 using cudaDataType = cudaDataType_t;
-enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
+// 32F: f32 accumulation of the inputs as they are; 32F_FAST_TF32: f32 inputs rounded to TF32
+// (10 mantissa bits, to nearest even) first, as tensor cores take them; 16-bit inputs as 32F.
+enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77 };
 enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
 
 cublasStatus_t cublasCreate(cublasHandle_t* handle);

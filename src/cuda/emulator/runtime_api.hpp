@@ -210,6 +210,12 @@ cuda_api::cudaError_t launch(cuda_api::dim3 grid, cuda_api::dim3 block, size_t s
 // Kernels the calling host thread has launched (or captured into a graph) so far, so that tests
 // can count an op's kernels.
 uint64_t kernels_launched_by_this_thread();
+// Work items the calling host thread has put on streams (kernels, GEMMs, copies, memsets, event
+// records and waits; captured ones included), and the times it has waited for a device
+// (cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize), so that tests can count
+// what one call of an op costs.
+uint64_t stream_work_by_this_thread();
+uint64_t host_syncs_by_this_thread();
 
 // %globaltimer: nanoseconds of a steady clock.
 uint64_t global_timer_ns();

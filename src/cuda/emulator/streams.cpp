@@ -251,10 +251,18 @@ std::pair<std::shared_ptr<CaptureImpl>, int> capture_of(StreamImpl* stream) {
 
 }  // namespace
 
+namespace {
+thread_local uint64_t stream_work = 0, host_syncs = 0;
+}  // namespace
+
+uint64_t stream_work_by_this_thread() { return stream_work; }
+uint64_t host_syncs_by_this_thread() { return host_syncs; }
+
 cudaError_t enqueue(cudaStream_t handle, std::function<void()> work) {
   if (is_legacy(handle) && captures_on_this_thread > 0) return cudaErrorStreamCaptureImplicit;
   StreamImpl* stream = resolve(handle);
   if (!stream) return cudaErrorInvalidResourceHandle;
+  ++stream_work;
   if (auto [capture, branch] = capture_of(stream); capture) {
     std::lock_guard lock(capture->mutex);
     if (capture->invalidated) return cudaErrorStreamCaptureInvalidated;
@@ -395,6 +403,7 @@ cudaError_t cudaGetDevice(int* device) {
 
 cudaError_t cudaDeviceSynchronize() {
   if (captures_on_this_thread > 0) return note_error(cudaErrorStreamCaptureUnsupported);
+  ++host_syncs;
   wait_device(this_device);
   return cudaSuccess;
 }
@@ -494,7 +503,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t handle) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) { return note_error(wait_stream(stream)); }
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  ++host_syncs;
+  return note_error(wait_stream(stream));
+}
 
 cudaError_t cudaStreamQuery(cudaStream_t handle) {
   StreamImpl* stream = resolve(handle);
@@ -553,6 +565,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!event) return note_error(cudaErrorInvalidResourceHandle);
   if (captured_record(event).first) return note_error(cudaErrorCapturedEvent);
+  ++host_syncs;
   std::unique_lock lock(event->mutex);
   const uint64_t target = event->recorded;
   event->changed.wait(lock, [&] { return event->completed >= target; });

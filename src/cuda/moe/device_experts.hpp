@@ -2,30 +2,43 @@
 // (what dispatch and the local grouping produce), with the row counts on the device only. The
 // GEMMs run over the counts without the host reading them: a one-block kernel plans tiles of T
 // rows over each group's rows in use (moe_kernels.cuh, PlanTiles), and each GEMM is one
-// cublasGemmBatchedEx over a number of tiles the host knows from a bound on the rows:
+// cublasGemmBatchedEx over a number of tiles the host knows from a bound on the rows. D is the
+// layer's dtype (bf16: tensor cores; f32: f32, or TF32 tensor cores with MoeConfig::tf32):
 //
-//   x       [count, C, H] f32         expert e's rows at x + e C H (rows past its count: garbage)
-//   W1      [count, H, g F'] f32      g = 2 for swiglu (gate | linear), F' this object's slice
-//   hidden  [count, C, g F'] f32      = x . W1 over the tiles
-//   W2      [count, F', O] f32
-//   out     [count, C, O] f32         = act(hidden) . W2 over the same tiles
+//   x       [count, C, x_ld] D       expert e's rows at x + e C x_ld (rows past its count: garbage)
+//   W1      [count, H, g F'] D       g = 2 for swiglu (gate | linear), F' this object's slice
+//   hidden  [count, C, g F'] f32     = x . W1 over the tiles, f32 accumulation
+//   act     [count, C, F'] D         = act(hidden), rounded to D (f32: in place in hidden)
+//   W2      [count, F', O] D
+//   out     [count, C, O] f32        = act . W2 over the same tiles
 //
-// T is the least power of two in [16, 128] at or above the rows an expert has on average (at most
-// C), and the batch is min(count ceil(C / T), ceil(max_rows / T) + count) tiles, so a call
-// computes at most max_rows + count T rows, where a batch over every slot computed count C.
-// Tiles past the live ones compute scratch rows. The weights are the CPU Experts' values (f32,
-// bf16 values kept in f32 for a bf16 model), so the products match the CPU backend's up to
-// summation order inside the GEMMs.
+// The tile size and the batch follow expert_tiles.hpp: tiles of T rows (8 <= T <= 128, sized so
+// padding each expert to whole tiles stays small against the rows expected), and a batch of at
+// most ceil(max_rows / T) + count tiles, a size the host knows without the counts. Tiles past the
+// live ones compute scratch rows: cuBLAS has no batch whose size the device sets (CUDA 13.0), so
+// where max_rows is a worst case far above the rows in use (EpMoe), they are the price of no
+// host round trip.
+//
+// The weights are the CPU Experts' values (bf16 values are exact in bf16), so the products match
+// the CPU backend's up to summation order, plus, for bf16, the rounding of act to bf16 that the
+// second tensor-core GEMM needs (the CPU keeps it in f32), and for TF32 the inputs' rounding.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <iterator>
 #include <vector>
 
+#include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
 #include "cuda/moe/batched_gemm.hpp"
+#include "cuda/moe/expert_tiles.hpp"
 #include "cuda/moe/moe_kernels.cuh"
 #include "moe/weights.hpp"
+#include "pmoe/dtype.hpp"
 #include "pmoe/moe.hpp"
 #include "pmoe/tensor.hpp"
 
@@ -34,10 +47,16 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 class DeviceExperts {
  public:
   // Experts [first, first + count), hidden columns [ffn_begin, ffn_end), on `device`, for calls
-  // with up to rows_bound rows in use.
+  // with up to rows_bound rows in use; `runs` calls a forward (micro-batches) whose rows in use
+  // are tallied with config.device_stats.
   DeviceExperts(const MoeConfig& config, int first, int count, int ffn_begin, int ffn_end,
-                int64_t rows_bound, Device device)
-      : config_(config), count_(count), width_(ffn_end - ffn_begin), halves_(config.w1_halves()) {
+                int64_t rows_bound, Device device, int runs = 1)
+      : config_(config),
+        types_{config.dtype, config.tf32},
+        count_(count),
+        width_(ffn_end - ffn_begin),
+        halves_(config.w1_halves()),
+        runs_(runs) {
     const int H = config.feature_dim, O = config.out_dim(), ld1 = halves_ * width_;
     std::vector<float> w1(size_t(count) * H * ld1), w2(size_t(count) * width_ * O);
     for (int local = 0; local < count; ++local) {
@@ -49,40 +68,43 @@ class DeviceExperts {
       detail::fill_weights(config, MoeTensor::w2, first + local, ffn_begin, ffn_end, 0, O,
                            w2.data() + size_t(local) * width_ * O, O);
     }
-    w1_ = Buffer(DType::f32, {count, H, ld1}, device);
-    w2_ = Buffer(DType::f32, {count, width_, O}, device);
-    copy(w1_, Tensor(w1.data(), DType::f32, {count, H, ld1}));
-    copy(w2_, Tensor(w2.data(), DType::f32, {count, width_, O}));
-    // Whatever C and max_rows a call brings (max_rows <= rows_bound), its batch is at most this
-    // (tile_plan: T < 128 only where max_rows / count <= T or T = C).
-    max_tiles_ = 2 * int64_t(count) + (rows_bound + kMaxTile - 1) / kMaxTile;
+    w1_ = upload(w1, {count, H, ld1}, device);
+    w2_ = upload(w2, {count, width_, O}, device);
+    // Whatever C and max_rows a call brings (max_rows <= rows_bound), its batch is at most this.
+    max_tiles_ = int64_t(count) + (rows_bound + detail::kMinExpertTile - 1) / detail::kMinExpertTile;
     first_tile_ = Buffer(DType::i32, {count + 1}, device);
-    tile_pointers_ = Buffer(DType::i64, {5, max_tiles_}, device);
+    tile_pointers_ = Buffer(DType::i64, {PlanTiles::kOperands, max_tiles_}, device);
     dead_hidden_ = Buffer(DType::f32, {kMaxTile, ld1}, device);
+    if (separate_act()) dead_act_ = Buffer(config.dtype, {kMaxTile, width_}, device);
     dead_out_ = Buffer(DType::f32, {kMaxTile, O}, device);
+    if (config.device_stats) {
+      PMOE_CUDA_CHECK(cudaHostAlloc(&tally_, sizeof(int64_t) * 2 * size_t(runs),
+                                    cudaHostAllocMapped));
+      PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&tally_device_), tally_, 0));
+    }
+  }
+  ~DeviceExperts() {
+    if (tally_) (void)cudaFreeHost(tally_);
+  }
+  DeviceExperts(const DeviceExperts&) = delete;
+  DeviceExperts& operator=(const DeviceExperts&) = delete;
+
+  // The tiles of a call over groups of C rows with at most max_rows rows in use in all, and
+  // about `expected` in use (expert_tiles.hpp).
+  using TilePlan = detail::ExpertTiles;
+  TilePlan tile_plan(int64_t C, int64_t max_rows, int64_t expected) const {
+    return detail::plan_expert_tiles(count_, C, max_rows, expected);
   }
 
-  // The tiles of a call over groups of C rows with at most max_rows rows in use in all.
-  struct TilePlan {
-    int tile = 0, tiles = 0;
-    int64_t rows() const { return int64_t(tile) * tiles; }  // rows the GEMMs compute
-  };
-  TilePlan tile_plan(int64_t C, int64_t max_rows) const {
-    if (C == 0 || count_ == 0 || max_rows == 0) return {};
-    const int64_t per_expert = (max_rows + count_ - 1) / count_;
-    int64_t tile = kMinTile;
-    while (tile < per_expert && tile < kMaxTile) tile *= 2;
-    tile = std::min(tile, C);
-    const int64_t tiles =
-        std::min(count_ * ((C + tile - 1) / tile), (max_rows + tile - 1) / tile + count_);
-    return {int(tile), int(tiles)};
-  }
-
+  // The second GEMM's input (act) has its own buffer, [count, C, width] of the layer's dtype,
+  // unless the layer is f32 (then it is the hidden buffer, in place).
+  bool separate_act() const { return config_.dtype != DType::f32; }
+  int width() const { return width_; }
   int hidden_ld() const { return halves_ * width_; }
   size_t weight_bytes() const { return w1_.nbytes() + w2_.nbytes(); }
   size_t workspace_bytes() const {
     return first_tile_.nbytes() + tile_pointers_.nbytes() + dead_hidden_.nbytes() +
-           dead_out_.nbytes();
+           dead_act_.nbytes() + dead_out_.nbytes();
   }
   double flops(int64_t rows) const {
     return 2.0 * double(rows) * width_ *
@@ -90,15 +112,22 @@ class DeviceExperts {
   }
 
   // out = act(x . W1) . W2 over the rows in use of every expert's group of C rows, `counts`
-  // (device, [count]) of them, at most max_rows in all (a bound the host knows).
-  void run(cublasHandle_t handle, cudaStream_t stream, int C, int64_t max_rows, const float* x,
-           float* hidden, float* out, const int32_t* counts) const {
-    const TilePlan plan = tile_plan(C, max_rows);
+  // (device, [count]) of them, at most max_rows in all (a bound the host knows), about
+  // `expected`. x [count, C, x_ld] of the layer's dtype; act [count, C, width()] of the layer's
+  // dtype where separate_act(), else ignored. `run` (< runs) is the tally slot of this call.
+  void run(cublasHandle_t handle, cudaStream_t stream, int C, int64_t max_rows, int64_t expected,
+           const void* x, int x_ld, float* hidden, void* act, float* out, const int32_t* counts,
+           int run = 0) const {
+    const TilePlan plan = tile_plan(C, max_rows, expected);
     if (plan.tiles == 0) return;
-    PMOE_CHECK(plan.tiles <= max_tiles_, "DeviceExperts: ", plan.tiles, " tiles for ", max_rows,
-               " rows, more than the ", max_tiles_, " planned for");
+    PMOE_CHECK(plan.tiles <= max_tiles_ && run < runs_, "DeviceExperts: ", plan.tiles,
+               " tiles for ", max_rows, " rows (run ", run, "), more than the ", max_tiles_,
+               " tiles and ", runs_, " runs planned for");
     const int H = config_.feature_dim, O = config_.out_dim(), ld1 = hidden_ld();
-    auto pointers = [&](int i) { return tile_pointers_.data<int64_t>() + int64_t(i) * max_tiles_; };
+    const int64_t elem = int64_t(dtype_size(config_.dtype));
+    const int act_ld = separate_act() ? width_ : ld1;
+    if (!separate_act()) act = hidden;
+    const void* const dead_act = separate_act() ? dead_act_.data<void>() : dead_hidden_.data<void>();
     PlanTiles p;
     p.counts = counts;
     p.groups = count_;
@@ -106,46 +135,77 @@ class DeviceExperts {
     p.max_tiles = plan.tiles;
     p.group_rows = C;
     p.first_tile = first_tile_.data<int32_t>();
-    p.x = x;
-    p.x_ld = H;
-    p.w1 = w1_.data<float>();
-    p.w1_stride = int64_t(H) * ld1;
-    p.hidden = hidden;
-    p.hidden_ld = ld1;
-    p.w2 = w2_.data<float>();
-    p.w2_stride = int64_t(width_) * O;
-    p.out = out;
-    p.out_ld = O;
-    p.dead_hidden = dead_hidden_.data<float>();
-    p.dead_out = dead_out_.data<float>();
-    p.x_tiles = reinterpret_cast<const float**>(pointers(0));
-    p.w1_tiles = reinterpret_cast<const float**>(pointers(1));
-    p.hidden_tiles = reinterpret_cast<float**>(pointers(2));
-    p.w2_tiles = reinterpret_cast<const float**>(pointers(3));
-    p.out_tiles = reinterpret_cast<float**>(pointers(4));
+    const TileOperand operands[PlanTiles::kOperands] = {
+        {x, x_ld * elem, false, x, tiles(kX)},
+        {w1_.data<void>(), int64_t(H) * ld1 * elem, true, w1_.data<void>(), tiles(kW1)},
+        {hidden, ld1 * int64_t(sizeof(float)), false, dead_hidden_.data<void>(), tiles(kHidden)},
+        {act, act_ld * (separate_act() ? elem : int64_t(sizeof(float))), false, dead_act,
+         tiles(kAct)},
+        {w2_.data<void>(), int64_t(width_) * O * elem, true, w2_.data<void>(), tiles(kW2)},
+        {out, O * int64_t(sizeof(float)), false, dead_out_.data<void>(), tiles(kOut)}};
+    std::copy(std::begin(operands), std::end(operands), p.operands);
+    p.tally = tally_device_ ? tally_device_ + 2 * run : nullptr;
     launch_plan_tiles(p, stream);
-    gemm_arrays_row_major(handle, plan.tile, ld1, H, p.x_tiles, H, p.w1_tiles, ld1, p.hidden_tiles,
-                          ld1, plan.tiles);
+    gemm_arrays_row_major(handle, types_, plan.tile, ld1, H, tiles(kX), x_ld, tiles(kW1), ld1,
+                          outputs(kHidden), ld1, plan.tiles);
     Activate a;
     a.hidden = hidden;
+    a.out = act;
+    a.out_ld = act_ld;
     a.rows = int64_t(count_) * C;
     a.width = width_;
     a.act = int(config_.act);
     a.row_limits = counts;
     a.group_rows = C;
-    launch_activate(a, stream);
-    gemm_arrays_row_major(handle, plan.tile, O, width_, p.hidden_tiles, ld1, p.w2_tiles, O,
-                          p.out_tiles, O, plan.tiles);
+    launch_activate(a, config_.dtype, stream);
+    gemm_arrays_row_major(handle, types_, plan.tile, O, width_, tiles(kAct), act_ld, tiles(kW2), O,
+                          outputs(kOut), O, plan.tiles);
+  }
+
+  // With device stats, the rows in use and the live tiles' rows of the last forward's runs (the
+  // first `runs`), as the plan kernels counted them; the caller has waited for them.
+  struct RowTally {
+    int64_t used = 0, live = 0;
+  };
+  RowTally tally(int runs) const {
+    RowTally t;
+    for (int r = 0; tally_ && r < std::min(runs, runs_); ++r) {
+      t.used += tally_[2 * r];
+      t.live += tally_[2 * r + 1];
+    }
+    return t;
   }
 
  private:
-  static constexpr int64_t kMinTile = 16, kMaxTile = 128;
+  static constexpr int64_t kMaxTile = detail::kMaxExpertTile;
+  // The weights in the layer's dtype on `device`: bf16 values are exact in bf16 (fill_weights
+  // rounded them), so narrowing them here changes nothing.
+  Buffer upload(const std::vector<float>& values, std::initializer_list<int64_t> shape,
+                Device device) const {
+    Buffer out(config_.dtype, shape, device);
+    if (config_.dtype == DType::f32) {
+      copy(out, Tensor(const_cast<float*>(values.data()), DType::f32, shape));
+      return out;
+    }
+    std::vector<bf16> narrow(values.size());
+    for (size_t i = 0; i < values.size(); ++i) narrow[i] = to_bf16(values[i]);
+    copy(out, Tensor(narrow.data(), DType::bf16, shape));
+    return out;
+  }
+  enum Operand { kX, kW1, kHidden, kAct, kW2, kOut };  // PlanTiles::operands' order
+  int64_t* slots(Operand o) const { return tile_pointers_.data<int64_t>() + int64_t(o) * max_tiles_; }
+  const void** tiles(Operand o) const { return reinterpret_cast<const void**>(slots(o)); }
+
+  void* const* outputs(Operand o) const { return reinterpret_cast<void* const*>(slots(o)); }
 
   MoeConfig config_;
-  int count_, width_, halves_;
+  ExpertGemmTypes types_;
+  int count_, width_, halves_, runs_;
   Buffer w1_, w2_;
   int64_t max_tiles_ = 0;
-  Buffer first_tile_, tile_pointers_, dead_hidden_, dead_out_;  // the plan's (PlanTiles)
+  Buffer first_tile_, tile_pointers_, dead_hidden_, dead_act_, dead_out_;  // the plan's
+  int64_t* tally_ = nullptr;         // host-mapped [runs][2]: rows used, live rows (device stats)
+  int64_t* tally_device_ = nullptr;  // the same words, as the plan kernel addresses them
 };
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

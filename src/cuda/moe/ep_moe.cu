@@ -9,8 +9,12 @@
 //   x_wire / y_wire   [max_tokens, wire] dtype   staging, only where H or O < wire
 //   expert_x[b]       [E_local, R, wire] dtype   dispatch's output for micro-batch b
 //   expert_y[b]       [E_local, R, wire] dtype   the experts' outputs, cols [0, O)
-//   x_f32             [E_local, R, H] f32        expert_x widened, shared by the batches
 //   hidden, out       [E_local, R, gF] / [E_local, R, O] f32, shared by the batches
+//   act               [E_local, R, F] dtype      bf16 models only (f32: in place in hidden)
+//
+// The expert GEMMs read expert_x as dispatch left it (the model's dtype: bf16 on tensor cores).
+// Their batch is planned for the most rows a rank can receive; the tile size for the rows it
+// receives on average, R k / W (device_experts.hpp).
 //
 // micro_batches = 2 puts the experts on a second stream (the communicator's side_stream()) so
 // that one half's exchange runs beside the other half's GEMMs:
@@ -22,10 +26,12 @@
 // Each half has its own expert_x / expert_y (d(B).recv writes while experts(A) reads); the f32
 // workspace is shared, since the expert stream runs the halves one after the other.
 //
-// MoeStats::bytes_moved: a one-block kernel after the router counts the routing's traffic
-// (moe/ep_traffic.hpp, the CPU layer's rule) into host-mapped memory; last_stats() waits for it.
-// The phase times come from events around each exchange call and each batch's experts, on the
-// stream that runs them (phase_timer.hpp); with two micro-batches, experts overlap exchanges.
+// With MoeConfig::device_stats only (otherwise none of this runs): MoeStats::bytes_moved from a
+// one-block kernel after the router that counts the routing's traffic (moe/ep_traffic.hpp, the
+// CPU layer's rule) into host-mapped memory, the rows in use from the tile plans, and the phase
+// times from events around each exchange call and each batch's experts, on the stream that runs
+// them (phase_timer.hpp; with two micro-batches, experts overlap exchanges). last_stats() waits
+// for an event recorded at the end of the forward.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -57,15 +63,18 @@ class DeviceEpMoe final : public DeviceMoe {
         main_((set_device(comm.device()), static_cast<cudaStream_t>(comm.stream().handle))),
         experts_stream_(micro_batches == 2 ? static_cast<cudaStream_t>(comm.side_stream().handle)
                                            : main_),
-        timer_(1 + 5 * micro_batches),  // route; per batch 2 dispatch, experts, 2 combine
+        timer_(1 + 5 * micro_batches, config.device_stats),  // route; a batch: 2 + 1 + 2
         router_(config, max_tokens, comm.device()),
         experts_(config, comm.rank() * num_local_, num_local_, 0, config.ffn_dim, max_rows(),
-                 comm.device()) {
+                 comm.device(), micro_batches) {
     // Before the AllToAlls' collective construction: page-locking may wait for the whole device,
     // where a peer past it could already be waiting in its first forward for this rank.
-    PMOE_CUDA_CHECK(cudaHostAlloc(&rows_moved_, sizeof(int64_t), cudaHostAllocMapped));
-    PMOE_CUDA_CHECK(
-        cudaHostGetDevicePointer(reinterpret_cast<void**>(&rows_moved_device_), rows_moved_, 0));
+    if (config.device_stats) {
+      PMOE_CUDA_CHECK(cudaHostAlloc(&rows_moved_, sizeof(int64_t), cudaHostAllocMapped));
+      PMOE_CUDA_CHECK(
+          cudaHostGetDevicePointer(reinterpret_cast<void**>(&rows_moved_device_), rows_moved_, 0));
+      PMOE_CUDA_CHECK(cudaEventCreateWithFlags(&counted_, cudaEventDisableTiming));
+    }
     const Device device = comm.device();
     const int H = config.feature_dim, O = config.out_dim(), k = config.top_k;
     const int64_t R = slots();
@@ -81,8 +90,8 @@ class DeviceEpMoe final : public DeviceMoe {
       expert_y_.emplace_back(config.dtype, std::initializer_list<int64_t>{num_local_, R, wire_},
                              device);
     }
-    rows_f32_ = Buffer(DType::f32, {num_local_, R, H}, device);
     hidden_ = Buffer(DType::f32, {num_local_, R, experts_.hidden_ld()}, device);
+    if (experts_.separate_act()) act_ = Buffer(config.dtype, {num_local_, R, experts_.width()}, device);
     out_ = Buffer(DType::f32, {num_local_, R, O}, device);
     AllToAllConfig a2a;
     a2a.max_num_tokens = per_batch_;
@@ -97,8 +106,7 @@ class DeviceEpMoe final : public DeviceMoe {
     PMOE_CUBLAS_CHECK(cublasSetStream(router_blas_, main_));
     PMOE_CUBLAS_CHECK(cublasCreate(&experts_blas_));
     PMOE_CUBLAS_CHECK(cublasSetStream(experts_blas_, experts_stream_));
-    for (cudaEvent_t* e :
-         {&to_experts_[0], &to_experts_[1], &from_experts_[0], &from_experts_[1], &counted_})
+    for (cudaEvent_t* e : {&to_experts_[0], &to_experts_[1], &from_experts_[0], &from_experts_[1]})
       PMOE_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
   ~DeviceEpMoe() override {
@@ -108,8 +116,8 @@ class DeviceEpMoe final : public DeviceMoe {
     (void)cublasDestroy(experts_blas_);
     for (cudaEvent_t e :
          {to_experts_[0], to_experts_[1], from_experts_[0], from_experts_[1], counted_})
-      (void)cudaEventDestroy(e);
-    (void)cudaFreeHost(rows_moved_);
+      if (e) (void)cudaEventDestroy(e);
+    if (rows_moved_) (void)cudaFreeHost(rows_moved_);
   }
 
   void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override {
@@ -117,7 +125,8 @@ class DeviceEpMoe final : public DeviceMoe {
     const size_t elem = dtype_size(config_.dtype);
     stats.tokens = m;
     stats.router_flops = router_.flops(m);
-    stats.expert_rows = micro_batches_ * experts_.tile_plan(slots(), max_rows()).rows();
+    stats.expert_rows =
+        micro_batches_ * experts_.tile_plan(slots(), max_rows(), expected_rows()).rows();
     stats.expert_flops = experts_.flops(stats.expert_rows);
 
     // Route, and stage the tokens at the wire width.
@@ -125,7 +134,7 @@ class DeviceEpMoe final : public DeviceMoe {
     timer_.begin(&MoeStats::route_s, main_);
     const float* xf = rows_as_f32(x.data(), config_.dtype, m, H, x_f32_.data<float>(), main_);
     router_.route(router_blas_, main_, m, xf, indices_.data<int32_t>(), weights_.data<float>());
-    count_rows_moved(m);
+    if (config_.device_stats) count_rows_moved(m);
     std::byte* x_send = static_cast<std::byte*>(x.data());
     std::byte* y_recv = static_cast<std::byte*>(y.data());
     if (H < wire_) {
@@ -176,6 +185,7 @@ class DeviceEpMoe final : public DeviceMoe {
       c.dst_cols = O;
       launch_copy_rows(c, int(elem), main_);
     }
+    if (count_pending_) PMOE_CUDA_CHECK(cudaEventRecord(counted_, main_));  // all of the above
   }
 
   void finish_stats(MoeStats& stats) override {
@@ -184,13 +194,16 @@ class DeviceEpMoe final : public DeviceMoe {
     count_pending_ = false;
     PMOE_CUDA_CHECK(cudaEventSynchronize(counted_));
     stats.bytes_moved = *rows_moved_ * wire_ * int64_t(dtype_size(config_.dtype));
+    const DeviceExperts::RowTally t = experts_.tally(micro_batches_);
+    stats.expert_rows_used = t.used;
+    stats.expert_rows_live = t.live;
   }
 
   size_t weight_bytes() const override { return router_.weight_bytes() + experts_.weight_bytes(); }
   size_t workspace_bytes() const override {
     size_t bytes = router_.workspace_bytes() + experts_.workspace_bytes() + x_f32_.nbytes() +
                    x_wire_.nbytes() + y_wire_.nbytes() + indices_.nbytes() + weights_.nbytes() +
-                   counts_.nbytes() + rows_f32_.nbytes() + hidden_.nbytes() + out_.nbytes();
+                   counts_.nbytes() + hidden_.nbytes() + act_.nbytes() + out_.nbytes();
     for (const Buffer& b : expert_x_) bytes += b.nbytes();
     for (const Buffer& b : expert_y_) bytes += b.nbytes();
     for (const auto& exchange : exchanges_) bytes += exchange->workspace_bytes();
@@ -207,6 +220,8 @@ class DeviceEpMoe final : public DeviceMoe {
   // The most rows a micro-batch can bring this rank's experts: each of the R tokens that can
   // arrive goes to at most min(k, E_local) of them.
   int64_t max_rows() const { return slots() * std::min(config_.top_k, num_local_); }
+  // What a micro-batch brings on average under uniform routing: R k E_local / E = R k / W.
+  int64_t expected_rows() const { return std::max<int64_t>(1, slots() * config_.top_k / world_); }
   int32_t* batch_counts(const Batch& b) const {
     return counts_.data<int32_t>() + b.index * num_local_;
   }
@@ -237,8 +252,8 @@ class DeviceEpMoe final : public DeviceMoe {
     timer_.end(main_);
   }
 
-  // The call's traffic in rows, counted on the main stream after the router. A captured forward
-  // leaves it to its replays: last_stats() then has no count to wait for.
+  // The call's traffic in rows, counted on the main stream after the router (device stats). A
+  // captured forward leaves it to its replays: last_stats() then has no count to wait for.
   void count_rows_moved(int m) {
     CountEpRows c;
     c.indices = indices_.data<int32_t>();
@@ -249,7 +264,6 @@ class DeviceEpMoe final : public DeviceMoe {
     c.num_local = num_local_;
     c.rank = rank_;
     launch_count_ep_rows(c, main_);
-    PMOE_CUDA_CHECK(cudaEventRecord(counted_, main_));
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     PMOE_CUDA_CHECK(cudaStreamIsCapturing(main_, &capture));
     count_pending_ = capture == cudaStreamCaptureStatusNone;
@@ -270,22 +284,13 @@ class DeviceEpMoe final : public DeviceMoe {
 
   // Every local expert over all R slots of batch b, on the expert stream.
   void run_experts(const Batch& b) {
-    const int H = config_.feature_dim, O = config_.out_dim();
+    const int O = config_.out_dim();
     const int64_t R = slots();
     const int32_t* counts = batch_counts(b);
     timer_.begin(&MoeStats::experts_s, experts_stream_);
-    WidenRows w;
-    w.src = expert_x_[size_t(b.index)].data<void>();
-    w.src_ld = wire_;
-    w.dst = rows_f32_.data<float>();
-    w.dst_ld = H;
-    w.rows = num_local_ * R;
-    w.cols = H;
-    w.row_limits = counts;
-    w.group_rows = R;
-    launch_widen_rows(w, config_.dtype, experts_stream_);
-    experts_.run(experts_blas_, experts_stream_, int(R), max_rows(), rows_f32_.data<float>(),
-                 hidden_.data<float>(), out_.data<float>(), counts);
+    experts_.run(experts_blas_, experts_stream_, int(R), max_rows(), expected_rows(),
+                 expert_x_[size_t(b.index)].data<void>(), wire_, hidden_.data<float>(),
+                 act_.data<void>(), out_.data<float>(), counts, b.index);
     NarrowRows n;
     n.src = out_.data<float>();
     n.src_ld = O;
@@ -305,13 +310,13 @@ class DeviceEpMoe final : public DeviceMoe {
   cublasHandle_t router_blas_ = nullptr, experts_blas_ = nullptr;
   cudaEvent_t to_experts_[2] = {}, from_experts_[2] = {}, counted_ = nullptr;
   PhaseTimer timer_;
-  int64_t* rows_moved_ = nullptr;         // host-mapped: the last call's traffic in rows
+  int64_t* rows_moved_ = nullptr;         // device stats, host-mapped: the call's traffic in rows
   int64_t* rows_moved_device_ = nullptr;  // the same word, as the kernel addresses it
   bool count_pending_ = false;            // a forward's count that finish_stats has not read
   DeviceRouter router_;
   DeviceExperts experts_;
   std::vector<std::unique_ptr<AllToAll>> exchanges_;  // one per micro-batch
-  Buffer x_f32_, x_wire_, y_wire_, indices_, weights_, counts_, rows_f32_, hidden_, out_;
+  Buffer x_f32_, x_wire_, y_wire_, indices_, weights_, counts_, hidden_, act_, out_;
   std::vector<Buffer> expert_x_, expert_y_;
 };
 

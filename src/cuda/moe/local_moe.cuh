@@ -3,13 +3,14 @@
 // once), gather, both expert GEMMs over tiles of the rows in use (device_experts.hpp), then the
 // gating sum. Everything is enqueued on one stream; the counts stay on the device.
 //
-//   x_f32        [max_tokens, H] f32        x widened (bf16 models), else x itself
+//   x_f32        [max_tokens, H] f32        x widened for the router (bf16 models), else x
 //   indices      [max_tokens, k] i32        weights [max_tokens, k] f32
 //   counts       [E] i32                    token_of_row [E, m] i32, row_of_pair [m, k] i32
-//   gathered     [E, m, H] f32              hidden [E, m, g F'] f32, out [E, m, O] f32
+//   gathered     [E, m, H] dtype            hidden [E, m, g F'] f32, out [E, m, O] f32
+//   act          [E, m, F'] dtype           bf16 models only (f32: in place in hidden)
 //
-// The rows in use are exactly m k, so the tiled GEMMs compute at most m k + E T rows (T <= 128
-// tile rows) where the CPU computes m k; the buffers keep every slot (E m rows).
+// The rows in use are exactly m k, so the tiled GEMMs compute at most m k + E T rows (T the
+// tile, device_experts.hpp) where the CPU computes m k; the buffers keep every slot (E m rows).
 #pragma once
 
 #include <chrono>
@@ -40,8 +41,11 @@ class DeviceLocalMoe {
     counts_ = Buffer(DType::i32, {E}, device);
     token_of_row_ = Buffer(DType::i32, {E, max_tokens}, device);
     row_of_pair_ = Buffer(DType::i32, {max_tokens, k}, device);
-    gathered_ = Buffer(DType::f32, {E, max_tokens, H}, device);
+    gathered_ = Buffer(config.dtype, {E, max_tokens, H}, device);
     hidden_ = Buffer(DType::f32, {E, max_tokens, experts_.hidden_ld()}, device);
+    if (experts_.separate_act())
+      act_ = Buffer(config.dtype, {E, max_tokens, experts_.width()}, device);
+    if (config.device_stats) PMOE_CUDA_CHECK(cudaEventCreateWithFlags(&tallied_, cudaEventDisableTiming));
     out_ = Buffer(DType::f32, {E, max_tokens, O}, device);
     PMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
     PMOE_CUBLAS_CHECK(cublasSetStream(cublas_, stream));
@@ -49,6 +53,7 @@ class DeviceLocalMoe {
   ~DeviceLocalMoe() {
     (void)cudaStreamSynchronize(stream_);
     if (cublas_) (void)cublasDestroy(cublas_);
+    if (tallied_) (void)cudaEventDestroy(tallied_);
   }
   DeviceLocalMoe(const DeviceLocalMoe&) = delete;
   DeviceLocalMoe& operator=(const DeviceLocalMoe&) = delete;
@@ -61,8 +66,9 @@ class DeviceLocalMoe {
     const int k = config_.top_k, O = config_.out_dim();
     stats.tokens = m;
     stats.router_flops = router_.flops(m);
-    stats.expert_rows = experts_.tile_plan(m, int64_t(m) * k).rows();  // the tiles' rows
+    stats.expert_rows = experts_.tile_plan(m, int64_t(m) * k, int64_t(m) * k).rows();  // issued
     stats.expert_flops = experts_.flops(stats.expert_rows);
+    tally_pending_ = false;
     if (m == 0) return;
     timer.begin(&MoeStats::route_s, stream_);
     const float* xf = rows_as_f32(x.data(), config_.dtype, m, H, x_f32_.data<float>(), stream_);
@@ -81,16 +87,23 @@ class DeviceLocalMoe {
     g.capacity = m;
     launch_group_pairs(g, stream_);
     GatherRows gather;
-    gather.x = xf;
+    gather.x = x.data();
     gather.counts = counts_.data<int32_t>();
     gather.token_of_row = token_of_row_.data<int32_t>();
     gather.gathered = gathered_.data<float>();
     gather.num_experts = E;
     gather.capacity = m;
     gather.H = H;
-    launch_gather_rows(gather, stream_);
-    experts_.run(cublas_, stream_, m, int64_t(m) * k, gathered_.data<float>(),
-                 hidden_.data<float>(), out_.data<float>(), counts_.data<int32_t>());
+    launch_gather_rows(gather, int(dtype_size(config_.dtype)), stream_);
+    experts_.run(cublas_, stream_, m, int64_t(m) * k, int64_t(m) * k, gathered_.data<void>(), H,
+                 hidden_.data<float>(), act_.data<void>(), out_.data<float>(),
+                 counts_.data<int32_t>());
+    if (tallied_) {  // device stats: the plan kernel's tally, read by finish_stats()
+      PMOE_CUDA_CHECK(cudaEventRecord(tallied_, stream_));
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      PMOE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+      tally_pending_ = capture == cudaStreamCaptureStatusNone;
+    }
     timer.end(stream_);
 
     WeightedSum w;
@@ -106,12 +119,23 @@ class DeviceLocalMoe {
     timer.end(stream_);
   }
 
+  // With device stats: the rows in use and the live tiles' rows of the last forward (waits for
+  // them), once.
+  void finish_stats(MoeStats& stats) {
+    if (!tally_pending_) return;
+    tally_pending_ = false;
+    PMOE_CUDA_CHECK(cudaEventSynchronize(tallied_));
+    const DeviceExperts::RowTally t = experts_.tally(1);
+    stats.expert_rows_used = t.used;
+    stats.expert_rows_live = t.live;
+  }
+
   size_t weight_bytes() const { return router_.weight_bytes() + experts_.weight_bytes(); }
   size_t workspace_bytes() const {
     return router_.workspace_bytes() + experts_.workspace_bytes() + x_f32_.nbytes() +
            indices_.nbytes() + weights_.nbytes() +
            counts_.nbytes() + token_of_row_.nbytes() + row_of_pair_.nbytes() + gathered_.nbytes() +
-           hidden_.nbytes() + out_.nbytes();
+           hidden_.nbytes() + act_.nbytes() + out_.nbytes();
   }
 
  private:
@@ -120,7 +144,10 @@ class DeviceLocalMoe {
   cublasHandle_t cublas_ = nullptr;
   DeviceRouter router_;
   DeviceExperts experts_;
-  Buffer x_f32_, indices_, weights_, counts_, token_of_row_, row_of_pair_, gathered_, hidden_, out_;
+  Buffer x_f32_, indices_, weights_, counts_, token_of_row_, row_of_pair_, gathered_, hidden_, act_,
+      out_;
+  cudaEvent_t tallied_ = nullptr;  // device stats only: after the plan kernel's tally
+  bool tally_pending_ = false;     // a forward's tally that finish_stats has not read
 };
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

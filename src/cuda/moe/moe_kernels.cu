@@ -3,17 +3,20 @@
 //
 //   router:   logits [m, E] f32 --top_k_softmax--> indices [m, k] i32, weights [m, k] f32
 //   grouping: indices --group_pairs--> counts [E], token_of_row [E, C], row_of_pair [m, k]
-//             x [m, H] f32 --gather_rows--> gathered [E, C, H] f32   (rows i < counts[e] only)
-//   experts:  hidden [E, C, g F'] f32 --activate--> act(hidden) over [.., 0:F')
+//             x [m, H] T --gather_rows--> gathered [E, C, H] T   (rows i < counts[e] only)
+//   experts:  counts --plan_tiles--> each GEMM operand's tile addresses (device_experts.hpp)
+//             hidden [E, C, g F'] f32 --activate--> act [E, C, F'] T (f32: in place in hidden)
 //   gating:   out [E, C, O] f32, row_of_pair, weights --weighted_sum--> y [m, O] dtype
 //
-// C is a capacity (the call's m for the local layers, W * tokens per micro-batch for EP): the
-// GEMMs run over every slot, these kernels skip the rows past an expert's count.
+// T is the layer's dtype (f32 or bf16), the expert GEMMs' input type. C is a capacity (the
+// call's m for the local layers, W * tokens per micro-batch for EP): these kernels skip the rows
+// past an expert's count.
 #include "cuda/moe/moe_kernels.cuh"
 
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cuda/atomic>
 
 #include "cuda/launch.cuh"
 #include "cuda/memory_ops.cuh"
@@ -130,11 +133,17 @@ __global__ void __launch_bounds__(kBlockThreads) group_pairs_kernel(const GroupP
 __global__ void __launch_bounds__(kBlockThreads) plan_tiles_kernel(const PlanTiles p) {
   if (threadIdx.x == 0) {
     int32_t tiles = 0;
+    int64_t used = 0;
     for (int g = 0; g < p.groups; ++g) {
       p.first_tile[g] = tiles;
       tiles += (p.counts[g] + p.tile - 1) / p.tile;
+      used += p.counts[g];
     }
     p.first_tile[p.groups] = tiles;
+    if (p.tally != nullptr) {
+      p.tally[0] = used;
+      p.tally[1] = int64_t(tiles) * p.tile;
+    }
   }
   __syncthreads();  // first_tile, written by thread 0, is read by every thread
   for (int g = int(threadIdx.x); g < p.groups; g += blockDim.x) {
@@ -142,29 +151,25 @@ __global__ void __launch_bounds__(kBlockThreads) plan_tiles_kernel(const PlanTil
     const int32_t last_start = max(p.counts[g], p.tile) - p.tile;
     for (int32_t t = first; t < end; ++t) {
       const int64_t row = g * p.group_rows + min((t - first) * p.tile, last_start);
-      store_to_peer(p.x_tiles + t, p.x + row * p.x_ld);
-      store_to_peer(p.w1_tiles + t, p.w1 + g * p.w1_stride);
-      store_to_peer(p.hidden_tiles + t, p.hidden + row * p.hidden_ld);
-      store_to_peer(p.w2_tiles + t, p.w2 + g * p.w2_stride);
-      store_to_peer(p.out_tiles + t, p.out + row * p.out_ld);
+      for (const TileOperand& o : p.operands)
+        store_to_peer(o.tiles + t, static_cast<const void*>(static_cast<const char*>(o.base) +
+                                                           (o.per_group ? g : row) * o.step));
     }
   }
   const int32_t live = p.first_tile[p.groups];
-  for (int32_t t = live + int32_t(threadIdx.x); t < p.max_tiles; t += blockDim.x) {
-    store_to_peer(p.x_tiles + t, p.x);
-    store_to_peer(p.w1_tiles + t, p.w1);
-    store_to_peer(p.hidden_tiles + t, p.dead_hidden);
-    store_to_peer(p.w2_tiles + t, p.w2);
-    store_to_peer(p.out_tiles + t, p.dead_out);
-  }
+  for (int32_t t = live + int32_t(threadIdx.x); t < p.max_tiles; t += blockDim.x)
+    for (const TileOperand& o : p.operands) store_to_peer(o.tiles + t, o.dead);
 }
 
+template <typename T>
 __global__ void __launch_bounds__(kBlockThreads) gather_rows_kernel(const GatherRows g) {
+  const T* x = static_cast<const T*>(g.x);
+  T* gathered = static_cast<T*>(g.gathered);
   const int64_t rows = int64_t(g.num_experts) * g.capacity;
   for (int64_t e = first_index(); e < rows * g.H; e += grid_step()) {
     const int64_t row = e / g.H, c = e % g.H;
     if (row % g.capacity >= g.counts[row / g.capacity]) continue;
-    store_to_peer(g.gathered + e, g.x[int64_t(g.token_of_row[row]) * g.H + c]);
+    store_to_peer(gathered + e, x[int64_t(g.token_of_row[row]) * g.H + c]);
   }
 }
 
@@ -173,18 +178,20 @@ __device__ __forceinline__ float gelu(float v) {
 }
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
+template <typename T>
 __global__ void __launch_bounds__(kBlockThreads) activate_kernel(const Activate a) {
   const bool swiglu = a.act == int(Activation::swiglu);
   const int64_t ld = swiglu ? 2 * a.width : a.width;
+  T* out = static_cast<T*>(a.out);
   for (int64_t e = first_index(); e < a.rows * a.width; e += grid_step()) {
     const int64_t r = e / a.width, c = e % a.width;
     if (!row_in_use(a.row_limits, a.group_rows, r)) continue;
-    float* h = a.hidden + r * ld;
+    const float* h = a.hidden + r * ld;
     const float v = h[c];
-    const float out = a.act == int(Activation::relu) ? (v > 0.0f ? v : 0.0f)
-                      : swiglu                       ? silu(v) * h[a.width + c]
-                                                     : gelu(v);
-    store_to_peer(h + c, out);
+    const float y = a.act == int(Activation::relu) ? (v > 0.0f ? v : 0.0f)
+                    : swiglu                       ? silu(v) * h[a.width + c]
+                                                   : gelu(v);
+    store_to_peer(out + r * a.out_ld + c, narrow<T>(y));
   }
 }
 
@@ -202,8 +209,23 @@ __global__ void __launch_bounds__(kBlockThreads) weighted_sum_kernel(const Weigh
   }
 }
 
+__global__ void publish_count_kernel(uint64_t* word, int64_t n) { store_to_peer(word, uint64_t(n)); }
+
+// Every thread reads the W counts (after the landed waits' acquire): all agree, so all sum or all
+// skip; one thread records the mismatch.
 template <typename T>
 __global__ void __launch_bounds__(kBlockThreads) sum_partials_kernel(const SumPartials s) {
+  for (int r = 0; r < s.world; ++r) {
+    const int64_t theirs = int64_t(*s.counts[r]);
+    if (theirs == s.n) continue;
+    if (first_index() == 0) {
+      using HostWord = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
+      s.mismatch->theirs = theirs;
+      s.mismatch->mine = s.n;
+      HostWord(s.mismatch->peer).store(r, ::cuda::memory_order_release);
+    }
+    return;
+  }
   T* out = static_cast<T*>(s.out);
   for (int64_t e = first_index(); e < s.n; e += grid_step()) {
     float sum = 0.0f;
@@ -253,6 +275,10 @@ struct Narrow {
 template <typename T>
 struct Weighted {
   static constexpr auto fn = weighted_sum_kernel<T>;
+};
+template <typename T>
+struct Act {
+  static constexpr auto fn = activate_kernel<T>;
 };
 template <typename T>
 struct SumParts {
@@ -315,15 +341,24 @@ void launch_plan_tiles(const PlanTiles& p, cudaStream_t stream) {
   launch(plan_tiles_kernel, 1, stream, p);
 }
 
-void launch_gather_rows(const GatherRows& g, cudaStream_t stream) {
+void launch_gather_rows(const GatherRows& g, int elem, cudaStream_t stream) {
   const int64_t elements = int64_t(g.num_experts) * g.capacity * g.H;
   if (elements == 0) return;
-  launch(gather_rows_kernel, blocks_for(elements), stream, g);
+  switch (elem) {
+    case 4:
+      launch(gather_rows_kernel<uint32_t>, blocks_for(elements), stream, g);
+      return;
+    case 2:
+      launch(gather_rows_kernel<uint16_t>, blocks_for(elements), stream, g);
+      return;
+    default:
+      throw Error(detail::cat("MoE gather_rows: no kernel for ", elem, "-byte elements"));
+  }
 }
 
-void launch_activate(const Activate& a, cudaStream_t stream) {
+void launch_activate(const Activate& a, DType dtype, cudaStream_t stream) {
   if (a.rows * a.width == 0) return;
-  launch(activate_kernel, blocks_for(a.rows * a.width), stream, a);
+  launch_typed<Act>("MoE activate", dtype, blocks_for(a.rows * a.width), stream, a);
 }
 
 void launch_weighted_sum(const WeightedSum& w, DType dtype, cudaStream_t stream) {
@@ -335,8 +370,11 @@ void launch_count_ep_rows(const CountEpRows& c, cudaStream_t stream) {
   launch(count_ep_rows_kernel, 1, stream, c);
 }
 
+void launch_publish_count(uint64_t* word, int64_t n, cudaStream_t stream) {
+  launch_shaped(publish_count_kernel, dim3(1), dim3(1), stream, word, n);
+}
+
 void launch_sum_partials(const SumPartials& s, DType dtype, cudaStream_t stream) {
-  if (s.n == 0) return;
   launch_typed<SumParts>("TpMoe all-reduce", dtype, blocks_for(s.n), stream, s);
 }
 

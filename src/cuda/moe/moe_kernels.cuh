@@ -84,58 +84,57 @@ void launch_group_pairs(const GroupPairs& g, cudaStream_t stream);
 // i < counts[g]) gets ceil(counts[g] / tile) tiles, in group order. Tile j of a group starts at
 // row min(j tile, max(count, tile) - tile) of it: the last one is moved back to end at the count
 // (overlapping its neighbour, which computes the same rows the same way), and no tile leaves its
-// group (tile <= group_rows). Tiles past the live ones, up to max_tiles, read group 0 and write
-// the dead_* scratch rows, so a batch of max_tiles GEMMs, a size the host knows, does the call.
-// For tile t starting at global row r of group g:
-//   x_tiles[t] = x + r x_ld              w1_tiles[t] = w1 + g w1_stride
-//   hidden_tiles[t] = hidden + r hidden_ld  w2_tiles[t] = w2 + g w2_stride
-//   out_tiles[t] = out + r out_ld
+// group (tile <= group_rows). Tiles past the live ones, up to max_tiles, address each operand's
+// `dead` rows, so a batch of max_tiles GEMMs, a size the host knows, does the call.
+// Each operand is addressed in bytes: for tile t of group g starting at global row r,
+//   tiles[t] = base + (per_group ? g : r) * step         (dead tiles: tiles[t] = dead)
+// (x, hidden, act and out step by rows; the weights w1 and w2 by groups.)
+struct TileOperand {
+  const void* base = nullptr;
+  int64_t step = 0;  // bytes per row, or per group where per_group
+  bool per_group = false;
+  const void* dead = nullptr;
+  const void** tiles = nullptr;  // [max_tiles] (device)
+};
 struct PlanTiles {
-  const int32_t* counts = nullptr;  // [groups], each <= group_rows
+  static constexpr int kOperands = 6;  // x, w1, hidden, act, w2, out (device_experts.hpp)
+  const int32_t* counts = nullptr;     // [groups], each <= group_rows
   int groups = 0, tile = 0, max_tiles = 0;
   int64_t group_rows = 0;
   int32_t* first_tile = nullptr;  // [groups + 1] scratch: each group's first tile, then the total
-  const float* x = nullptr;
-  int64_t x_ld = 0;
-  const float* w1 = nullptr;
-  int64_t w1_stride = 0;
-  float* hidden = nullptr;
-  int64_t hidden_ld = 0;
-  const float* w2 = nullptr;
-  int64_t w2_stride = 0;
-  float* out = nullptr;
-  int64_t out_ld = 0;
-  float* dead_hidden = nullptr;  // [tile, hidden_ld]
-  float* dead_out = nullptr;     // [tile, out_ld]
-  const float** x_tiles = nullptr;  // each [max_tiles]
-  const float** w1_tiles = nullptr;
-  float** hidden_tiles = nullptr;
-  const float** w2_tiles = nullptr;
-  float** out_tiles = nullptr;
+  TileOperand operands[kOperands];
+  // With device stats: tally[0] = the rows in use (sum of counts), tally[1] = the rows of the
+  // live tiles; plain stores, read by the host after an event (host-mapped). Null: not counted.
+  int64_t* tally = nullptr;
 };
 void launch_plan_tiles(const PlanTiles& p, cudaStream_t stream);
 
-// gathered[e * capacity + i, :] = x[token_of_row[e * capacity + i], :] for i < counts[e] (f32).
+// gathered[e * capacity + i, :] = x[token_of_row[e * capacity + i], :] for i < counts[e], in
+// elements of `elem` bytes (the layer's dtype: the expert GEMMs read it as it came).
 struct GatherRows {
-  const float* x = nullptr;  // [m, H]
+  const void* x = nullptr;  // [m, H]
   const int32_t* counts = nullptr;
   const int32_t* token_of_row = nullptr;
-  float* gathered = nullptr;  // [E, capacity, H]
+  void* gathered = nullptr;  // [E, capacity, H]
   int num_experts = 0, capacity = 0, H = 0;
 };
-void launch_gather_rows(const GatherRows& g, cudaStream_t stream);
+void launch_gather_rows(const GatherRows& g, int elem, cudaStream_t stream);
 
-// The experts' activation in place on f32 hidden rows [rows, halves * width] (ld = halves *
-// width): relu / gelu on [0, width), swiglu writes silu(gate) * linear over the gate half. Rows
-// past a group's limit are skipped (row_limits as WidenRows; may be null).
+// The experts' activation on f32 hidden rows [rows, halves * width] (ld = halves * width),
+// written rounded to `dtype` (f32 or bf16, the second GEMM's input) into out [rows, out_ld]:
+// relu / gelu of column c, or swiglu's silu(gate c) * linear c. out may be hidden itself (f32,
+// out_ld = its ld: each element is read before the thread writes it). Rows past a group's limit
+// are skipped (row_limits as WidenRows; may be null).
 struct Activate {
-  float* hidden = nullptr;
+  const float* hidden = nullptr;
+  void* out = nullptr;
+  int64_t out_ld = 0;
   int64_t rows = 0, width = 0;
   int act = 0;  // pmoe::Activation
   const int32_t* row_limits = nullptr;
   int64_t group_rows = 0;
 };
-void launch_activate(const Activate& a, cudaStream_t stream);
+void launch_activate(const Activate& a, DType dtype, cudaStream_t stream);
 
 // The gating: y[t, o] = sum over j of weights[t, j] * rows[row_of_pair[t * k + j], o], in f32,
 // in slot order, rounded once to `dtype` (f32 or bf16) into y [m, O] contiguous.
@@ -148,10 +147,25 @@ struct WeightedSum {
 };
 void launch_weighted_sum(const WeightedSum& w, DType dtype, cudaStream_t stream);
 
+// TpMoe's check that every rank all-reduces as many elements as this one, made on the device:
+// host-mapped memory that the sum kernel writes on the first mismatch it meets (theirs and mine,
+// then peer with release) and the host reads at the next call's entry (peer with acquire).
+struct CountMismatch {
+  int64_t theirs = 0, mine = 0;
+  int32_t peer = -1;  // -1: every rank's count matched
+};
+
+// *word = n, stored for peers (they read it once a release after it on the stream, the landed
+// signal, lets them): a rank's element count for this call, before its partial is announced.
+void launch_publish_count(uint64_t* word, int64_t n, cudaStream_t stream);
+
 // The TP all-reduce's sum: out[i] = round(((0 + part_0[i]) + part_1[i]) + ...), the W ranks'
-// f32 partials in rank order, so every rank gets the same bits.
+// f32 partials in rank order, so every rank gets the same bits. If a rank's published count
+// differs from n, nothing is summed (out keeps what it held) and *mismatch records it.
 struct SumPartials {
-  const float* const* parts = nullptr;  // device array of W pointers (peers' regions)
+  const float* const* parts = nullptr;    // device array of W pointers (peers' regions)
+  const uint64_t* const* counts = nullptr;  // device array of W pointers (peers' count words)
+  CountMismatch* mismatch = nullptr;        // host-mapped
   int world = 0;
   void* out = nullptr;
   int64_t n = 0;

@@ -7,7 +7,8 @@
 // micro-batches) overlaps it, so the phases can add up to more than the forward.
 //
 // Events are made at construction, none per call; a forward captured in a CUDA graph is not
-// timed (its events belong to the graph).
+// timed (its events belong to the graph). A timer made disabled (a layer without
+// MoeConfig::device_stats) makes no events and records nothing: its phases stay 0.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,7 +26,8 @@ class PhaseTimer {
  public:
   using Phase = double MoeStats::*;
 
-  explicit PhaseTimer(int max_brackets) : brackets_(size_t(max_brackets)) {
+  PhaseTimer(int max_brackets, bool enabled)
+      : brackets_(enabled ? size_t(max_brackets) : 0), enabled_(enabled) {
     for (Bracket& b : brackets_) {
       PMOE_CUDA_CHECK(cudaEventCreate(&b.start));
       PMOE_CUDA_CHECK(cudaEventCreate(&b.stop));
@@ -42,11 +44,13 @@ class PhaseTimer {
 
   // A forward begins on `stream` (its first stream): time it unless it is being captured.
   void start(cudaStream_t stream) {
+    used_ = 0;
+    open_ = false;
+    timing_ = false;
+    if (!enabled_) return;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     PMOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
     timing_ = capture == cudaStreamCaptureStatusNone;
-    used_ = 0;
-    open_ = false;
   }
   void begin(Phase phase, cudaStream_t stream) {
     if (!timing_) return;
@@ -80,7 +84,7 @@ class PhaseTimer {
   };
   std::vector<Bracket> brackets_;
   size_t used_ = 0;
-  bool timing_ = false, open_ = false;
+  bool enabled_, timing_ = false, open_ = false;
 };
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

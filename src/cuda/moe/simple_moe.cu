@@ -15,14 +15,17 @@ class DeviceSimpleMoe final : public DeviceMoe {
   DeviceSimpleMoe(const MoeConfig& config, int max_tokens, Device device, Stream stream)
       : config_(config),
         stream_((set_device(device), static_cast<cudaStream_t>(stream.handle))),
-        timer_(cuda::DeviceLocalMoe::kPhases),
+        timer_(cuda::DeviceLocalMoe::kPhases, config.device_stats),
         moe_(config, max_tokens, 0, config.ffn_dim, device, stream_) {}
 
   void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override {
     timer_.start(stream_);
     moe_.forward(x, y.data(), config_.dtype, stats, timer_);
   }
-  void finish_stats(MoeStats& stats) override { timer_.finish(stats); }
+  void finish_stats(MoeStats& stats) override {
+    timer_.finish(stats);
+    moe_.finish_stats(stats);
+  }
   size_t weight_bytes() const override { return moe_.weight_bytes(); }
   size_t workspace_bytes() const override { return moe_.workspace_bytes(); }
 

@@ -6,9 +6,11 @@
 //   signals of rank r:           landed = e   (r's partial of call e is in its region)
 //                                done = e     (r has read every region for call e)
 //                                call         (the call counter; no peer reads it)
+//                                count = n    (the elements r sums in its latest call)
 //
-//   stream: call += 1 | wait every peer's done >= e - 1 | layer -> own region | landed = e
-//           | wait every peer's landed >= e | y = sum of the W regions in rank order | done = e
+//   stream: call += 1 | wait every peer's done >= e - 1 | layer -> own region | count = n
+//           | landed = e | wait every peer's landed >= e
+//           | y = sum of the W regions in rank order, if every count is n | done = e
 //
 // Peers' regions are read with loads (one node: symmetric memory is load/store reachable), summed
 // in rank order in f32 and rounded once, so every rank gets the same bits (as on the CPU). A rank
@@ -16,13 +18,14 @@
 // reads. Waits are bounded (PMOE_TIMEOUT_S); a timed-out wait is raised at the next call's entry.
 // Nothing waits on the host, so a forward can be captured in a CUDA graph.
 //
-// Before it enqueues anything, forward() exchanges every rank's element count on the host (one
-// all_gather of 8 bytes): ranks given different token counts all throw the CPU layer's
-// pmoe::Error (core/arg_checks.hpp) and no signal moves, so the layer stays usable. The price is
-// a host rendezvous per call: a rank's forward returns once every rank has entered its own.
-#include <cstring>
+// Ranks given different token counts are found on the device, with no host round trip: the sum
+// kernel compares every rank's published count with its own and, on a mismatch, sums nothing and
+// records it in host-mapped memory (CountMismatch). Every signal still moves, so the protocol
+// holds; the next forward raises the CPU layer's pmoe::Error (core/arg_checks.hpp) at entry,
+// once, before it launches anything, and the layer goes on (as AllToAll's bad-index errors).
+#include <cuda/atomic>
+
 #include <memory>
-#include <span>
 #include <vector>
 
 #include "core/arg_checks.hpp"
@@ -38,19 +41,18 @@ namespace {
 
 using namespace ::pmoe::cuda;
 
-constexpr int kLandedSlot = 0, kDoneSlot = 1, kCallSlot = 2, kSlots = 3;
+constexpr int kLandedSlot = 0, kDoneSlot = 1, kCallSlot = 2, kCountSlot = 3, kSlots = 4;
 
 class DeviceTpMoe final : public DeviceMoe {
  public:
   DeviceTpMoe(Communicator& comm, const MoeConfig& config, int max_tokens)
-      : comm_(comm),
-        config_(config),
+      : config_(config),
         rank_(comm.rank()),
         world_(comm.size()),
         device_(comm.device()),
         stream_((set_device(comm.device()), static_cast<cudaStream_t>(comm.stream().handle))),
         timeout_ns_(uint64_t(comm.timeout_s() * 1e9)),
-        timer_(cuda::DeviceLocalMoe::kPhases + 1),  // and the all-reduce
+        timer_(cuda::DeviceLocalMoe::kPhases + 1, config.device_stats),  // and the all-reduce
         moe_(config, max_tokens, comm.rank() * (config.ffn_dim / comm.size()),
              (comm.rank() + 1) * (config.ffn_dim / comm.size()), comm.device(), stream_) {
     memory_ = comm.alloc_symmetric(size_t(max_tokens) * config.out_dim() * sizeof(float), kSlots);
@@ -63,14 +65,25 @@ class DeviceTpMoe final : public DeviceMoe {
     }
     parts_ = Buffer(DType::i64, {world_}, device_);  // W device pointers
     copy(parts_, Tensor(parts.data(), DType::i64, {world_}));
+    std::vector<const uint64_t*> counts(static_cast<size_t>(world_));
+    for (int q = 0; q < world_; ++q) counts[size_t(q)] = memory_->signal_word(q, kCountSlot);
+    counts_ = Buffer(DType::i64, {world_}, device_);
+    copy(counts_, Tensor(counts.data(), DType::i64, {world_}));
+    PMOE_CUDA_CHECK(cudaHostAlloc(&mismatch_, sizeof(CountMismatch), cudaHostAllocMapped));
+    *mismatch_ = CountMismatch();
+    PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mismatch_device_),
+                                             mismatch_, 0));
     comm.barrier();  // every rank's memory and stream exist before any peer's first wait
   }
-  ~DeviceTpMoe() override { (void)cudaStreamSynchronize(stream_); }
+  ~DeviceTpMoe() override {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaFreeHost(mismatch_);
+  }
 
   void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override {
     const int64_t n = x.size(0) * config_.out_dim();
-    check_same_count(n);
     throw_if_faulted();
+    throw_if_counts_differed();
     timer_.start(stream_);
     uint64_t* call = memory_->signal_word(rank_, kCallSlot);
     count_call(call, stream_);
@@ -80,6 +93,7 @@ class DeviceTpMoe final : public DeviceMoe {
                         fault_.device(), stream_);
     moe_.forward(x, memory_->local(), DType::f32, stats, timer_);
     timer_.begin(&MoeStats::reduce_s, stream_);
+    launch_publish_count(memory_->signal_word(rank_, kCountSlot), n, stream_);
     raise_signal(memory_->signal_word(rank_, kLandedSlot), call, stream_);
     for (int q = 0; q < world_; ++q)
       if (q != rank_)
@@ -87,6 +101,8 @@ class DeviceTpMoe final : public DeviceMoe {
                         fault_.device(), stream_);
     SumPartials sum;
     sum.parts = parts_.data<const float*>();
+    sum.counts = counts_.data<const uint64_t*>();
+    sum.mismatch = mismatch_device_;
     sum.world = world_;
     sum.out = y.data();
     sum.n = n;
@@ -96,7 +112,10 @@ class DeviceTpMoe final : public DeviceMoe {
     stats.bytes_moved = (world_ - 1) * n * int64_t(sizeof(float));  // the peers' partials read
   }
 
-  void finish_stats(MoeStats& stats) override { timer_.finish(stats); }
+  void finish_stats(MoeStats& stats) override {
+    timer_.finish(stats);
+    moe_.finish_stats(stats);
+  }
   size_t weight_bytes() const override { return moe_.weight_bytes(); }
   size_t workspace_bytes() const override {
     return moe_.workspace_bytes() + memory_->bytes() +
@@ -104,14 +123,17 @@ class DeviceTpMoe final : public DeviceMoe {
   }
 
  private:
-  // Every rank sums n elements this call (the sum kernel reads n of each peer's region).
-  void check_same_count(int64_t n) {
-    const auto all = comm_.all_gather(std::as_bytes(std::span(&n, 1)));
-    for (int q = 0; q < world_; ++q) {
-      int64_t theirs;
-      std::memcpy(&theirs, all.data() + size_t(q) * sizeof theirs, sizeof theirs);
-      check_all_reduce_count("TpMoe::forward", q, theirs, rank_, n);
-    }
+  // An earlier call's sum kernel found a rank with another element count (it summed nothing):
+  // raised once, here; the protocol is intact, so the layer goes on. Seen at the latest once the
+  // host has synchronised with the stream.
+  void throw_if_counts_differed() {
+    using Word = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
+    const int32_t peer = Word(mismatch_->peer).load(::cuda::memory_order_acquire);
+    if (peer < 0) return;
+    const int64_t theirs = mismatch_->theirs, mine = mismatch_->mine;
+    Word(mismatch_->peer).store(-1, ::cuda::memory_order_relaxed);
+    check_all_reduce_count("TpMoe::forward (an earlier call, found on the device)", peer, theirs,
+                           rank_, mine);
   }
 
   // A wait of an earlier call timed out: the protocol is broken.
@@ -124,7 +146,6 @@ class DeviceTpMoe final : public DeviceMoe {
                     " within ", timeout_ns_ / 1e9, " s; build a new layer"));
   }
 
-  Communicator& comm_;  // outlives the layer (include/pmoe/moe.hpp)
   MoeConfig config_;
   int rank_, world_;
   Device device_;
@@ -133,7 +154,10 @@ class DeviceTpMoe final : public DeviceMoe {
   cuda::PhaseTimer timer_;
   cuda::DeviceLocalMoe moe_;
   std::unique_ptr<SymmetricMemory> memory_;
-  Buffer parts_;  // [W] const float*: every rank's region, for the sum kernel
+  Buffer parts_;   // [W] const float*: every rank's region, for the sum kernel
+  Buffer counts_;  // [W] const uint64_t*: every rank's count word, for the sum kernel
+  CountMismatch* mismatch_ = nullptr;         // host-mapped, written by the sum kernel
+  CountMismatch* mismatch_device_ = nullptr;  // the same, as the kernel addresses it
   FaultWord fault_;  // written by the waits, read at the next call's entry
 };
 
