@@ -226,24 +226,27 @@ def markdown(doc):
              "all_to_all: gloo). ratio = all_to_all / pmoe (above 1: pmoe is faster). share = "
              "the exchange's time times the layers, over the step's.", ""]
     table = {(r["model"], r["what"], r["impl"], r["ep"], r["tokens"]): r for r in doc["rows"]}
+    parts = [p for p in ("exchange", "block", "step") if p in config.get("parts", (p,))]
     for model in [m for m in MODELS if any(r["model"] == m for r in doc["rows"])]:
         layers = MODELS[model]["layers"]
         for ep in sorted({r["ep"] for r in doc["rows"] if r["model"] == model}):
-            lines += [f"## {model}, {ep} ranks", "",
-                      "| tokens per rank | exchange pmoe | exchange all_to_all | ratio | "
-                      "block pmoe | block all_to_all | ratio | step pmoe | step all_to_all | "
-                      "ratio | share pmoe | share all_to_all |",
-                      "|---:|" + "---:|" * 11]
+            share = "exchange" in parts and "step" in parts
+            header = "| tokens per rank | " + "".join(
+                f"{what} pmoe | {what} all_to_all | ratio | " for what in parts)
+            header += "share pmoe | share all_to_all |" if share else ""
+            columns = 3 * len(parts) + (2 if share else 0)
+            lines += [f"## {model}, {ep} ranks", "", header.rstrip(),
+                      "|---:|" + "---:|" * columns]
             for m in sorted({r["tokens"] for r in doc["rows"] if r["model"] == model}):
                 cells = []
-                for what in ("exchange", "block", "step"):
+                for what in parts:
                     a = table.get((model, what, "pmoe", ep, m))
                     b = table.get((model, what, "all_to_all", ep, m))
                     for c in (a, b):
                         cells.append(f"{c['mean_us'] / 1e3:.2f} ± {c['std_us'] / 1e3:.2f}"
                                      if c else "")
                     cells.append(f"{b['mean_us'] / a['mean_us']:.2f}" if a and b else "")
-                for impl in IMPLEMENTATIONS:
+                for impl in IMPLEMENTATIONS if share else ():
                     ex = table.get((model, "exchange", impl, ep, m))
                     st = table.get((model, "step", impl, ep, m))
                     cells.append(f"{100 * layers * ex['mean_us'] / st['mean_us']:.0f}%"
