@@ -100,7 +100,6 @@ class _Op:
         self.device = device
         self.order = order  # order() brackets each pmoe call: _StreamOrder on a GPU
         self.hidden = config["hidden_dim"]
-        self.max_num_tokens = config["max_num_tokens"]
         self.local = self.op.num_local_experts
         self.rows = self.op.world_size * config["max_num_tokens"]
         self.pending = None  # the indices of a dispatch not yet followed by its combine
@@ -377,13 +376,6 @@ class _Combine(torch.autograd.Function):
 def _arrived_mask(counts, rows):
     """[E_local, rows] bool: True in rows [0, counts[e]) of each local expert e."""
     return torch.arange(rows, device=counts.device).unsqueeze(0) < counts.unsqueeze(1)
-
-
-def arrived_rows(counts, rows):
-    """The flat indices, into an [E_local * rows] view of dispatch's expert rows, of the rows
-    that hold tokens: rows [0, counts[e]) of each local expert e, in that order. (On a GPU this
-    waits for counts: the number of indices is data.)"""
-    return _arrived_mask(counts, rows).view(-1).nonzero().squeeze(1)
 
 
 class _Arrived:
