@@ -355,22 +355,35 @@ class _Combine(torch.autograd.Function):
         info_rows, _ = a2a._slots.dispatch(slot_info, indices, zero_padding=False)
         rows = info_rows.shape[1]
         arrived = _Arrived(counts, rows)
-        grads = arrived.pick(grad_rows.view(-1, hidden)).float()
-        info = arrived.pick(info_rows.view(-1, 2 * k))
-        expert_of_row = (arrived.index // rows + a2a.first_expert).unsqueeze(1).float()
-        is_slot = info[:, k:] == expert_of_row  # [rows picked, k]
-        row_weight = (info[:, :k] * is_slot).sum(-1, keepdim=True)
-        grad_expert_y = arrived.place(grads * row_weight, expert_y.dtype, ctx.zero_padding)
-        # <grad_y[t], expert_y[row]> in the row's slot column; zero in the others. Combine reads
-        # only the rows that arrived, so the padding of `back` may be left as it is.
-        dots = grads * arrived.pick(expert_y.detach().reshape(-1, hidden)).float()
-        back = arrived.place(torch.cat([is_slot * dots.sum(-1, keepdim=True),
-                                        torch.zeros_like(info[:, k:])], dim=1),
-                             torch.float32, False)
+        grads, back = slot_gradients(
+            arrived.pick(grad_rows.view(-1, hidden)).float(),
+            arrived.pick(info_rows.view(-1, 2 * k)),
+            arrived.pick(expert_y.detach().reshape(-1, hidden)),
+            arrived.index // rows + a2a.first_expert, k)
+        grad_expert_y = arrived.place(grads, expert_y.dtype, ctx.zero_padding)
+        # Combine reads only the rows that arrived, so the padding of `back` may be left as is.
+        back = arrived.place(back, torch.float32, False)
         ones = torch.ones(indices.shape, dtype=torch.float32, device=a2a.device)
         grad_w = a2a._slots.combine(back.view(local, rows, 2 * k), indices, ones)[:, :k]
         return (grad_expert_y.view(local, rows, hidden), grad_w.to(ctx.weights_dtype), None, None,
                 None)
+
+
+def slot_gradients(grads, info, expert_rows, expert_of_row, k):
+    """Combine's backward where the rows are, for each row that arrived (gathered or masked):
+
+    grads          [n, H] f32: grad_y of the row's token (a dispatch of grad_y brought it)
+    info           [n, 2k]: the token's k weights, then its k expert ids, as floats
+    expert_rows    [n, H]: what the row sent in the forward combine
+    expert_of_row  [n]: the row's global expert id (its slot j is where the ids equal it)
+    returns        (w[t, j] * grads [n, H] f32: the rows' gradient,
+                    [n, 2k] f32: <grad_y[t], row> in column j, zeros elsewhere, for a combine
+                    with unit weights to sum back into grad_w[t, j])"""
+    is_slot = info[:, k:] == expert_of_row.unsqueeze(1).float()  # [n, k]
+    row_weight = (info[:, :k] * is_slot).sum(-1, keepdim=True)
+    dots = (grads * expert_rows.float()).sum(-1, keepdim=True)
+    back = torch.cat([is_slot * dots, torch.zeros_like(info[:, k:])], dim=1)
+    return grads * row_weight, back
 
 
 def _arrived_mask(counts, rows):

@@ -23,7 +23,7 @@ finding it waits for the counts (the packed shape is data).
 """
 import torch
 
-from ._autograd import _error
+from ._autograd import _error, slot_gradients
 
 
 class _Where:
@@ -105,16 +105,11 @@ class _CombinePacked(torch.autograd.Function):
         # Which slot of its token each row serves, and that slot's weight.
         slot_info = torch.cat([weights.detach().float(), indices.float()], dim=1).contiguous()
         info_landing, _ = slots.dispatch(slot_info, indices, out=slots.landing(), stage=True)
-        info = where.gather(info_landing)
-        local_expert = torch.repeat_interleave(
+        expert_of_row = a2a.first_expert + torch.repeat_interleave(
             torch.arange(a2a.num_local_experts, device=grads.device), where.counts.long())
-        is_slot = info[:, k:] == (local_expert + a2a.first_expert).unsqueeze(1).float()
-        row_weight = (info[:, :k] * is_slot).sum(-1, keepdim=True)
-        grad_rows = (grads * row_weight).to(rows.dtype)
-        # <grad_y[t], rows[i]> in the row's slot column, zero in the others, summed back per
-        # token by a combine with unit weights.
-        dots = (grads * rows.detach().float()).sum(-1, keepdim=True)
-        back_rows = torch.cat([is_slot * dots, torch.zeros_like(info[:, k:])], dim=1)
+        grad_rows, back_rows = slot_gradients(grads, where.gather(info_landing), rows.detach(),
+                                              expert_of_row, k)
+        grad_rows = grad_rows.to(rows.dtype)
         slots.ready_for_combine(indices)
         padded = where.scatter(slots.outgoing(), back_rows)
         ones = torch.ones(indices.shape, dtype=torch.float32, device=a2a.device)
