@@ -2,8 +2,9 @@
 // on their own: block_copy at every pairing of source and destination misalignment and at sizes
 // around each access width, and copy_to_each to up to 3 destinations (some left out) at sizes
 // around its unrolled stride and at aligned and unaligned offsets, against memcpy, with the
-// bytes around the destinations untouched. And the overlap ops' wait kernel's fault report, as a
-// host that does not synchronise reads it (src/cuda/overlap/signals.cu).
+// bytes around the destinations untouched. And the two records kernels leave in host-mapped
+// memory for a host that does not synchronise: the overlap ops' wait kernel's fault report
+// (src/cuda/overlap/signals.cu) and TpMoe's count mismatch (src/cuda/moe/moe_kernels.cu).
 // Built for the emulated device and for a GPU (tests/cuda/cuda_test_flavor.hpp).
 #include <gtest/gtest.h>
 
@@ -16,6 +17,7 @@
 
 #include "cuda/all_to_all/device_utils.cuh"
 #include "cuda/cuda_test_flavor.hpp"
+#include "cuda/moe/moe_kernels.cuh"
 #include "cuda/overlap/signals.cuh"
 
 namespace pmoe::testing {
@@ -171,6 +173,67 @@ TEST(OverlapSignals, ATimedOutWaitNamesItsPeerAndWaitToAHostThatDoesNotSynchroni
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   cudaFree(words);
+}
+
+// TpMoe's sum kernel (src/cuda/moe/moe_kernels.cu) for a rank that published another element
+// count: it sums nothing and records (theirs, mine, peer), which TpMoe reads at its next call's
+// entry without synchronising (CountMismatchRecord::take). Once the host sees the peer it must see
+// that mismatch's counts, not the record's earlier ones, so a relaxed release in the kernel or a
+// relaxed acquire in take() fails here. Twice, so that the second reader could see the first's.
+TEST(TpMoeCountCheck, AMismatchNamesItsCountsToAHostThatDoesNotSynchronise) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  constexpr int kWorld = 3;
+  constexpr int64_t kMine = 64;
+  float* parts = nullptr;  // one region for every rank: nothing is summed on a mismatch
+  uint64_t* counts = nullptr;
+  const float** part_pointers = nullptr;
+  const uint64_t** count_pointers = nullptr;
+  float* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&parts, kMine * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&counts, kWorld * sizeof(uint64_t)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&part_pointers, kWorld * sizeof(float*)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&count_pointers, kWorld * sizeof(uint64_t*)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&out, kMine * sizeof(float)), cudaSuccess);
+  const float* host_parts[kWorld] = {parts, parts, parts};
+  const uint64_t* host_counts[kWorld] = {counts, counts + 1, counts + 2};
+  ASSERT_EQ(cudaMemcpy(part_pointers, host_parts, sizeof host_parts, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(count_pointers, host_counts, sizeof host_counts, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  {
+    cuda::CountMismatchRecord record;
+    EXPECT_FALSE(record.take().has_value()) << "a mismatch before any sum";
+    const struct {
+      uint64_t counts[kWorld];
+      int peer;
+    } cases[] = {{{64, 48, 64}, 1}, {{64, 64, 100}, 2}};
+    for (const auto& c : cases) {
+      ASSERT_EQ(cudaMemcpy(counts, c.counts, sizeof c.counts, cudaMemcpyHostToDevice), cudaSuccess);
+      cuda::SumPartials sum;
+      sum.parts = part_pointers;
+      sum.counts = count_pointers;
+      sum.mismatch = record.device();
+      sum.world = kWorld;
+      sum.out = out;
+      sum.n = kMine;
+      cuda::launch_sum_partials(sum, DType::f32, nullptr);
+      std::optional<cuda::CountMismatch> seen;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!(seen = record.take()) && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+      ASSERT_TRUE(seen.has_value()) << "no mismatch within 20 s";
+      EXPECT_EQ(seen->peer, c.peer);
+      EXPECT_EQ(seen->theirs, int64_t(c.counts[c.peer])) << "the host saw the peer before its count";
+      EXPECT_EQ(seen->mine, kMine) << "the host saw the peer before this rank's count";
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_FALSE(record.take().has_value()) << "a mismatch raised twice";
+    }
+  }
+  cudaFree(parts);
+  cudaFree(counts);
+  cudaFree(part_pointers);
+  cudaFree(count_pointers);
+  cudaFree(out);
 }
 
 }  // namespace

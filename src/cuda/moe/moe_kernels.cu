@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cuda/atomic>
 
+#include "cuda/check.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/memory_ops.cuh"
 #include "moe/ep_traffic.hpp"
@@ -219,9 +220,10 @@ __global__ void __launch_bounds__(kBlockThreads) sum_partials_kernel(const SumPa
     const int64_t theirs = int64_t(*s.counts[r]);
     if (theirs == s.n) continue;
     if (first_index() == 0) {
+      using HostCount = ::cuda::atomic_ref<int64_t, ::cuda::thread_scope_system>;
       using HostWord = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
-      s.mismatch->theirs = theirs;
-      s.mismatch->mine = s.n;
+      HostCount(s.mismatch->theirs).store(theirs, ::cuda::memory_order_relaxed);
+      HostCount(s.mismatch->mine).store(s.n, ::cuda::memory_order_relaxed);
       HostWord(s.mismatch->peer).store(r, ::cuda::memory_order_release);
     }
     return;
@@ -376,6 +378,28 @@ void launch_publish_count(uint64_t* word, int64_t n, cudaStream_t stream) {
 
 void launch_sum_partials(const SumPartials& s, DType dtype, cudaStream_t stream) {
   launch_typed<SumParts>("TpMoe all-reduce", dtype, blocks_for(s.n), stream, s);
+}
+
+CountMismatchRecord::CountMismatchRecord() {
+  PMOE_CUDA_CHECK(cudaHostAlloc(&host_, sizeof(CountMismatch), cudaHostAllocMapped));
+  *host_ = CountMismatch();
+  PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
+}
+
+CountMismatchRecord::~CountMismatchRecord() { (void)cudaFreeHost(host_); }
+
+std::optional<CountMismatch> CountMismatchRecord::take() {
+  // cuda::atomic_ref: loads the emulated device judges (src/cuda/emulator/host_view.hpp).
+  using Count = ::cuda::atomic_ref<int64_t, ::cuda::thread_scope_system>;
+  using Word = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
+  const int32_t peer = Word(host_->peer).load(::cuda::memory_order_acquire);
+  if (peer < 0) return std::nullopt;
+  CountMismatch seen;
+  seen.theirs = Count(host_->theirs).load(::cuda::memory_order_relaxed);
+  seen.mine = Count(host_->mine).load(::cuda::memory_order_relaxed);
+  seen.peer = peer;
+  Word(host_->peer).store(-1, ::cuda::memory_order_relaxed);
+  return seen;
 }
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

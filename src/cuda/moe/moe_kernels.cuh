@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "cuda/flavor.hpp"
 #include "pmoe/dtype.hpp"
@@ -149,10 +150,29 @@ void launch_weighted_sum(const WeightedSum& w, DType dtype, cudaStream_t stream)
 
 // TpMoe's check that every rank all-reduces as many elements as this one, made on the device:
 // host-mapped memory that the sum kernel writes on the first mismatch it meets (theirs and mine,
-// then peer with release) and the host reads at the next call's entry (peer with acquire).
+// then peer with release, all system-scope atomic stores) and that the host reads at the next
+// call's entry without synchronising (take(): peer with acquire, so theirs and mine are that
+// mismatch's). The same protocol as the overlap ops' FaultWord (overlap/signals.cuh).
 struct CountMismatch {
   int64_t theirs = 0, mine = 0;
   int32_t peer = -1;  // -1: every rank's count matched
+};
+
+class CountMismatchRecord {
+ public:
+  CountMismatchRecord();  // peer = -1
+  ~CountMismatchRecord();
+  CountMismatchRecord(const CountMismatchRecord&) = delete;
+  CountMismatchRecord& operator=(const CountMismatchRecord&) = delete;
+
+  CountMismatch* device() const { return device_; }  // what the sum kernel writes
+  // The mismatch a sum kernel recorded, if one has, and peer = -1 again, so that it is raised
+  // once. Seen at the latest once the host has synchronised with the stream.
+  std::optional<CountMismatch> take();
+
+ private:
+  CountMismatch* host_ = nullptr;
+  CountMismatch* device_ = nullptr;
 };
 
 // *word = n, stored for peers (they read it once a release after it on the stream, the landed

@@ -23,7 +23,6 @@
 // records it in host-mapped memory (CountMismatch). Every signal still moves, so the protocol
 // holds; the next forward raises the CPU layer's pmoe::Error (core/arg_checks.hpp) at entry,
 // once, before it launches anything, and the layer goes on (as AllToAll's bad-index errors).
-#include <cuda/atomic>
 
 #include <memory>
 #include <vector>
@@ -69,16 +68,9 @@ class DeviceTpMoe final : public DeviceMoe {
     for (int q = 0; q < world_; ++q) counts[size_t(q)] = memory_->signal_word(q, kCountSlot);
     counts_ = Buffer(DType::i64, {world_}, device_);
     copy(counts_, Tensor(counts.data(), DType::i64, {world_}));
-    PMOE_CUDA_CHECK(cudaHostAlloc(&mismatch_, sizeof(CountMismatch), cudaHostAllocMapped));
-    *mismatch_ = CountMismatch();
-    PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mismatch_device_),
-                                             mismatch_, 0));
     comm.barrier();  // every rank's memory and stream exist before any peer's first wait
   }
-  ~DeviceTpMoe() override {
-    (void)cudaStreamSynchronize(stream_);
-    (void)cudaFreeHost(mismatch_);
-  }
+  ~DeviceTpMoe() override { (void)cudaStreamSynchronize(stream_); }
 
   void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override {
     const int64_t n = x.size(0) * config_.out_dim();
@@ -102,7 +94,7 @@ class DeviceTpMoe final : public DeviceMoe {
     SumPartials sum;
     sum.parts = parts_.data<const float*>();
     sum.counts = counts_.data<const uint64_t*>();
-    sum.mismatch = mismatch_device_;
+    sum.mismatch = mismatch_.device();
     sum.world = world_;
     sum.out = y.data();
     sum.n = n;
@@ -124,16 +116,12 @@ class DeviceTpMoe final : public DeviceMoe {
 
  private:
   // An earlier call's sum kernel found a rank with another element count (it summed nothing):
-  // raised once, here; the protocol is intact, so the layer goes on. Seen at the latest once the
-  // host has synchronised with the stream.
+  // raised once, here; the protocol is intact, so the layer goes on.
   void throw_if_counts_differed() {
-    using Word = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
-    const int32_t peer = Word(mismatch_->peer).load(::cuda::memory_order_acquire);
-    if (peer < 0) return;
-    const int64_t theirs = mismatch_->theirs, mine = mismatch_->mine;
-    Word(mismatch_->peer).store(-1, ::cuda::memory_order_relaxed);
-    check_all_reduce_count("TpMoe::forward (an earlier call, found on the device)", peer, theirs,
-                           rank_, mine);
+    const std::optional<CountMismatch> seen = mismatch_.take();
+    if (!seen) return;
+    check_all_reduce_count("TpMoe::forward (an earlier call, found on the device)", seen->peer,
+                           seen->theirs, rank_, seen->mine);
   }
 
   // A wait of an earlier call timed out: the protocol is broken.
@@ -156,8 +144,7 @@ class DeviceTpMoe final : public DeviceMoe {
   std::unique_ptr<SymmetricMemory> memory_;
   Buffer parts_;   // [W] const float*: every rank's region, for the sum kernel
   Buffer counts_;  // [W] const uint64_t*: every rank's count word, for the sum kernel
-  CountMismatch* mismatch_ = nullptr;         // host-mapped, written by the sum kernel
-  CountMismatch* mismatch_device_ = nullptr;  // the same, as the kernel addresses it
+  CountMismatchRecord mismatch_;  // written by the sum kernel
   FaultWord fault_;  // written by the waits, read at the next call's entry
 };
 
