@@ -17,7 +17,9 @@ against the closed form (y = x * sum of the weights, and its gradients), the blo
 first step's loss between the two implementations; a wrong answer exits non-zero.
 
 Protocol: a barrier before every timed iteration, the iteration's time being the slowest rank's
-(an all-reduce MAX at the end), warm-ups first. The models are small random ones (hf_models.py):
+(an all-reduce MAX at the end), warm-ups first. The two implementations are timed interleaved,
+in the order ABBA ABBA ..., so that the machine's drift (other jobs, its clock) falls on both
+alike instead of on whichever would run second. The models are small random ones (hf_models.py):
 a Mixtral-like (8 experts, top-2) and a DeepSeek-like (32 experts, top-8, a shared expert),
 hidden 512, two layers.
 """
@@ -70,17 +72,24 @@ def worker(args):
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     rows = []
 
-    def timed(fn):
-        times = []
+    def timed(fns):
+        """fns: {impl: fn}. Times every fn, interleaved ABBA; {impl: [us per iteration]}."""
+        names = list(fns)
+        times = {name: [] for name in names}
         for i in range(args.warmup + args.iters):
-            dist.barrier()
-            start = time.perf_counter()
-            fn()
-            if i >= args.warmup:
-                times.append(time.perf_counter() - start)
-        slowest = torch.tensor(times, dtype=torch.float64)
+            for name in (names if i % 2 == 0 else names[::-1]):
+                dist.barrier()
+                start = time.perf_counter()
+                fns[name]()
+                if i >= args.warmup:
+                    times[name].append(time.perf_counter() - start)
+        slowest = torch.tensor([times[name] for name in names], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        return [t * 1e6 for t in slowest.tolist()]
+        return {name: [t * 1e6 for t in row] for name, row in zip(names, slowest.tolist())}
+
+    def record_all(model, what, m, fns):
+        for impl, times in timed(fns).items():
+            record(model, what, impl, m, times)
 
     def record(model, what, impl, m, times):
         rows.append({"model": model, "what": what, "impl": impl, "ep": world, "tokens": m,
@@ -126,12 +135,13 @@ def worker(args):
 
             if "exchange" in args.parts:
                 # The exchange alone.
+                fns = {}
                 for impl in IMPLEMENTATIONS:
                     ep = EPImplementationInterface()[impl](RowsBack(experts // world), mesh["ep"],
                                                            mesh["tp"])
                     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
 
-                    def exchange():
+                    def exchange(ep=ep, xg=xg, wg=wg):
                         xg.grad = wg.grad = None
                         y = ep(xg, idx, wg)
                         y.backward(grad_y)
@@ -143,13 +153,14 @@ def worker(args):
                     check(f"{name} {impl} exchange grad x", xg.grad, grad_y.float() * total)
                     check(f"{name} {impl} exchange grad w", wg.grad,
                           (grad_y.float() @ x.float().t()).diagonal().unsqueeze(1).expand(m, top_k))
-                    record(name, "exchange", impl, m, timed(exchange))
+                    fns[impl] = exchange
+                record_all(name, "exchange", m, fns)
 
             if "block" in args.parts:
                 # One MoE block, with the model's EP plan.
                 plan = {key.split("mlp.", 1)[1]: style
                         for key, style in config.base_model_ep_plan.items() if ".mlp." in key}
-                outputs = {}
+                outputs, fns = {}, {}
                 for impl in IMPLEMENTATIONS:
                     torch.manual_seed(0)  # the same block on every rank and for both
                     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -158,7 +169,7 @@ def worker(args):
                                              ep_implementation=impl)
                     xb = x.unsqueeze(0).clone().requires_grad_()
 
-                    def run_block():
+                    def run_block(block=block, xb=xb):
                         xb.grad = None
                         for p in block.parameters():
                             p.grad = None
@@ -168,7 +179,8 @@ def worker(args):
                         return out
 
                     outputs[impl] = (run_block().detach(), xb.grad.clone())
-                    record(name, "block", impl, m, timed(run_block))
+                    fns[impl] = run_block
+                record_all(name, "block", m, fns)
                 check(f"{name} block output, pmoe vs all_to_all", outputs["pmoe"][0],
                       outputs["all_to_all"][0])
                 check(f"{name} block grad x, pmoe vs all_to_all", outputs["pmoe"][1],
@@ -176,14 +188,14 @@ def worker(args):
 
             if "step" in args.parts:
                 # A training step of the whole model.
-                losses = {}
+                losses, fns, models = {}, {}, []
                 for impl in IMPLEMENTATIONS:
                     model = AutoModelForCausalLM.from_pretrained(
                         path[0], dtype=dtype, distributed_config=DistributedConfig(
                             fsdp_size=world, ep_size=world, ep_implementation=impl))
                     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-                    def step():
+                    def step(model=model, optimizer=optimizer):
                         logits = model(ids).logits
                         loss = torch.nn.functional.cross_entropy(logits[0].float(),
                                                                  torch.roll(ids[0], -1))
@@ -193,8 +205,10 @@ def worker(args):
                         return loss.detach()
 
                     losses[impl] = step()
-                    record(name, "step", impl, m, timed(step))
-                    del model, optimizer
+                    fns[impl] = step
+                    models.append((model, optimizer))
+                record_all(name, "step", m, fns)
+                del models, fns
                 check(f"{name} first step's loss, pmoe vs all_to_all", losses["pmoe"],
                       losses["all_to_all"])
 
@@ -220,8 +234,8 @@ def markdown(doc):
              f"{doc['machine']['cores']} cores. torch {doc['torch']}, transformers "
              f"{doc['transformers']}.  ",
              f"Load before: {doc['load_before']}; after: {doc['load_after']}.", "",
-             f"{config['iters']} timed iterations after {config['warmup']} warm-ups; a barrier "
-             "before each; an iteration's time is the slowest rank's; mean ± std in ms, forward "
+             f"{config['iters']} timed iterations after {config['warmup']} warm-ups, the two "
+             "implementations interleaved (ABBA); a barrier before each; an iteration's time is the slowest rank's; mean ± std in ms, forward "
              "and backward. Ranks are processes of one machine (pmoe: POSIX shared memory; "
              "all_to_all: gloo). ratio = all_to_all / pmoe (above 1: pmoe is faster). share = "
              "the exchange's time times the layers, over the step's.", ""]
