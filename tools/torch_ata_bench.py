@@ -32,13 +32,12 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 
-from bench_output import write_results
+from bench_output import git_commit, load_average, machine, write_results
 
 
 def worker(args):
@@ -223,21 +222,6 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def machine(cuda):
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    info = {"cpu": model, "cores": os.cpu_count(), "host": platform.node(),
-            "python": platform.python_version()}
-    if cuda:
-        import torch
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return info
-
-
 def markdown(doc):
     lines = [f"# pmoe vs Torch AtA under torchrun: E={doc['config']['experts']}, "
              f"top-k={doc['config']['top_k']}, H={doc['config']['hidden']}, bf16", "",
@@ -294,7 +278,7 @@ def main():
     import torch
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(here)
-    load_before = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    load_before = load_average()
     rows, skipped = [], []
     for w in [int(e) for e in args.ep.split(",")]:
         gpus = torch.cuda.device_count() if args.device == "cuda" else 0
@@ -315,12 +299,11 @@ def main():
         with open(part) as f:
             rows += json.load(f)
         os.remove(part)
-    commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = git_commit(root)
     doc = {"command": "python3 " + " ".join(sys.argv), "commit": commit,
            "machine": machine(args.device == "cuda"),
            "torch": torch.__version__, "load_before": load_before,
-           "load_after": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+           "load_after": load_average(),
            "config": {"experts": args.experts, "top_k": args.top_k, "hidden": args.hidden,
                       "warmup": args.warmup, "iters": args.iters, "dtype": "bf16",
                       "device": args.device},

@@ -32,7 +32,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -43,7 +42,7 @@ import time
 
 import numpy as np
 
-from bench_output import write_results
+from bench_output import git_commit, load_average, machine, write_results
 
 DTYPES = {"f32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "f16": "float16", "float16": "float16"}
@@ -247,21 +246,6 @@ def worker(args):
 
 # --- the driver -------------------------------------------------------------------------------
 
-def machine(cuda):
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    gpu = "none"
-    if cuda:
-        import torch
-        gpu = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    return {"cpu": model, "cores": os.cpu_count(), "gpu": gpu, "host": platform.node(),
-            "python": platform.python_version()}
-
-
 def run_pmoe(args, op, W, cuda):
     """pmoe-bench's own run at this shape; its JSON."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -387,20 +371,19 @@ def main():
     if cuda and max(ranks) > torch.cuda.device_count():
         sys.exit(f"--ranks {args.ranks}: NCCL needs a GPU per rank, torch sees "
                  f"{torch.cuda.device_count()}")
-    load_before = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    load_before = load_average()
     pmoe, rows = {}, []
     for W in ranks:
         for op in args.ops:
             pmoe[f"{op}/{W}"] = run_pmoe(args, op, W, cuda)
         threads = pmoe[f"{args.ops[0]}/{W}"]["config"]["blas_threads"]
         rows += run_torch(args, W, threads)
-    commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = git_commit(root)
     doc = {"command": "python3 " + shlex.join(sys.argv), "commit": commit,
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "machine": machine(cuda), "torch": torch.__version__, "label": args.label,
            "load_before": load_before,
-           "load_after": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+           "load_after": load_average(),
            "config": {"m": args.m, "n": args.n, "k": args.k, "dtype": args.dtype,
                       "ranks": ranks, "ops": args.ops, "iters": args.iters,
                       "warmup": args.warmup, "seed": args.seed, "device": args.device},

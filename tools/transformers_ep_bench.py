@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from bench_output import write_results
+from bench_output import git_commit, load_average, machine, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -296,8 +296,7 @@ def main():
 
     import torch
     import transformers
-    from torch_ata_bench import machine
-    load_before = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    load_before = load_average()
     rows = []
     for w in [int(r) for r in args.ranks.split(",")]:
         part = f"/tmp/transformers_ep_bench.{os.getpid()}.{w}.json"
@@ -310,14 +309,13 @@ def main():
         with open(part) as f:
             rows += json.load(f)
         os.remove(part)
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = git_commit(ROOT)
     doc = {"command": "python3 " + " ".join(sys.argv), "commit": commit,
            "machine": machine(cuda=False),
            "torch": torch.__version__, "transformers": transformers.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "load_before": load_before,
-           "load_after": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+           "load_after": load_average(),
            "config": {"models": {m: MODELS[m] for m in args.models}, "dtype": args.dtype,
                       "warmup": args.warmup, "iters": args.iters, "parts": args.parts},
            "rows": rows}

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import traceback
 
-from bench_output import write_results
+from bench_output import git_commit, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -207,8 +207,7 @@ def main():
                    "why": f"no result within {args.timeout} s"}
         print(f"{family}: {row['status']} {row.get('why', '')}", flush=True)
         rows.append(row)
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = git_commit(ROOT)
     doc = {"command": "python3 " + " ".join(sys.argv), "commit": commit,
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "torch": torch.__version__, "transformers": transformers.__version__,
