@@ -10,12 +10,15 @@ Token flow of one MoE block on rank r of an EP group of W ranks (E experts, E_lo
     hidden_states [m, H], top_k_index [m, k] (global ids), top_k_weights [m, k]
       | (tp_size > 1: the ranks of a TP group share the batch; each keeps its slice of rows)
       | pmoe dispatch_packed: each token crosses once to each rank owning one of its experts
+      | (f32 layers: with its k weights and expert ids, as DeepEP's dispatch carries them)
       v
     rows [n, H]: the rows that arrived, by local expert, then (source, token); counts [E_local]
-      | experts_forward(rows, local expert ids, unit weights)
+    (f32: row_weights [n], w[t, j] of the slot j each row serves)
+      | experts_forward(rows, local expert ids, row_weights, or unit weights for 16-bit layers)
       v
     expert rows [n, H], the same order
-      | pmoe combine_packed: y[t] = sum_j w[t, j] * row of (t, j), in f32, in j order
+      | pmoe combine_packed: y[t] = sum_j w[t, j] * row of (t, j), in f32, in j order (f32
+      | layers: the rows carry their w[t, j] already, and combine sums them)
       v
     y [m, H] (tp_size > 1: the slices gathered back over the TP group)
 
@@ -139,7 +142,13 @@ class _Exchange:
                 capacity *= 2
             # Every rank saw the same largest batch, so every rank builds the same one.
             self.a2a = None  # the old workspace goes before the new one is made
+            # f32 layers: the weights travel with dispatch and the experts apply them (two
+            # exchanges fewer a forward and backward, the same sums). 16-bit layers keep them at
+            # combine, which weights the rows in f32: weighted rows rounded to bf16 before the
+            # sum would drift from the single-process model (by 1.5x its bf16 tolerance, on
+            # DeepSeek-V3's top-8).
             self.a2a = AllToAll(self.comm, max_num_tokens=capacity, in_place_buffers=True,
+                                weighted_dispatch=self.shape["dtype"] == torch.float32,
                                 **self.shape)
             self.capacity = capacity
             self.grown += 1
@@ -199,15 +208,22 @@ class PmoeEP(EPImplementation):
                                   hidden_states.dtype)
         a2a = exchange.fit(hidden_states.shape[0])
         indices, top_k_weights = _merge_repeated_experts(top_k_index.detach(), top_k_weights)
-        rows, counts = dispatch_packed(a2a, hidden_states.contiguous(), indices)
-        y = combine_packed(a2a, self._run_experts(rows, counts), counts, indices, top_k_weights)
+        if a2a.weighted_dispatch:
+            rows, counts, row_weights = dispatch_packed(a2a, hidden_states.contiguous(), indices,
+                                                        top_k_weights)
+            y = combine_packed(a2a, self._run_experts(rows, counts, row_weights), counts, indices)
+        else:
+            rows, counts = dispatch_packed(a2a, hidden_states.contiguous(), indices)
+            y = combine_packed(a2a, self._run_experts(rows, counts), counts, indices,
+                               top_k_weights)
         if self.tp_mesh.size() > 1:
             y = _tp_gather(y, self.tp_mesh, num_tokens)
         return y
 
-    def _run_experts(self, rows, counts):
-        """This rank's experts on the rows that arrived, packed by expert, run top-1 with unit
-        weights (the routing weights are combine's)."""
+    def _run_experts(self, rows, counts, row_weights=None):
+        """This rank's experts on the rows that arrived, packed by expert, run top-1 with the
+        routing weight of the slot each row serves where dispatch brought them (combine then
+        only sums), else with unit weights (combine applies the routing weights)."""
         ids = torch.repeat_interleave(torch.arange(counts.shape[0], device=counts.device),
                                       counts.long()).unsqueeze(1)
         if rows.shape[0] == 0:
@@ -216,7 +232,9 @@ class PmoeEP(EPImplementation):
             out = self.experts_forward(rows.sum(0, keepdim=True), ids.new_zeros(1, 1),
                                        rows.new_ones(1, 1))[:0]
         else:
-            out = self.experts_forward(rows, ids, rows.new_ones(rows.shape[0], 1))
+            weights = (rows.new_ones(rows.shape[0], 1) if row_weights is None
+                       else row_weights.unsqueeze(1))
+            out = self.experts_forward(rows, ids, weights)
         return out.to(rows.dtype)
 
 

@@ -73,9 +73,10 @@ def dense_moe(xs, idxs, ws, E, expert):
 
 
 def check_dispatch_combine(comm, dtype, *, m_of, experts_per_rank, k, drop, seed, H=12, tag="",
-                           packed=False, in_place=False, a2a=None):
+                           packed=False, in_place=False, weighted=False, a2a=None):
     """Forward rows and y, and gradients of x, weights and an expert parameter, vs dense.
-    packed: through dispatch_packed/combine_packed (in_place: with the ops' own buffers);
+    packed: through dispatch_packed/combine_packed (in_place: with the ops' own buffers;
+    weighted: the weights carried by dispatch, applied to the rows, and a combine that sums);
     a2a: an AllToAll to use again (its kept buffers must not leak one call into the next).
     Returns the AllToAll."""
     W, rank = comm.size, comm.rank
@@ -83,18 +84,28 @@ def check_dispatch_combine(comm, dtype, *, m_of, experts_per_rank, k, drop, seed
     max_tokens = max(m_of(r) for r in range(W)) or 1
     if a2a is None:
         a2a = pt.AllToAll(comm, max_num_tokens=max_tokens, num_experts=E, experts_per_token=k,
-                          hidden_dim=H, dtype=dtype, in_place_buffers=in_place)
+                          hidden_dim=H, dtype=dtype, in_place_buffers=in_place,
+                          weighted_dispatch=weighted)
     inputs = case_inputs(W, m_of, E, k, H, drop, seed)
     scale_full = torch.linspace(0.5, 1.5, E)
     name = (f"{tag}dispatch/combine{' packed' if packed else ''}{' in place' if in_place else ''}"
-            f" {dtype} W={W} k={k} drop={drop} rank {rank}")
+            f"{' weighted' if weighted else ''} {dtype} W={W} k={k} drop={drop} rank {rank}")
 
     # Distributed: expert e's output is tanh(c_e * row), c a parameter.
     x = inputs[rank][0].to(dtype).requires_grad_()
     idx, w = inputs[rank][1], inputs[rank][2].clone().requires_grad_()
     c = scale_full.clone().requires_grad_()
-    if packed:
+    if weighted:
+        rows, counts, row_w = pt.dispatch_packed(a2a, x, idx, w)
+        # Each row's weight is its slot's: the weight of its token at its expert.
+        want_w = [inputs[r][2][t][inputs[r][1][t] == a2a.first_expert + e].sum()
+                  for e in range(a2a.num_local_experts) for r in range(W)
+                  for t in range(len(inputs[r][1])) if (inputs[r][1][t] == a2a.first_expert + e).any()]
+        torch.testing.assert_close(row_w.detach(), torch.stack(want_w) if want_w
+                                   else torch.zeros(0), rtol=0, atol=0)
+    elif packed:
         rows, counts = pt.dispatch_packed(a2a, x, idx)
+    if packed:
         starts = [0] + torch.cumsum(counts, 0).tolist()
         if rows.shape[0] != starts[-1]:
             raise AssertionError(f"{name}: {rows.shape[0]} packed rows, counts sum {starts[-1]}")
@@ -113,7 +124,11 @@ def check_dispatch_combine(comm, dtype, *, m_of, experts_per_rank, k, drop, seed
             torch.testing.assert_close(expert_rows(e), torch.stack(want).to(dtype),
                                        rtol=0, atol=0)
     local_c = c[a2a.first_expert:a2a.first_expert + a2a.num_local_experts]
-    if packed:
+    if weighted:
+        row_c = torch.repeat_interleave(local_c, counts.long()).unsqueeze(1)
+        out = torch.tanh(rows.float() * row_c).to(dtype)
+        y = pt.combine_packed(a2a, (out.float() * row_w.unsqueeze(1)).to(dtype), counts, idx)
+    elif packed:
         row_c = torch.repeat_interleave(local_c, counts.long()).unsqueeze(1)
         y = pt.combine_packed(a2a, torch.tanh(rows.float() * row_c).to(dtype), counts, idx, w)
     else:
@@ -264,8 +279,25 @@ def check_bad_inputs(comm):
         torch.ones(3, 2)), "counts say")
     expect_error("packed rows bf16", lambda: pt.combine_packed(
         a2a, rows.bfloat16(), counts, idx, torch.ones(3, 2)), "expected torch.float32")
+    expect_error("packed weights at dispatch without weighted_dispatch", lambda:
+                 pt.dispatch_packed(a2a, x, idx, torch.ones(3, 2)), "weighted_dispatch=True")
+    expect_error("packed combine without weights", lambda: pt.combine_packed(
+        a2a, rows, counts, idx), "weights missing")
     y = pt.combine_packed(a2a, rows, counts, idx, torch.ones(3, 2))  # completes the pair
     torch.testing.assert_close(y, x * (idx >= 0).sum(1, keepdim=True))
+    weighted = pt.AllToAll(comm, max_num_tokens=4, num_experts=2 * W, experts_per_token=2,
+                           hidden_dim=8, weighted_dispatch=True)
+    expect_error("padded dispatch, weighted", lambda: pt.dispatch(weighted, x, idx),
+                 "dispatch_packed(a2a, x, indices, weights)")
+    expect_error("packed dispatch, weighted, no weights", lambda: pt.dispatch_packed(
+        weighted, x, idx), "pass the router weights")
+    expect_error("packed dispatch, weighted, weights of another shape", lambda:
+                 pt.dispatch_packed(weighted, x, idx, torch.ones(2, 2)), "[3, 2]")
+    rows, counts, row_w = pt.dispatch_packed(weighted, x, idx, torch.full((3, 2), 0.5))
+    expect_error("packed combine, weighted, weights given", lambda: pt.combine_packed(
+        weighted, rows, counts, idx, torch.ones(3, 2)), "only sums")
+    y = pt.combine_packed(weighted, rows * row_w.unsqueeze(1), counts, idx)
+    torch.testing.assert_close(y, x * 0.5 * (idx >= 0).sum(1, keepdim=True))
     # The layer is still usable after rejected calls: a valid round trip.
     ex, _ = pt.dispatch(a2a, x, idx)
     y = pt.combine(a2a, ex, idx, torch.ones(3, 2))
@@ -296,13 +328,17 @@ def run_cases(comm, tag=""):
     # Packed rows, with and without the ops' own buffers; each AllToAll used twice, the second
     # time with other tokens, routes and counts (m = 0 on a rank included), so that rows left in
     # its kept buffers by the first call would show.
-    for dtype, in_place in ((torch.float32, True), (torch.bfloat16, True), (torch.float32, False)):
+    # The same with the weights carried by dispatch (weighted_dispatch).
+    for dtype, in_place, weighted in (
+            (torch.float32, True, False), (torch.bfloat16, True, False),
+            (torch.float32, False, False), (torch.float32, True, True),
+            (torch.bfloat16, True, True), (torch.float32, False, True)):
         a2a = check_dispatch_combine(comm, dtype, m_of=lambda r: 5 - r % 2, experts_per_rank=2,
                                      k=3, drop=0.25, seed=13, tag=tag, packed=True,
-                                     in_place=in_place)
+                                     in_place=in_place, weighted=weighted)
         check_dispatch_combine(comm, dtype, m_of=lambda r: 0 if r == 1 else 3 + r % 2,
                                experts_per_rank=2, k=3, drop=0.25, seed=14, tag=tag, packed=True,
-                               in_place=in_place, a2a=a2a)
+                               in_place=in_place, weighted=weighted, a2a=a2a)
     check_epmoe(comm, torch.float32, swiglu=True, m_of=lambda r: 6 - r, steps=4, tag=tag)
 
 

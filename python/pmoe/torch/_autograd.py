@@ -24,7 +24,9 @@ arrived (which would need their count on the host).
 
 Each pmoe AllToAll op must alternate dispatch -> combine. One op carries the forward pair,
 another the backward pair (combine's backward dispatches, dispatch's backward combines), a third
-the (weights, ids) exchange and grad_w's return, both inside combine's backward. When autograd
+the (weights, ids) exchange and grad_w's return, both inside combine's backward. An AllToAll made
+with weighted_dispatch=True has no third op: its dispatch carries the (weights, ids) with the
+tokens and dispatch_packed's backward returns grad_w with grad_x (_packed.py). When autograd
 runs only one half of a pair (x needs no gradient, so dispatch's backward never runs), the op is
 settled by an empty counterpart call at its next use; every rank takes the same path, so these
 calls stay collective.
@@ -124,22 +126,34 @@ class _Op:
         if self._outgoing is None:
             if self.in_place:
                 self._outgoing = self._own_buffer(self.op.expert_output_buffer())
-            else:
-                self._outgoing = torch.empty(self.local, self.rows, self.hidden,
+            else:  # zeros: columns a caller leaves unwritten are summed too (and dropped)
+                self._outgoing = torch.zeros(self.local, self.rows, self.hidden,
                                              dtype=self._torch_dtype(), device=self.device)
         return self._outgoing
 
     def _stage(self, x):
         """x as dispatch should read it: copied into the op's input buffer where it has one
-        (peers read it there: one copy of m rows instead of one per destination), else x. Called
-        with no dispatch pending: the op's last combine waited until every peer had read the
-        buffer's last tokens."""
-        if not self.in_place:
+        (peers read it there: one copy of m rows instead of one per destination), else x. x may
+        be a list of [m, w_i] column blocks, set side by side (the columns after them, if any,
+        are read by no one). Called with no dispatch pending: the op's last combine waited
+        until every peer had read the buffer's last tokens."""
+        blocks = x if isinstance(x, (list, tuple)) else None
+        if blocks is None and not self.in_place:
             return x
-        if self._input is None:
-            self._input = self._own_buffer(self.op.input_buffer())
-        staged = self._input[:x.shape[0]]
-        staged.copy_(x)
+        m = (blocks[0] if blocks else x).shape[0]
+        if self.in_place:
+            if self._input is None:
+                self._input = self._own_buffer(self.op.input_buffer())
+            staged = self._input[:m]
+        else:
+            staged = torch.zeros(m, self.hidden, dtype=self._torch_dtype(), device=self.device)
+        if blocks is None:
+            staged.copy_(x)
+            return staged
+        start = 0
+        for block in blocks:
+            staged[:, start:start + block.shape[1]].copy_(block)
+            start += block.shape[1]
         return staged
 
     def _torch_dtype(self):
@@ -220,20 +234,26 @@ class AllToAll:
     at most max_num_tokens. dtype: torch.float32, torch.bfloat16 or torch.float16 (pmoe's ops
     have no float64 path). Tensors must be on the device the communicator serves (self.device:
     the CPU, or its GPU). Builds three pmoe.AllToAll ops (forward, backward, and the small f32
-    exchange of combine's backward); workspace_bytes() says what they hold.
+    exchange of combine's backward; two with weighted_dispatch); workspace_bytes() says what
+    they hold.
     in_place_buffers: on the CPU, give each op pmoe's in-place input and expert output buffers
     (one padded [E_local, W * max_num_tokens, H] buffer more per op, in shared memory), which
     dispatch_packed and combine_packed use to skip a copy of every token and every expert row.
+    weighted_dispatch: dispatch carries the router weights with the tokens, as DeepEP's does
+    (dispatch_packed(a2a, x, indices, weights) returns each row's weight, for the experts to
+    apply; combine_packed then only sums): two ops instead of three, and a forward and backward
+    exchange two rounds fewer. The padded dispatch/combine refuse such an AllToAll.
     """
 
     def __init__(self, comm, *, max_num_tokens, num_experts, experts_per_token, hidden_dim,
-                 dtype=torch.float32, in_place_buffers=False):
+                 dtype=torch.float32, in_place_buffers=False, weighted_dispatch=False):
         if dtype not in _PMOE_DTYPE:
             raise _error(f"pmoe.torch.AllToAll: dtype must be torch.float32, torch.bfloat16 or "
                          f"torch.float16, got {dtype} (pmoe's ops have no float64 path)")
         config = dict(max_num_tokens=max_num_tokens, num_experts=num_experts,
                       experts_per_token=experts_per_token)
-        _agree(comm, dict(config, hidden_dim=hidden_dim, dtype=str(dtype)))
+        _agree(comm, dict(config, hidden_dim=hidden_dim, dtype=str(dtype),
+                          weighted_dispatch=bool(weighted_dispatch)))
         self.comm = comm
         self.dtype = dtype
         self.max_num_tokens = max_num_tokens
@@ -245,19 +265,43 @@ class AllToAll:
         if self.device.type == "cuda" and _torch_sees_pmoe_device():
             order = _StreamOrder(comm, self.device)
         ops = dict(device=self.device, order=order, in_place=in_place_buffers)
-        self._forward = _Op(comm, dict(config, hidden_dim=hidden_dim), _PMOE_DTYPE[dtype], **ops)
-        self._backward = _Op(comm, dict(config, hidden_dim=hidden_dim), _PMOE_DTYPE[dtype], **ops)
-        self._slots = _Op(comm, dict(config, hidden_dim=2 * experts_per_token), "f32", **ops)
+        self.weighted_dispatch = bool(weighted_dispatch)
+        forward_width = backward_width = hidden_dim
+        self._slots = None
+        if self.weighted_dispatch:
+            # Dispatch carries each token's k weights and k expert ids after its H elements, as
+            # the bits of 2k f32 (two elements each in a 16-bit dtype); the backward combine
+            # brings each row's weight gradient back in the column of its slot.
+            self.carried = 2 * experts_per_token * (4 // dtype.itemsize)
+            forward_width = hidden_dim + self.carried
+            backward_width = hidden_dim + experts_per_token
+        else:
+            self._slots = _Op(comm, dict(config, hidden_dim=2 * experts_per_token), "f32", **ops)
+        self._forward = _Op(comm, dict(config, hidden_dim=forward_width), _PMOE_DTYPE[dtype],
+                            **ops)
+        self._backward = _Op(comm, dict(config, hidden_dim=backward_width), _PMOE_DTYPE[dtype],
+                             **ops)
         self.num_local_experts = self._forward.local
         self.world_size = comm.size
         self.first_expert = comm.rank * self.num_local_experts
 
+    def _ops(self):
+        return [op for op in (self._forward, self._backward, self._slots) if op is not None]
+
     def settles(self):
         """Empty calls made so far to complete dispatch/combine pairs autograd ran half of."""
-        return sum(op.settles for op in (self._forward, self._backward, self._slots))
+        return sum(op.settles for op in self._ops())
 
     def workspace_bytes(self):
-        return sum(op.op.workspace_bytes() for op in (self._forward, self._backward, self._slots))
+        return sum(op.op.workspace_bytes() for op in self._ops())
+
+    def check_padded(self, name):
+        """Raises pmoe.Error if this AllToAll carries weights with dispatch: the padded
+        functions exchange H-wide rows and the router weights at combine."""
+        if self.weighted_dispatch:
+            raise _error(f"{name}: this AllToAll was made with weighted_dispatch=True, whose "
+                         f"dispatch carries the router weights; use dispatch_packed(a2a, x, "
+                         f"indices, weights) and combine_packed(a2a, rows, counts, indices)")
 
     def check_device(self, name, x):
         """Raises pmoe.Error, naming both devices and what to do, unless tensor x is on the
@@ -442,6 +486,7 @@ def dispatch(a2a, x, indices, *, zero_padding=True):
              memory was (for callers that read only the rows that arrived, as combine does;
              it saves a pass over the whole padded buffer). Raises pmoe.Error on bad input.
     """
+    a2a.check_padded("dispatch")
     a2a.check_tokens("x", x, a2a.hidden_dim, a2a.dtype)
     return _Dispatch.apply(x, a2a.routing(indices, x.shape[0]), a2a, zero_padding)
 
@@ -457,6 +502,7 @@ def combine(a2a, expert_y, indices, weights, *, zero_padding=True):
     The gradient of expert_y is zero in the rows no token sent, or, with zero_padding=False,
     left as the memory was there (for callers whose backward reads only the rows that arrived).
     """
+    a2a.check_padded("combine")
     if not isinstance(expert_y, torch.Tensor) or not isinstance(weights, torch.Tensor):
         raise _error("combine: expert_y and weights must be torch.Tensors")
     want = (a2a.num_local_experts, a2a.world_size * a2a.max_num_tokens, a2a.hidden_dim)

@@ -17,6 +17,19 @@ The gradients are those of dispatch and combine (_autograd.py), on packed rows:
                       grad_w[t, j] = <grad_y[t], rows[i]>, returned by a combine
 where a row finds its slot j from the (weights, expert ids) dispatched with combine's backward.
 
+With an AllToAll made with weighted_dispatch=True, the weights travel with the tokens instead
+(DeepEP's dispatch carries topk_weights the same way): dispatch_packed(a2a, x, indices, weights)
+also returns each row's weight w[t, j], which the experts apply, and combine_packed(a2a, rows,
+counts, indices) only sums. The gradients then need no exchange of their own:
+    combine_packed (sum):      grad_rows[i] = grad_y[t]               a dispatch of grad_y
+    dispatch_packed (weights): grad_x[t] = sum_j grad_rows[row(t, j)], grad_w[t, j] =
+                               grad_row_weights[row(t, j)]            one combine, unit weights,
+                                                                       of [grad_rows | grad_w]
+so a forward and backward exchange take 4 rounds instead of 6. The weights and expert ids cross
+as the exact bits of f32 numbers. In a 16-bit dtype the weighted rows are rounded to it before
+combine sums them, and the weights' gradient comes back in it (the weights-at-combine path
+weights the rows in f32): pmoe.transformers uses weighted dispatch for f32 layers only.
+
 Rows of local expert e are rows[offsets[e]:offsets[e + 1]] with offsets the cumulative counts,
 ordered by (source rank, source token), as dispatch lays them out. n = counts.sum(): on a GPU,
 finding it waits for the counts (the packed shape is data).
@@ -77,6 +90,74 @@ class _DispatchPacked(torch.autograd.Function):
         return op.combine(padded, ctx.indices, ones), None, None
 
 
+class _DispatchPackedWeighted(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weights, indices, a2a):
+        op, H, k = a2a._forward, a2a.hidden_dim, a2a.top_k
+        info = torch.cat([weights.detach().float(), indices.float()], dim=1)  # [m, 2k] f32
+        carried = info if a2a.dtype == torch.float32 else info.view(a2a.dtype)
+        landing, counts = op.dispatch([x.detach(), carried], indices, out=op.landing(),
+                                      stage=True)
+        where = _Where(counts, op.rows)
+        arrived = where.gather(landing)  # [n, H + carried]
+        info = arrived[:, H:].contiguous()
+        info = info if a2a.dtype == torch.float32 else info.view(torch.float32)
+        expert_of_row = a2a.first_expert + torch.repeat_interleave(
+            torch.arange(a2a.num_local_experts, device=counts.device), counts.long())
+        is_slot = info[:, k:] == expert_of_row.unsqueeze(1).float()  # [n, k]: the row's slot
+        row_weights = (info[:, :k] * is_slot).sum(-1)
+        ctx.a2a, ctx.indices, ctx.where, ctx.is_slot = a2a, indices, where, is_slot
+        ctx.weights_dtype = weights.dtype
+        ctx.mark_non_differentiable(counts)
+        return arrived[:, :H], counts, row_weights.to(weights.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_rows, _grad_counts, grad_row_weights):
+        a2a, H = ctx.a2a, ctx.a2a.hidden_dim
+        op = a2a._backward
+        op.ready_for_combine(ctx.indices)
+        n = ctx.is_slot.shape[0]
+        if grad_rows is None:
+            grad_rows = torch.zeros(n, H, dtype=a2a.dtype, device=a2a.device)
+        if grad_row_weights is None:
+            grad_row_weights = torch.zeros(n, dtype=torch.float32, device=a2a.device)
+        # Each row's weight gradient in the column of its slot: the combine's sum over a
+        # token's rows then gives every slot its own.
+        slot_grads = ctx.is_slot * grad_row_weights.float().unsqueeze(1)
+        back = torch.cat([grad_rows.to(a2a.dtype), slot_grads.to(a2a.dtype)], dim=1)
+        padded = ctx.where.scatter(op.outgoing(), back)
+        ones = torch.ones(ctx.indices.shape, dtype=torch.float32, device=a2a.device)
+        both = op.combine(padded, ctx.indices, ones)
+        return both[:, :H], both[:, H:].to(ctx.weights_dtype), None, None
+
+
+class _CombinePackedSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows, counts, indices, a2a):
+        op, H = a2a._forward, a2a.hidden_dim
+        op.ready_for_combine(indices)
+        where = _Where(counts, op.rows)
+        if where.n != rows.shape[0]:
+            raise _error(f"combine_packed: {rows.shape[0]} rows, but counts say {where.n} arrived "
+                         f"(pass dispatch_packed's rows and counts)")
+        # The rows' H columns of the op's buffer; the carried columns after them are summed too
+        # (what they hold does not matter) and dropped.
+        outgoing = op.outgoing()
+        where.scatter(outgoing[..., :H], rows.detach())
+        ones = torch.ones(indices.shape, dtype=torch.float32, device=a2a.device)
+        y = op.combine(outgoing, indices, ones)[:, :H].contiguous()
+        ctx.a2a, ctx.indices, ctx.where = a2a, indices, where
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        a2a = ctx.a2a
+        op = a2a._backward
+        landing, _ = op.dispatch([grad_y.to(a2a.dtype)], ctx.indices, out=op.landing(),
+                                 stage=True)
+        return ctx.where.gather(landing)[:, :a2a.hidden_dim], None, None, None
+
+
 class _CombinePacked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, weights, counts, indices, a2a):
@@ -117,44 +198,78 @@ class _CombinePacked(torch.autograd.Function):
         return grad_rows, grad_w.to(ctx.weights_dtype), None, None, None
 
 
-def dispatch_packed(a2a, x, indices):
+def _check_weights(a2a, weights, m):
+    if not isinstance(weights, torch.Tensor):
+        raise _error(f"weights: expected a torch.Tensor, got {type(weights).__name__}")
+    a2a.check_device("weights", weights)
+    if (not weights.is_floating_point() or weights.dim() != 2 or weights.shape[1] != a2a.top_k
+            or (m is not None and weights.shape[0] != m)):
+        raise _error(f"weights: {weights.dtype} of shape {tuple(weights.shape)}, expected a "
+                     f"floating-point [{'m' if m is None else m}, {a2a.top_k}]")
+
+
+def dispatch_packed(a2a, x, indices, weights=None):
     """Sends each token of x to its experts and returns the rows that arrived, packed;
-    differentiable in x.
+    differentiable in x (and weights).
 
     a2a      pmoe.torch.AllToAll (in_place_buffers=True on the CPU saves a copy per token)
     x        [m, H] a2a.dtype, contiguous, on a2a.device; m <= max_num_tokens
     indices  [m, k] int32 or int64 expert ids in [0, E), or -1 for a slot to skip; no expert
              twice in a row
-    returns  (rows [n, H], counts [E_local] int32): local expert e's rows are the counts[e] rows
-             after those of experts 0..e-1, ordered by (source rank, source token).
+    weights  [m, k] floating point: only, and always, with an AllToAll made with
+             weighted_dispatch=True, whose dispatch carries them
+    returns  (rows [n, H], counts [E_local] int32), and with weights also row_weights [n] of
+             weights' dtype, the weight w[t, j] of the slot each row serves: local expert e's
+             rows are the counts[e] rows after those of experts 0..e-1, ordered by (source
+             rank, source token).
     Each call must be followed by combine_packed with the same indices (as dispatch by combine).
     """
     a2a.check_tokens("x", x, a2a.hidden_dim, a2a.dtype)
-    return _DispatchPacked.apply(x, a2a.routing(indices, x.shape[0]), a2a)
+    routing = a2a.routing(indices, x.shape[0])
+    if a2a.weighted_dispatch:
+        if weights is None:
+            raise _error("dispatch_packed: this AllToAll was made with weighted_dispatch=True; "
+                         "pass the router weights: dispatch_packed(a2a, x, indices, weights)")
+        _check_weights(a2a, weights, x.shape[0])
+        return _DispatchPackedWeighted.apply(x, weights, routing, a2a)
+    if weights is not None:
+        raise _error("dispatch_packed: weights given, but this AllToAll's dispatch does not "
+                     "carry them (make it with weighted_dispatch=True, or pass the weights to "
+                     "combine_packed)")
+    return _DispatchPacked.apply(x, routing, a2a)
 
 
-def combine_packed(a2a, rows, counts, indices, weights):
+def combine_packed(a2a, rows, counts, indices, weights=None):
     """Brings packed expert rows back: y[t] = sum_j weights[t, j] * rows[row of (t, j)], in
     f32, skipping -1 slots. Differentiable in rows and weights.
 
     rows     [n, H] a2a.dtype, in dispatch_packed's order (n = counts.sum())
     counts   [E_local] int32, as dispatch_packed returned them
     indices  [m, k], the same as given to dispatch_packed
-    weights  [m, k] floating point (used in f32)
+    weights  [m, k] floating point (used in f32); None with an AllToAll made with
+             weighted_dispatch=True, whose rows carry their weights already: y[t] is then the
+             plain sum of its rows
     returns  y [m, H] a2a.dtype
     """
-    if not isinstance(rows, torch.Tensor) or not isinstance(weights, torch.Tensor):
-        raise _error("combine_packed: rows and weights must be torch.Tensors")
+    if not isinstance(rows, torch.Tensor):
+        raise _error(f"combine_packed: rows must be a torch.Tensor, got {type(rows).__name__}")
+    if a2a.weighted_dispatch and weights is not None:
+        raise _error("combine_packed: this AllToAll's dispatch carried the weights "
+                     "(weighted_dispatch=True), so combine only sums: apply the row_weights "
+                     "dispatch_packed returned to the rows and pass no weights")
+    if not a2a.weighted_dispatch and weights is None:
+        raise _error("combine_packed: weights missing (only an AllToAll made with "
+                     "weighted_dispatch=True sums without them)")
     a2a.check_device("rows", rows)
-    a2a.check_device("weights", weights)
     if rows.dtype != a2a.dtype or rows.dim() != 2 or rows.shape[1] != a2a.hidden_dim:
         raise _error(f"rows: {rows.dtype} of shape {tuple(rows.shape)}, expected {a2a.dtype} "
                      f"[n, {a2a.hidden_dim}]")
     if counts.shape != (a2a.num_local_experts,) or counts.device != rows.device:
         raise _error(f"counts: shape {tuple(counts.shape)} on {counts.device}, expected "
                      f"[{a2a.num_local_experts}] on {rows.device} (dispatch_packed's counts)")
-    m = weights.shape[0] if weights.dim() == 2 else -1
-    if not weights.is_floating_point() or weights.dim() != 2 or weights.shape[1] != a2a.top_k:
-        raise _error(f"weights: {weights.dtype} of shape {tuple(weights.shape)}, expected a "
-                     f"floating-point [m, {a2a.top_k}]")
+    if weights is None:
+        m = indices.shape[0] if isinstance(indices, torch.Tensor) and indices.dim() == 2 else -1
+        return _CombinePackedSum.apply(rows, counts, a2a.routing(indices, m), a2a)
+    _check_weights(a2a, weights, None)
+    m = weights.shape[0]
     return _CombinePacked.apply(rows, weights, counts, a2a.routing(indices, m), a2a)
