@@ -129,6 +129,15 @@ std::string git_commit() {
   return out.empty() ? "unknown" : out;
 }
 
+std::string shmem_huge_pages() {
+  std::ifstream setting("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::string text;
+  std::getline(setting, text);
+  const size_t open = text.find('['), close = text.find(']');
+  return open != std::string::npos && close > open ? text.substr(open + 1, close - open - 1)
+                                                   : "unknown";
+}
+
 nlohmann::json machine_info() {
   std::string cpu = "unknown";
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -148,7 +157,8 @@ nlohmann::json machine_info() {
           {"gpu", "none"},
           {"host", host},
           {"date", date},
-          {"launcher", launched_by_mpi() ? "mpirun" : "threads"}};
+          {"launcher", launched_by_mpi() ? "mpirun" : "threads"},
+          {"shmem_huge_pages", shmem_huge_pages()}};
 }
 
 std::vector<int> parse_int_list(const std::string& text, const char* what) {

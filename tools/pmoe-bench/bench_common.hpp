@@ -41,9 +41,14 @@ Stats summarize(std::vector<double> samples);
 std::vector<std::vector<double>> time_steps(Communicator& comm, int warmup, int iters,
                                             const std::vector<std::function<void()>>& steps);
 
-// CPU model, cores, GPU (none here), git commit, date: recorded with every result.
+// CPU model, cores, GPU (none here), git commit, date, and whether shared memory may use huge
+// pages: recorded with every result.
 nlohmann::json machine_info();
 std::string git_commit();
+// The kernel's transparent-huge-page setting for shared memory (/sys/kernel/mm/
+// transparent_hugepage/shmem_enabled): never, advise, within_size, always, deny, force, or
+// unknown. MPI ranks' buffers are shared memory; where it is never, they lie on 4 KiB pages.
+std::string shmem_huge_pages();
 
 // Parses "2,4,8" into {2, 4, 8}; throws pmoe::Error on anything else.
 std::vector<int> parse_int_list(const std::string& text, const char* what);
