@@ -25,9 +25,9 @@ std::byte* map_fd(int fd, size_t bytes, const std::string& name) {
              " bytes failed: ", std::strerror(err));
   // Combine reads expert rows scattered over the owners' segments; on 4 KiB pages the TLB walks
   // cost it about a tenth of its time (docs/benchmarks.md). A hint, as for private buffers
-  // (core/tensor.cpp): the kernel grants huge pages to shared memory only where
-  // /sys/kernel/mm/transparent_hugepage/shmem_enabled allows it (advise, within_size or always;
-  // Debian's default is never), and a refusal costs only speed.
+  // (core/tensor.cpp): the kernel grants huge pages here only where the tmpfs at /dev/shm is
+  // mounted with huge=advise (or within_size, always; Debian mounts it without, which is never),
+  // and a refusal costs only speed.
   if (bytes >= kHugePage) madvise(p, bytes, MADV_HUGEPAGE);
   return static_cast<std::byte*>(p);
 }

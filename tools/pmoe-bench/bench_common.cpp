@@ -129,13 +129,29 @@ std::string git_commit() {
   return out.empty() ? "unknown" : out;
 }
 
-std::string shmem_huge_pages() {
+std::string shm_huge_pages() {
+  // shmem_enabled governs the kernel's internal mount; its force and deny override every tmpfs.
   std::ifstream setting("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
   std::string text;
   std::getline(setting, text);
   const size_t open = text.find('['), close = text.find(']');
-  return open != std::string::npos && close > open ? text.substr(open + 1, close - open - 1)
-                                                   : "unknown";
+  if (open != std::string::npos && close > open) {
+    const std::string global = text.substr(open + 1, close - open - 1);
+    if (global == "force" || global == "deny") return global;
+  }
+  std::string found = "unknown";  // the last mount at /dev/shm is the one in use
+  std::ifstream mounts("/proc/mounts");
+  for (std::string line; std::getline(mounts, line);) {
+    std::istringstream fields(line);
+    std::string device, where, type, options;
+    fields >> device >> where >> type >> options;
+    if (where != "/dev/shm") continue;
+    const size_t huge = options.find("huge=");
+    found = huge == std::string::npos
+                ? "never"
+                : options.substr(huge + 5, options.find(',', huge) - huge - 5);
+  }
+  return found;
 }
 
 nlohmann::json machine_info() {
@@ -158,7 +174,7 @@ nlohmann::json machine_info() {
           {"host", host},
           {"date", date},
           {"launcher", launched_by_mpi() ? "mpirun" : "threads"},
-          {"shmem_huge_pages", shmem_huge_pages()}};
+          {"shm_huge_pages", shm_huge_pages()}};
 }
 
 std::vector<int> parse_int_list(const std::string& text, const char* what) {

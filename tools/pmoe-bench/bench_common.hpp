@@ -45,10 +45,11 @@ std::vector<std::vector<double>> time_steps(Communicator& comm, int warmup, int 
 // pages: recorded with every result.
 nlohmann::json machine_info();
 std::string git_commit();
-// The kernel's transparent-huge-page setting for shared memory (/sys/kernel/mm/
-// transparent_hugepage/shmem_enabled): never, advise, within_size, always, deny, force, or
-// unknown. MPI ranks' buffers are shared memory; where it is never, they lie on 4 KiB pages.
-std::string shmem_huge_pages();
+// Whether POSIX shared memory may use huge pages: the huge= option of the tmpfs at /dev/shm
+// (never where it has none: Debian's default), or shmem_enabled's force or deny, which override
+// it. MPI ranks' buffers lie there; pmoe asks for huge pages on them (madvise), which counts
+// where the option is advise, within_size or always.
+std::string shm_huge_pages();
 
 // Parses "2,4,8" into {2, 4, 8}; throws pmoe::Error on anything else.
 std::vector<int> parse_int_list(const std::string& text, const char* what);
