@@ -125,6 +125,7 @@ class DeviceEpMoe final : public DeviceMoe {
     const size_t elem = dtype_size(config_.dtype);
     stats.tokens = m;
     stats.router_flops = router_.flops(m);
+    // Issued: the most the GEMMs can compute; with device stats, finish_stats() puts their count.
     stats.expert_rows =
         micro_batches_ * experts_.tile_plan(slots(), max_rows(), expected_rows()).rows();
     stats.expert_flops = experts_.flops(stats.expert_rows);
@@ -197,6 +198,8 @@ class DeviceEpMoe final : public DeviceMoe {
     const DeviceExperts::RowTally t = experts_.tally(micro_batches_);
     stats.expert_rows_used = t.used;
     stats.expert_rows_live = t.live;
+    stats.expert_rows = t.issued;
+    stats.expert_flops = experts_.flops(t.issued);
   }
 
   size_t weight_bytes() const override { return router_.weight_bytes() + experts_.weight_bytes(); }
