@@ -523,10 +523,11 @@ TEST(MoeCudaGraph, ForwardCapturedAndReplayedWithNewInputs) {
 // with Zipf 1.2 weights (expert 0 the hottest), on W ranks with 128, 512 or 2048 tokens each.
 // W = 1 is SimpleMoe (and each TpMoe rank: the same rows); W > 1 is EpMoe (one micro-batch).
 // Wherever a rank has 1024 rows in use or more, the live tiles cover at most 1.15 x those rows.
-// The batch the host launches (issued) is sized from a bound: for the local layers the rows in
-// use, so Mixtral's stays within 1.15 too, while DeepSeek-V3's 32 experts at the 8-row tile floor
-// add up to 256 rows (1.25 x at 128 tokens); for EpMoe the most a rank can receive, R min(k,
-// E_local), far above what it gets.
+// The batch the host launches for cuBLAS (f32 layers) is sized from a bound: for the local layers
+// the rows in use, so Mixtral's stays within 1.15 too, while DeepSeek-V3's 32 experts at the
+// 8-row tile floor add up to 256 rows (1.25 x at 128 tokens); for EpMoe the most a rank can
+// receive, R min(k, E_local), far above what it gets. bf16 layers issue the live tiles only, as
+// the grouped GEMM counts them on the device (test_cuda_grouped_gemm.cu).
 TEST(MoeCudaTiles, PaddingUnderZipfRoutingAtThePresets) {
   struct Preset {
     const char* name;
