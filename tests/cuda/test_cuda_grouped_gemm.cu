@@ -106,7 +106,7 @@ void expect_live_tiles(int T, int n, int k, int live, int groups) {
   EXPECT_EQ(touched, 0) << where << ": written past the live tiles or past n";
   int64_t issued_rows = 0;
   for (int64_t v : host_copy(issued, blocks)) issued_rows += v;
-  EXPECT_EQ(issued_rows, int64_t(live) * T) << where;
+  EXPECT_EQ(issued_rows, int64_t(live) * ((T + 7) / 8 * 8)) << where;  // whole fragments
   for (void* p : {(void*)a, (void*)b, (void*)c, (void*)a_dev, (void*)b_dev, (void*)c_dev,
                   (void*)live_dev, (void*)issued})
     (void)cudaFree(p);

@@ -33,12 +33,12 @@ constexpr int kMaxRows = 128;                              // expert_tiles.hpp's
 constexpr int kMaxColumns = 256;                           // block_columns(8, n)
 constexpr int kMaxFragsPerWarp = kMaxRows / kFragRows * 2 / kWarps;  // 64 columns at 128 rows
 
-__host__ __device__ __forceinline__ int padded_rows(int tile_rows) {
+__device__ __forceinline__ int padded_rows(int tile_rows) {
   return (tile_rows + kFragRows - 1) / kFragRows * kFragRows;
 }
 // 256, 128 or 64 columns, so that 8 rows have 8 fragments of 32 columns (one a warp); no more
 // than n rounded up to 32.
-__host__ __device__ __forceinline__ int block_columns(int tile_rows, int n) {
+__device__ __forceinline__ int block_columns(int tile_rows, int n) {
   const int rows = padded_rows(tile_rows);
   const int columns = rows <= 8 ? 256 : rows <= 16 ? 128 : 64;
   return min(columns, (n + kFragCols - 1) / kFragCols * kFragCols);
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kBlockThreads) grouped_gemm_kernel(const Group
 
   for (int64_t w = blockIdx.x; w < int64_t(live) * column_blocks; w += gridDim.x) {
     const int tile = int(w / column_blocks), n0 = int(w % column_blocks) * columns;
-    if (n0 == 0) rows_computed += g.tile_rows;
+    if (n0 == 0) rows_computed += rows;  // the fragments' rows: T rounded up to 8
     const T* a = static_cast<const T*>(g.a[tile]);
     const T* b = static_cast<const T*>(g.b[tile]);
     wmma::fragment<wmma::accumulator, kFragRows, kFragCols, kFragK, float> acc[kMaxFragsPerWarp];
@@ -114,9 +114,6 @@ PMOE_UNROLL
 }
 
 }  // namespace
-
-int grouped_gemm_columns(int tile_rows, int n) { return block_columns(tile_rows, n); }
-int grouped_gemm_floor_rows(int tile_rows) { return padded_rows(tile_rows); }
 
 void launch_grouped_gemm(const GroupedGemm& g, DType inputs, int blocks, cudaStream_t stream) {
   PMOE_CHECK(g.tile_rows > 0 && g.tile_rows <= kMaxRows, "grouped GEMM: tiles of ", g.tile_rows,

@@ -10,8 +10,11 @@
 //   c[t]   tile t's first row of C: T rows of n f32, row stride ldc; C = A . B (overwritten)
 //   t < min(*live_tiles, max_tiles); the arrays' entries past that are not read
 //
-// With device stats, `issued` [gridDim] gets each block's rows computed: T for each tile whose
-// first column block it ran. Their sum is the rows this GEMM issued (MoeStats::expert_rows).
+// A tile's rows run as wmma fragments of 8 rows (m8n32k16): a tile of T rows costs 8 ceil(T / 8)
+// rows of tensor-core work, so 8 rows is the floor at decode shapes.
+//
+// With device stats, `issued` [gridDim] gets each block's rows computed: 8 ceil(T / 8) for each
+// tile whose first column block it ran. Their sum is the rows this GEMM issued (MoeStats::expert_rows).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,13 +35,6 @@ struct GroupedGemm {
   int64_t lda = 0, ldb = 0, ldc = 0;  // elements
   int64_t* issued = nullptr;          // [blocks] (host-mapped), or null: not counted
 };
-
-// The block tile: T rows (rounded up to 8, the fragment's rows) by grouped_gemm_columns(T, n)
-// columns (at most n rounded up to 32), sized so that each of the block's 8 warps has a
-// fragment when T is small.
-int grouped_gemm_columns(int tile_rows, int n);
-// The rows of one tile the tensor cores compute (T rounded up to 8): the decode floor.
-int grouped_gemm_floor_rows(int tile_rows);
 
 // `blocks` blocks (a grid the host fixes: the device's multiprocessors times kBlocksPerSm)
 // computing C for each live tile; `inputs` bf16 or f16 (else a pmoe::Error).
