@@ -90,9 +90,10 @@ struct MoeStats {
   int64_t tokens = 0;       // tokens this rank routed
   int64_t expert_rows = 0;  // (token, expert) rows this rank's expert GEMMs were issued
   // Of those, the rows in use (tokens this rank's experts serve) and the rows of the tiles that
-  // hold them (a device pads each expert's rows to whole GEMM tiles; the batch it launches is
-  // sized from a bound the host knows, so expert_rows can exceed these). The CPU computes exactly
-  // the rows in use: all three are equal there. On a device, counted only with device_stats.
+  // hold them (a device pads each expert's rows to whole GEMM tiles). The CPU computes exactly
+  // the rows in use: all three are equal there. On a device, the two below are counted only with
+  // device_stats, and then expert_rows is what the GEMMs counted (bf16: the live tiles' rows; f32:
+  // cuBLAS's batch, sized from a bound the host knows); without, expert_rows is that bound.
   int64_t expert_rows_used = 0;
   int64_t expert_rows_live = 0;
   double expert_flops = 0;  // GEMM FLOPs of those rows (2 per multiply-add)

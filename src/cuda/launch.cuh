@@ -14,6 +14,14 @@
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
+// `#pragma unroll` for nvcc, nothing for the host compiler (which warns on it): before a loop whose
+// constant trip count must unroll, e.g. to keep an array it indexes in registers.
+#if defined(__CUDACC__)
+#define PMOE_UNROLL _Pragma("unroll")
+#else
+#define PMOE_UNROLL
+#endif
+
 constexpr int kBlockThreads = 256;  // threads per block of every pmoe kernel
 constexpr int kBlocksPerSm = 2;     // grid of the kernels that spread work over the device
 

@@ -1,9 +1,8 @@
 // A rank's experts on a device. Their input rows sit in fixed-capacity groups, one per expert
 // (what dispatch and the local grouping produce), with the row counts on the device only. The
 // GEMMs run over the counts without the host reading them: a one-block kernel plans tiles of T
-// rows over each group's rows in use (moe_kernels.cuh, PlanTiles), and each GEMM is one
-// cublasGemmBatchedEx over a number of tiles the host knows from a bound on the rows. D is the
-// layer's dtype (bf16: tensor cores; f32: f32, or TF32 tensor cores with MoeConfig::tf32):
+// rows over each group's rows in use (moe_kernels.cuh, PlanTiles), and each GEMM runs over those
+// tiles. D is the layer's dtype:
 //
 //   x       [count, C, x_ld] D       expert e's rows at x + e C x_ld (rows past its count: garbage)
 //   W1      [count, H, g F'] D       g = 2 for swiglu (gate | linear), F' this object's slice
@@ -12,12 +11,13 @@
 //   W2      [count, F', O] D
 //   out     [count, C, O] f32        = act . W2 over the same tiles
 //
-// The tile size and the batch follow expert_tiles.hpp: tiles of T rows (8 <= T <= 128, sized so
-// padding each expert to whole tiles stays small against the rows expected), and a batch of at
-// most ceil(max_rows / T) + count tiles, a size the host knows without the counts. Tiles past the
-// live ones compute scratch rows: cuBLAS has no batch whose size the device sets (CUDA 13.0), so
-// where max_rows is a worst case far above the rows in use (EpMoe), they are the price of no
-// host round trip.
+// bf16 (and f16) layers: pmoe's grouped GEMM on tensor cores (grouped_gemm.cuh), which reads the
+// plan's live tile count on the device and computes those tiles only. f32 layers: one
+// cublasGemmBatchedEx over a batch of tiles the host knows from a bound on the rows (at most
+// ceil(max_rows / T) + count), in f32 or on TF32 tensor cores (MoeConfig::tf32); tiles past the
+// live ones compute scratch rows there, since cuBLAS has no batch whose size the device sets
+// (CUDA 13.0). The tile size follows expert_tiles.hpp (8 <= T <= 128, sized so padding each
+// expert to whole tiles stays small against the rows expected).
 //
 // The weights are the CPU Experts' values (bf16 values are exact in bf16), so the products match
 // the CPU backend's up to summation order, plus, for bf16, the rounding of act to bf16 that the
@@ -36,6 +36,8 @@
 #include "cuda/flavor.hpp"
 #include "cuda/moe/batched_gemm.hpp"
 #include "cuda/moe/expert_tiles.hpp"
+#include "cuda/moe/grouped_gemm.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/moe/moe_kernels.cuh"
 #include "moe/weights.hpp"
 #include "pmoe/dtype.hpp"
@@ -77,8 +79,14 @@ class DeviceExperts {
     dead_hidden_ = Buffer(DType::f32, {kMaxTile, ld1}, device);
     if (separate_act()) dead_act_ = Buffer(config.dtype, {kMaxTile, width_}, device);
     dead_out_ = Buffer(DType::f32, {kMaxTile, O}, device);
+    if (grouped()) {
+      int sms = 0;
+      PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index));
+      blocks_ = grid_blocks(sms);
+    }
+    batch_rows_.assign(size_t(runs), 0);
     if (config.device_stats) {
-      PMOE_CUDA_CHECK(cudaHostAlloc(&tally_, sizeof(int64_t) * 2 * size_t(runs),
+      PMOE_CUDA_CHECK(cudaHostAlloc(&tally_, sizeof(int64_t) * tally_words() * size_t(runs),
                                     cudaHostAllocMapped));
       PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&tally_device_), tally_, 0));
     }
@@ -99,6 +107,8 @@ class DeviceExperts {
   // The second GEMM's input (act) has its own buffer, [count, C, width] of the layer's dtype,
   // unless the layer is f32 (then it is the hidden buffer, in place).
   bool separate_act() const { return config_.dtype != DType::f32; }
+  // The GEMMs run as pmoe's grouped GEMM on tensor cores (16-bit layers), not cuBLAS's batch.
+  bool grouped() const { return config_.dtype != DType::f32; }
   int width() const { return width_; }
   int hidden_ld() const { return halves_ * width_; }
   size_t weight_bytes() const { return w1_.nbytes() + w2_.nbytes(); }
@@ -144,10 +154,29 @@ class DeviceExperts {
         {w2_.data<void>(), int64_t(width_) * O * elem, true, w2_.data<void>(), tiles(kW2)},
         {out, O * int64_t(sizeof(float)), false, dead_out_.data<void>(), tiles(kOut)}};
     std::copy(std::begin(operands), std::end(operands), p.operands);
-    p.tally = tally_device_ ? tally_device_ + 2 * run : nullptr;
+    int64_t* tally = tally_device_ ? tally_device_ + tally_words() * run : nullptr;
+    p.tally = tally;
     launch_plan_tiles(p, stream);
-    gemm_arrays_row_major(handle, types_, plan.tile, ld1, H, tiles(kX), x_ld, tiles(kW1), ld1,
-                          outputs(kHidden), ld1, plan.tiles);
+    batch_rows_[size_t(run)] = plan.rows();
+    GroupedGemm g;
+    g.live_tiles = first_tile_.data<int32_t>() + count_;
+    g.max_tiles = plan.tiles;
+    g.tile_rows = plan.tile;
+    if (grouped()) {
+      g.a = tiles(kX);
+      g.b = tiles(kW1);
+      g.c = outputs(kHidden);
+      g.n = ld1;
+      g.k = H;
+      g.lda = x_ld;
+      g.ldb = ld1;
+      g.ldc = ld1;
+      g.issued = tally ? tally + 2 : nullptr;
+      launch_grouped_gemm(g, config_.dtype, blocks_, stream);
+    } else {
+      gemm_arrays_row_major(handle, types_, plan.tile, ld1, H, tiles(kX), x_ld, tiles(kW1), ld1,
+                            outputs(kHidden), ld1, plan.tiles);
+    }
     Activate a;
     a.hidden = hidden;
     a.out = act;
@@ -158,20 +187,46 @@ class DeviceExperts {
     a.row_limits = counts;
     a.group_rows = C;
     launch_activate(a, config_.dtype, stream);
-    gemm_arrays_row_major(handle, types_, plan.tile, O, width_, tiles(kAct), act_ld, tiles(kW2), O,
-                          outputs(kOut), O, plan.tiles);
+    if (grouped()) {
+      g.a = tiles(kAct);
+      g.b = tiles(kW2);
+      g.c = outputs(kOut);
+      g.n = O;
+      g.k = width_;
+      g.lda = act_ld;
+      g.ldb = O;
+      g.ldc = O;
+      g.issued = tally ? tally + 2 + blocks_ : nullptr;
+      launch_grouped_gemm(g, config_.dtype, blocks_, stream);
+    } else {
+      gemm_arrays_row_major(handle, types_, plan.tile, O, width_, tiles(kAct), act_ld, tiles(kW2),
+                            O, outputs(kOut), O, plan.tiles);
+    }
   }
 
-  // With device stats, the rows in use and the live tiles' rows of the last forward's runs (the
-  // first `runs`), as the plan kernels counted them; the caller has waited for them.
+  // With device stats, over the last forward's runs (the first `runs`): the rows in use and the
+  // live tiles' rows, as the plan kernels counted them, and the rows the GEMMs issued: on the
+  // grouped GEMM, what its blocks computed (the more of the two GEMMs'), on cuBLAS the batch
+  // launched. The caller has waited for them.
   struct RowTally {
-    int64_t used = 0, live = 0;
+    int64_t used = 0, live = 0, issued = 0;
   };
   RowTally tally(int runs) const {
     RowTally t;
     for (int r = 0; tally_ && r < std::min(runs, runs_); ++r) {
-      t.used += tally_[2 * r];
-      t.live += tally_[2 * r + 1];
+      const int64_t* words = tally_ + tally_words() * r;
+      t.used += words[0];
+      t.live += words[1];
+      if (!grouped()) {
+        t.issued += batch_rows_[size_t(r)];
+        continue;
+      }
+      int64_t first = 0, second = 0;
+      for (int b = 0; b < blocks_; ++b) {
+        first += words[2 + b];
+        second += words[2 + blocks_ + b];
+      }
+      t.issued += std::max(first, second);
     }
     return t;
   }
@@ -192,6 +247,9 @@ class DeviceExperts {
     copy(out, Tensor(narrow.data(), DType::bf16, shape));
     return out;
   }
+  // A run's tally: rows used, live rows, then with the grouped GEMM each block's rows issued by
+  // the first GEMM and by the second.
+  int64_t tally_words() const { return 2 + 2 * int64_t(blocks_); }
   enum Operand { kX, kW1, kHidden, kAct, kW2, kOut };  // PlanTiles::operands' order
   int64_t* slots(Operand o) const { return tile_pointers_.data<int64_t>() + int64_t(o) * max_tiles_; }
   const void** tiles(Operand o) const { return reinterpret_cast<const void**>(slots(o)); }
@@ -201,10 +259,12 @@ class DeviceExperts {
   MoeConfig config_;
   ExpertGemmTypes types_;
   int count_, width_, halves_, runs_;
+  int blocks_ = 0;                   // the grouped GEMM's grid (0: cuBLAS)
+  mutable std::vector<int64_t> batch_rows_;  // per run: the rows the host's batch covers (cuBLAS issues)
   Buffer w1_, w2_;
   int64_t max_tiles_ = 0;
   Buffer first_tile_, tile_pointers_, dead_hidden_, dead_act_, dead_out_;  // the plan's
-  int64_t* tally_ = nullptr;         // host-mapped [runs][2]: rows used, live rows (device stats)
+  int64_t* tally_ = nullptr;  // host-mapped [runs][tally_words()] (device stats)
   int64_t* tally_device_ = nullptr;  // the same words, as the plan kernel addresses them
 };
 

@@ -1,7 +1,9 @@
 // EpMoe on a device: route on the rank's stream, AllToAll dispatch, the local experts as GEMMs
 // over tiles of the received rows (device_experts.hpp), AllToAll combine. Nothing reads the
 // counts on the host, so the tiles are planned for the most rows a rank can receive, R
-// min(k, E_local) a micro-batch: below every slot (E_local R) only where E_local > k.
+// min(k, E_local) a micro-batch: below every slot (E_local R) only where E_local > k. bf16
+// layers compute the live tiles only (the grouped GEMM reads their count on the device); f32
+// layers' cuBLAS batch computes the whole plan.
 //
 // Buffers per rank (C = tokens per micro-batch, R = W * C slots per local expert, wire =
 // max(H, O) as on the CPU):
@@ -13,7 +15,7 @@
 //   act               [E_local, R, F] dtype      bf16 models only (f32: in place in hidden)
 //
 // The expert GEMMs read expert_x as dispatch left it (the model's dtype: bf16 on tensor cores).
-// Their batch is planned for the most rows a rank can receive; the tile size for the rows it
+// Their plan is sized for the most rows a rank can receive; the tile size for the rows it
 // receives on average, R k / W (device_experts.hpp).
 //
 // micro_batches = 2 puts the experts on a second stream (the communicator's side_stream()) so
@@ -125,6 +127,7 @@ class DeviceEpMoe final : public DeviceMoe {
     const size_t elem = dtype_size(config_.dtype);
     stats.tokens = m;
     stats.router_flops = router_.flops(m);
+    // Issued: the most the GEMMs can compute; with device stats, finish_stats() puts their count.
     stats.expert_rows =
         micro_batches_ * experts_.tile_plan(slots(), max_rows(), expected_rows()).rows();
     stats.expert_flops = experts_.flops(stats.expert_rows);
@@ -197,6 +200,8 @@ class DeviceEpMoe final : public DeviceMoe {
     const DeviceExperts::RowTally t = experts_.tally(micro_batches_);
     stats.expert_rows_used = t.used;
     stats.expert_rows_live = t.live;
+    stats.expert_rows = t.issued;
+    stats.expert_flops = experts_.flops(t.issued);
   }
 
   size_t weight_bytes() const override { return router_.weight_bytes() + experts_.weight_bytes(); }

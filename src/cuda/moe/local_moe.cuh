@@ -66,7 +66,8 @@ class DeviceLocalMoe {
     const int k = config_.top_k, O = config_.out_dim();
     stats.tokens = m;
     stats.router_flops = router_.flops(m);
-    stats.expert_rows = experts_.tile_plan(m, int64_t(m) * k, int64_t(m) * k).rows();  // issued
+    // Issued: the most the GEMMs can compute; with device stats, finish_stats() puts their count.
+    stats.expert_rows = experts_.tile_plan(m, int64_t(m) * k, int64_t(m) * k).rows();
     stats.expert_flops = experts_.flops(stats.expert_rows);
     tally_pending_ = false;
     if (m == 0) return;
@@ -119,8 +120,8 @@ class DeviceLocalMoe {
     timer.end(stream_);
   }
 
-  // With device stats: the rows in use and the live tiles' rows of the last forward (waits for
-  // them), once.
+  // With device stats: the rows in use, the live tiles' rows and the rows issued of the last
+  // forward (waits for them), once.
   void finish_stats(MoeStats& stats) {
     if (!tally_pending_) return;
     tally_pending_ = false;
@@ -128,6 +129,8 @@ class DeviceLocalMoe {
     const DeviceExperts::RowTally t = experts_.tally(1);
     stats.expert_rows_used = t.used;
     stats.expert_rows_live = t.live;
+    stats.expert_rows = t.issued;
+    stats.expert_flops = experts_.flops(t.issued);
   }
 
   size_t weight_bytes() const { return router_.weight_bytes() + experts_.weight_bytes(); }
