@@ -350,8 +350,14 @@ class CudaAllToAll final : public AllToAllBackend {
   }
   // In hierarchical mode a source on another node reaches this rank's dispatch(recv) through
   // this node's relay for it: name that rank too, since it may be the one that is missing.
+  // In node-summed combine, the one rank of another node this rank waits for is its peer there,
+  // for both directions of the relay's work: say what.
   std::string relayed_by(int source, int32_t step) const {
     const int R = layout_.ranks_per_node;
+    if (layout_.node_sum && step == int32_t(Step::combine_recv) && source / R != params_.rank / R)
+      return cat("; in node-summed combine it sends this rank the weights of its tokens, for this "
+                 "rank to sum node ", params_.rank / R, "'s rows of them, and node ", source / R,
+                 "'s partial sums of this rank's tokens");
     if (!layout_.hierarchical || step != int32_t(Step::dispatch_recv) ||
         source / R == params_.rank / R)
       return "";
