@@ -283,13 +283,14 @@ TEST_F(HandCase, Hierarchical) {
   // Node sum (combine_sums_in_node): rank 0 puts token 1's two weights (8 B) to its relay on
   // node 1, rank 2. Rank 3 stores its row and its dtype word at rank 2; rank 2 stores its own row
   // and word in its own region, sums the two rows and puts back one: a 64 B dtype head + 128 B,
-  // one put; beside it a lone weights signal to its own relay on node 0, rank 0 (no tokens).
+  // one put; beside it a lone weights signal to its own relay on node 0, rank 0 (no tokens),
+  // which puts it back an empty partial block (the 64 B head).
   const Traffic reduced = count_traffic(c, {4, 2, TrafficMode::hierarchical, true}, indices);
-  EXPECT_EQ(reduced.combine.ranks[0].sent[kNetwork], (LinkCount{8, 1}));
+  EXPECT_EQ(reduced.combine.ranks[0].sent[kNetwork], (LinkCount{8 + 64, 2}));
   EXPECT_EQ(reduced.combine.ranks[2].sent[kNetwork], (LinkCount{64 + 128, 2}));
   EXPECT_EQ(reduced.combine.ranks[2].sent[kSame], (LinkCount{128 + 4, 2}));
   EXPECT_EQ(reduced.combine.ranks[3].sent[kLoadStore], (LinkCount{128 + 4, 2}));
-  EXPECT_EQ(reduced.combine.ranks[0].received[kNetwork], (LinkCount{64 + 128 + 64, 2}));
+  EXPECT_EQ(reduced.combine.ranks[0].received[kNetwork], (LinkCount{64 + 128 + 0, 2}));
   // Rows summed: rank 2 both of node 1's; rank 0 token 0's two and node 1's partial.
   EXPECT_EQ(reduced.combine.ranks[2].rows, 2u);
   EXPECT_EQ(reduced.combine.ranks[0].rows, 3u);

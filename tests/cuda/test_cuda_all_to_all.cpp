@@ -727,7 +727,8 @@ TEST(NodeSummedCombineConfig, WithoutHierarchicalModeIsAnError) {
 
 // Two nodes of two; rank 3 dispatches but never combines. Rank 1, rank 3's relay on node 0,
 // waits for rank 3's weights to sum node 0's rows for it: after the timeout it names rank 3,
-// its node, and what it waited for.
+// its node, and what it waited for; rank 0 names its relay on node 1, rank 2, which waited for
+// rank 3's rows in vain.
 TEST(NodeSummedCombineConfig, RelayWithoutASourcesWeightsTimesOutNamingIt) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   setenv("PMOE_TIMEOUT_S", "1", 1);
@@ -764,7 +765,16 @@ TEST(NodeSummedCombineConfig, RelayWithoutASourcesWeightsTimesOutNamingIt) {
   EXPECT_NE(errors[1].find("rank 3 (node 1; this rank is on node 0) did not arrive within 1 s"),
             std::string::npos)
       << errors[1];
-  EXPECT_NE(errors[1].find("the weights of its tokens"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("this rank waited for the weights of its tokens, to sum node 0's rows "
+                           "of them"),
+            std::string::npos)
+      << errors[1];
+  // Rank 2, rank 0's relay on node 1, never gets rank 3's rows, so rank 0 never gets node 1's
+  // partial sums of its tokens: it names rank 2 and what it waited for.
+  EXPECT_NE(errors[0].find("rank 2 (node 1; this rank is on node 0) did not arrive within 1 s; "
+                           "this rank waited for node 1's partial sums of its tokens"),
+            std::string::npos)
+      << errors[0];
 }
 #endif
 

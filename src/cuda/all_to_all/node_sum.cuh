@@ -131,7 +131,8 @@ __device__ void sum_for_relayed_sources(const AllToAllParams& p, uint64_t epoch,
   for (int n = 1; n < lay.nodes; ++n) {
     const int node = (my_node + n) % lay.nodes, source = lay.peer_on_node(p.rank, node);
     if (threadIdx.x == 0 && !wait_signal(p.transport, lay.weights_signal(source), epoch,
-                                         p.timeout_ns, p.error, source, Step::combine_recv))
+                                         p.timeout_ns, p.error, source, Step::combine_recv,
+                                         kAwaitedWeights))
       failed = true;
     __syncthreads();
     if (failed) break;
