@@ -112,6 +112,11 @@ EQUIVALENT = {
     ("combine.cu", ("bound",), "h < vector_end - 1"):
         "h runs over multiples of V >= 4 and vector_end is one, so h < vector_end - 1 is "
         "h < vector_end",
+    ("node_sum.cuh", ("coop",), "if (threadIdx.x == 1) flush(p.transport);"):
+        "a relay's partial block cannot be rewritten before its put has read it: partial out [n] "
+        "is rewritten only by the next combine's relay sum, which first waits for the source's "
+        "next weights, sent after the source's combine(recv) saw this put's signal (a signal "
+        "lands after its put's payload); the flush stays as gin.h's way to free a put's source",
     ("dispatch.cu", ("offset",), "(p.rank + i) % W"):
         "the destinations are visited from the rank itself instead of rank + 1, each still once: "
         "the rotation only spreads the ranks' first writes",
