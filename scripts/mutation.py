@@ -134,7 +134,14 @@ EQUIVALENT = {
 # doubled grid strides until MoeCudaShapes.MoreWorkThanOneGridPass gave their loops more than
 # one pass of work.) Reported as survivors; `make mutation` fails on any survivor listed in
 # neither table.
-KNOWN_GAPS: dict = {}
+KNOWN_GAPS: dict = {
+    ("node_sum.cuh", ("barrier",), "__syncthreads();\n  if (failed) return;"):
+        "the barrier after a relay's waits for its node's owners: with every wait met, the "
+        "barrier after the weights wait that follows also orders the owners' rows before any "
+        "read, so only a failed owner wait differs (threads may read `failed` before it is set "
+        "and leave at different barriers), which the one test of a relay's failed owner wait "
+        "(RelayWithoutASourcesWeightsTimesOutNamingIt, rank 2) gets through on the emulated device",
+}
 
 
 def lookup(table, mutant):
