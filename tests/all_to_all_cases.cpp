@@ -1,6 +1,7 @@
 #include "all_to_all_cases.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -60,6 +61,63 @@ float busy_work(int rank) {
   float acc = float(rank);
   for (int i = 0; i < 20000; ++i) acc = acc * 0.999f + 1.0f;
   return acc;
+}
+
+// Unit roundoff (half an ulp at 1) of a float dtype: 2^-p for p significand bits.
+double unit_roundoff(DType dtype) {
+  return dtype == DType::bf16 ? 0x1p-8 : dtype == DType::f16 ? 0x1p-11 : 0x1p-24;
+}
+
+// Node-summed combine (config.combine_sums_in_node) against the reference: y within a bound,
+// element by element. Both sum the same f32 products a_j = w_j * v_j (v_j: the expert row in
+// expert_y's dtype); let S = sum_j |a_j|, u = 2^-24 (f32), u_y and u_out the unit roundoffs of
+// expert_y's and y's dtypes, N the nodes. The reference adds the k products in j order: at most
+// (k - 1) u S from the exact sum. Node sum: each node's sum of its n_i products, at most
+// (n_i - 1) u S_i; a remote node's rounded to expert_y's dtype, u_y |P_i| <= u_y S_i (1 + k u);
+// the N partials added, (N - 1) u S (1 + u_y): at most (u_y + (k + N) u)(1 + u_y) S in all. The
+// two f32 values differ by d <= (u_y + (2k + N) u)(1 + u_y) S; rounded to y's dtype, each moves
+// by at most half an ulp of it: |y - y_ref| <= d + 2 u_out (max |y| + d), plus the smallest
+// subnormal step of y's dtype where the values are subnormal. Returns "" or the first breach.
+std::string compare_node_summed(const AllToAllConfig& cfg, const reference::AllToAllInputs& mine,
+                                DType expert_y_dtype, int world_size, const Tensor& y) {
+  const int H = cfg.hidden_dim, k = cfg.experts_per_token, S = cfg.scales_per_token();
+  const int nodes = world_size / cfg.ranks_per_node;
+  const size_t row_bytes = size_t(H) * dtype_size(cfg.in_dtype);
+  const double u = 0x1p-24, u_y = unit_roundoff(expert_y_dtype);
+  const double u_out = unit_roundoff(cfg.out_dtype);
+  const double tiny = cfg.out_dtype == DType::f16    ? 0x1p-24
+                      : cfg.out_dtype == DType::bf16 ? 0x1p-133
+                                                     : 0x1p-149;
+  for (int t = 0; t < mine.m; ++t) {
+    const auto* x = mine.x.data<std::byte>() + t * row_bytes;
+    const float* scales = S ? mine.x_scale.data<float>() + t * S : nullptr;
+    for (int h = 0; h < H; ++h) {
+      float acc = 0.0f;
+      double magnitude = 0;
+      for (int j = 0; j < k; ++j) {
+        const int expert = mine.indices.data<int32_t>()[t * k + j];
+        if (expert < 0) continue;
+        const float out = reference::expert_fn(reference::token_value(cfg, x, scales, h), expert);
+        const float v = visit_float_dtype(
+            expert_y_dtype, [&](auto tag) { return to_float(from_float<decltype(tag)>(out)); });
+        const float a = mine.weights.data<float>()[t * k + j] * v;
+        acc += a;
+        magnitude += std::fabs(double(a));
+      }
+      const float want = visit_float_dtype(
+          cfg.out_dtype, [&](auto tag) { return to_float(from_float<decltype(tag)>(acc)); });
+      const float got = visit_float_dtype(cfg.out_dtype, [&](auto tag) {
+        return to_float(y.data<decltype(tag)>()[size_t(t) * H + h]);
+      });
+      const double d = (u_y + (2.0 * k + nodes) * u) * (1 + u_y) * magnitude;
+      const double bound =
+          d + 2 * u_out * (std::max(std::fabs(double(want)), std::fabs(double(got))) + d) + tiny;
+      if (!(std::fabs(double(got) - double(want)) <= bound))
+        return detail::cat("combine y[", t, ", ", h, "] = ", got, " is ", std::fabs(got - want),
+                           " from the reference's ", want, ", past the node-sum bound ", bound);
+    }
+  }
+  return "";
 }
 
 }  // namespace
@@ -191,7 +249,9 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
     run_phase([&](Phase phase) { a2a.combine(op_expert_y, op_indices, op_weights, op_y, phase); });
     op.out(y, op_y);
     a2a.check_errors();
-    if (error.empty()) {
+    if (error.empty() && cfg.combine_sums_in_node) {
+      error = compare_node_summed(cfg, mine, expert_y_dtype, W, y);
+    } else if (error.empty()) {
       const Buffer want = reference::reference_combine(cfg, mine, expert_y_dtype);
       error = reference::compare_bytes("combine y", y, want);
     }

@@ -163,6 +163,17 @@ TEST(AllToAllConfigErrors, HierarchicalOnTheCpuNamesTheBackend) {
                               "CUDA backend");
 }
 
+// Node-summed combine is an option of hierarchical mode, which only the CUDA backend has.
+TEST(AllToAllConfigErrors, CombineSumsInNodeNeedsHierarchicalAndTheCudaBackend) {
+  AllToAllConfig cfg = small_config();
+  cfg.ranks_per_node = 1;
+  cfg.combine_sums_in_node = true;
+  expect_config_rejected(cfg, "combine_sums_in_node is an option of cross_node = hierarchical");
+  cfg.cross_node = CrossNode::hierarchical;
+  expect_config_rejected(cfg, "AllToAll on the CPU: combine_sums_in_node (with cross_node = "
+                              "hierarchical) is a mode of the CUDA backend");
+}
+
 // --- dispatch arguments ---------------------------------------------------------------------
 
 TEST(AllToAllErrors, WrongDtype) {

@@ -71,7 +71,6 @@ Listing list_messages(const AllToAllConfig& c, const TrafficSetup& s,
         const bool summed = relayed && s.relay_reduces;
         const int relay = node * P + src % P;
         if (relayed) ++relay_slots[node];
-        if (summed) out.combine.push_back({relay, src, row, false});
         for (const auto& [d, n] : ranks) {
           if (relayed)
             out.dispatch.push_back({relay, d, slot(n), false});
@@ -79,10 +78,11 @@ Listing list_messages(const AllToAllConfig& c, const TrafficSetup& s,
             ++block_slots[d];
           else
             out.dispatch.push_back({src, d, slot(n), false});
-          if (summed && d == relay) continue;
+          // Node sum: every row to the relay (its own rows too), which sums them.
           for (int q = 0; q < n; ++q) out.combine.push_back({d, summed ? relay : src, row, false});
         }
-        for (const auto& [d, n] : ranks) out.rows_at[d] += n, out.rows_back[src] += n;
+        for (const auto& [d, n] : ranks) out.rows_at[d] += n, out.rows_back[summed ? relay : src] += n;
+        if (summed) ++out.rows_back[src];  // the node's partial
       }
     }
     for (int d = 0; d < W; ++d) {
@@ -97,8 +97,17 @@ Listing list_messages(const AllToAllConfig& c, const TrafficSetup& s,
           out.dispatch.push_back({src, d, relay_head + relay_slots[d / P] * relay_stride, true});
         out.dispatch.push_back({relay, d, 4 * (2 + uint64_t(L)), true});
       }
+      // Node sum: the source's weights to its relay there, and back one partial row per slot
+      // (16-byte padded) after a 64-byte dtype head; d's own dtype word and signal go only to
+      // the ranks of its node (listed when src is one of them).
       const bool summed = relayed && s.relay_reduces;
-      out.combine.push_back({d, summed && d != relay ? relay : src, 4, true});
+      if (!summed) {
+        out.combine.push_back({d, src, 4, true});
+      } else if (d == relay) {
+        const uint64_t slots = relay_slots[d / P];
+        out.combine.push_back({src, relay, 4 * slots * uint64_t(std::min(k, P * L)), true});
+        out.combine.push_back({relay, src, 64 + slots * ((row + 15) / 16 * 16), true});
+      }
     }
   }
   return out;
@@ -172,7 +181,8 @@ TEST(Traffic, RandomRoutingsMatchBruteForce) {
 
 // Issue 22's promise: at top-8 over 2 or more nodes hierarchical dispatch moves fewer network
 // bytes than direct (a token crosses to a node once, not once per rank it picks there), on every
-// rank, and combine the same bytes (rows go back straight to their source in both modes).
+// rank, and combine the same bytes (rows go back straight to their source in both modes);
+// issue 32's: node-summed combine fewer than both.
 TEST(Traffic, HierarchicalSendsFewerNetworkBytesAtTop8) {
   std::mt19937 rng(22);
   for (const auto& [nodes, per_node] : {std::pair{2, 8}, std::pair{4, 4}, std::pair{4, 8}}) {
@@ -191,6 +201,14 @@ TEST(Traffic, HierarchicalSendsFewerNetworkBytesAtTop8) {
                 direct.combine.ranks[r].sent[int(Link::network)])
           << "rank " << r;
     }
+    // Node-summed combine sends one row per (token, node) instead of one per (token, expert):
+    // fewer network bytes on every rank, weights and dtype heads included.
+    const Traffic summed =
+        count_traffic(c, {W, per_node, TrafficMode::hierarchical, true}, indices);
+    for (int r = 0; r < W; ++r)
+      EXPECT_LT(summed.combine.ranks[r].sent[int(Link::network)].bytes,
+                direct.combine.ranks[r].sent[int(Link::network)].bytes)
+          << "rank " << r;
     // Over 2 nodes of 8, a token picks ~3.3 ranks of the other node: well under half the bytes.
     if (nodes == 2) {
       EXPECT_LT(relayed.dispatch.total(Link::network).bytes * 2,
@@ -262,10 +280,20 @@ TEST_F(HandCase, Hierarchical) {
   // and a dtype word to rank 1; rank 3's own dtype word to rank 2 stays on the node.
   EXPECT_EQ(t.combine.ranks[3].sent[kLoadStore], (LinkCount{4, 1}));
   EXPECT_EQ(t.combine.ranks[2].sent[kNetwork], (LinkCount{128 + 2 * 4, 3}));
-  // The model's what-if: relay 2 sums both rows and sends one, with one dtype word.
+  // Node sum (combine_sums_in_node): rank 0 puts token 1's two weights (8 B) to its relay on
+  // node 1, rank 2. Rank 3 stores its row and its dtype word at rank 2; rank 2 stores its own row
+  // and word in its own region, sums the two rows and puts back one: a 64 B dtype head + 128 B,
+  // one put; beside it a lone weights signal to its own relay on node 0, rank 0 (no tokens),
+  // which puts it back an empty partial block (the 64 B head).
   const Traffic reduced = count_traffic(c, {4, 2, TrafficMode::hierarchical, true}, indices);
-  EXPECT_EQ(reduced.combine.ranks[2].sent[kNetwork], (LinkCount{128 + 4, 2}));
-  EXPECT_EQ(reduced.combine.ranks[3].sent[kLoadStore], (LinkCount{128 + 4 + 4, 3}));
+  EXPECT_EQ(reduced.combine.ranks[0].sent[kNetwork], (LinkCount{8 + 64, 2}));
+  EXPECT_EQ(reduced.combine.ranks[2].sent[kNetwork], (LinkCount{64 + 128, 2}));
+  EXPECT_EQ(reduced.combine.ranks[2].sent[kSame], (LinkCount{128 + 4, 2}));
+  EXPECT_EQ(reduced.combine.ranks[3].sent[kLoadStore], (LinkCount{128 + 4, 2}));
+  EXPECT_EQ(reduced.combine.ranks[0].received[kNetwork], (LinkCount{64 + 128 + 0, 2}));
+  // Rows summed: rank 2 both of node 1's; rank 0 token 0's two and node 1's partial.
+  EXPECT_EQ(reduced.combine.ranks[2].rows, 2u);
+  EXPECT_EQ(reduced.combine.ranks[0].rows, 3u);
 }
 
 TEST(Traffic, BadInputNamesTheArgument) {

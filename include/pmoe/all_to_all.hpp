@@ -28,7 +28,8 @@ namespace pmoe {
 //   hierarchical: one transfer per (token, destination node), to the rank there with this rank's
 //                 local index (the relay), which forwards it by load/store to the ranks of its node
 //                 that need it, as DeepEP's normal kernels do: fewer network bytes at top-8.
-// Both give the same bits. Combine returns rows directly in both (docs/gpu-all-to-all.md).
+// Both give the same bits. Combine returns rows directly in both unless combine_sums_in_node is
+// set (docs/gpu-all-to-all.md).
 enum class CrossNode : uint8_t { direct, hierarchical };
 
 struct AllToAllConfig {
@@ -49,6 +50,15 @@ struct AllToAllConfig {
   // CUDA backend only; hierarchical needs ranks_per_node set (the GPUs of a node, consecutive
   // ranks), since the relay of a node is found from it.
   CrossNode cross_node = CrossNode::direct;
+  // Hierarchical mode only (needs cross_node = hierarchical, CUDA backend): combine sums each
+  // token's rows within every remote node before they cross the network. Node n's relay for a
+  // source (the rank that forwarded its tokens in dispatch) adds the rows of n's experts for each
+  // token, w[t, j] * row in f32 over j ascending, rounds the sum once to expert_y's dtype and puts
+  // ONE row per (token, node); the source adds the node partials in ascending node order (its own
+  // node's in f32) and rounds once to out_dtype. Fewer network bytes at top-k > 1, but the sum
+  // order, and with it the low bits of y, now depend on the node split (docs/gpu-all-to-all.md,
+  // "Node-summed combine"). Off by default: the default is bit-identical across node splits.
+  bool combine_sums_in_node = false;
 
   // Throws pmoe::Error saying what to change if the config cannot run on `world_size` ranks.
   void validate(int world_size) const;

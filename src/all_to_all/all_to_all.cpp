@@ -75,6 +75,10 @@ void AllToAllConfig::validate(int world_size) const {
   PMOE_CHECK(cross_node == CrossNode::direct || ranks_per_node > 0,
              "AllToAllConfig: cross_node = hierarchical needs ranks_per_node (the ranks of one "
              "node, consecutive), to find each node's relay; got ranks_per_node = 0");
+  PMOE_CHECK(!combine_sums_in_node || cross_node == CrossNode::hierarchical,
+             "AllToAllConfig: combine_sums_in_node is an option of cross_node = hierarchical (the "
+             "relays that forwarded dispatch's tokens sum combine's rows); set cross_node = "
+             "hierarchical and ranks_per_node, or leave combine_sums_in_node false");
   if (in_dtype == DType::f8e4m3) {
     PMOE_CHECK(scale_block >= 1, "AllToAllConfig: f8e4m3 input needs scale_block >= 1 (elements ",
                "per f32 scale; 128 is common), got ", scale_block);
@@ -106,6 +110,7 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device devi
   agree.field("in_place_buffers", config.in_place_buffers, detail::show_bool);
   agree.field("ranks_per_node", config.ranks_per_node);
   agree.field("cross_node", int64_t(config.cross_node), detail::show_cross_node);
+  agree.field("combine_sums_in_node", config.combine_sums_in_node, detail::show_bool);
   agree.check(comm, [&] {
     config_.validate(world_size_);
     PMOE_CHECK(device == comm.device(), "AllToAll: device ", device.str(),

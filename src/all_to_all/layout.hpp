@@ -39,9 +39,20 @@
 //   |   relay slot: | header | payload | scales |; header: i32 token index, i32 n, i32   |
 //   |     slot at each rank of the node [ranks_per_node] (-1: none), then n triples     |
 //   |     (expert within the node, top-k slot j, position)                              |
+//   | node sum (combine_sums_in_node only), per node n:                                |
+//   |   weights out [n]: the router weights of this rank's tokens in node n's relay      |
+//   |     block, f32 [max_tokens relay slots][max_node_pairs], pairs in header order     |
+//   |   weights in [n]: the same, from node n's rank with this rank's local index        |
+//   |   relay rows [n]: rows of this node's owners for that rank's tokens, at            |
+//   |     (t * k + j) * combine_row, as in the combine area                              |
+//   |   partial out [n] / partial in [n]: | i32 dtype (64 B) | one row per relay slot,   |
+//   |     at partial_stride(row bytes) |: the node sums this rank puts to that rank, and |
+//   |     those it gets from node n                                                      |
 //   +---------------------------------------------------------------------------------+
 //   signals (64 B each): slot s = dispatch data from s is complete; slot W + s = combine
-//   rows from s; slot 2W + s (hierarchical) = s's relay block for this rank is here
+//   rows from s (node sum: from a remote s, its node's partials); slot 2W + s
+//   (hierarchical) = s's relay block for this rank is here; slot 3W + s (node sum) = s's
+//   weights for its tokens in that block are here
 //
 // Source s writes block s of every destination rank: a token crosses to a rank once, with the
 // list of that rank's experts it chose. Its counts and positions come with it, so a receiver
@@ -133,6 +144,54 @@ struct AllToAllLayout {
     relay_out_offset = align64(total_bytes);
     relay_in_offset = relay_out_offset + size_t(nodes) * relay_block;
     total_bytes = relay_in_offset + size_t(nodes) * relay_block;
+    if (!config.combine_sums_in_node) return;
+    node_sum = true;
+    weights_block = align64(sizeof(float) * size_t(max_tokens) * max_node_pairs);
+    relay_rows_block = size_t(max_tokens) * top_k * combine_row;
+    partial_block = kDtypeSlot + size_t(max_tokens) * combine_row;
+    weights_out_offset = align64(total_bytes);
+    weights_in_offset = weights_out_offset + size_t(nodes) * weights_block;
+    relay_rows_offset = weights_in_offset + size_t(nodes) * weights_block;
+    partial_out_offset = relay_rows_offset + size_t(nodes) * relay_rows_block;
+    partial_in_offset = partial_out_offset + size_t(nodes) * partial_block;
+    total_bytes = partial_in_offset + size_t(nodes) * partial_block;
+  }
+
+  // Node sum (combine_sums_in_node only). The weights of relay slot `slot`, pair `pair`.
+  PMOE_HOST_DEVICE size_t weights_out(int node, int slot, int pair) const {
+    return weights_out_offset + size_t(node) * weights_block +
+           sizeof(float) * (size_t(slot) * max_node_pairs + pair);
+  }
+  PMOE_HOST_DEVICE size_t weights_in(int node, int slot, int pair) const {
+    return weights_in_offset + size_t(node) * weights_block +
+           sizeof(float) * (size_t(slot) * max_node_pairs + pair);
+  }
+  // The bytes of `slots` relay slots' weights: what a source puts to a relay.
+  PMOE_HOST_DEVICE size_t weights_bytes(int slots) const {
+    return sizeof(float) * size_t(slots) * max_node_pairs;
+  }
+  // Row (token, top-k slot) of the source on `node` whose relay this rank is.
+  PMOE_HOST_DEVICE size_t relay_row(int node, int token, int slot) const {
+    return relay_rows_offset + size_t(node) * relay_rows_block +
+           (size_t(token) * top_k + slot) * combine_row;
+  }
+  // A partial block: its dtype word at the start, then relay slot q's row at q * stride, where
+  // stride is the row's bytes rounded up to 16 (whole 16-byte words for the reduction's loads).
+  PMOE_HOST_DEVICE static constexpr size_t partial_stride(size_t row_bytes) {
+    return (row_bytes + 15) / 16 * 16;
+  }
+  PMOE_HOST_DEVICE size_t partial_out(int node) const {
+    return partial_out_offset + size_t(node) * partial_block;
+  }
+  PMOE_HOST_DEVICE size_t partial_in(int node) const {
+    return partial_in_offset + size_t(node) * partial_block;
+  }
+  PMOE_HOST_DEVICE static constexpr size_t partial_row(size_t block, int slot, size_t row_bytes) {
+    return block + kDtypeSlot + size_t(slot) * partial_stride(row_bytes);
+  }
+  // The bytes of a partial block with `slots` rows: what a relay puts to a source.
+  PMOE_HOST_DEVICE static constexpr size_t partial_bytes(int slots, size_t row_bytes) {
+    return kDtypeSlot + size_t(slots) * partial_stride(row_bytes);
   }
 
   // The rank on `node` with `rank`'s local index: a source's relay there, and a relay's source
@@ -218,7 +277,10 @@ struct AllToAllLayout {
   PMOE_HOST_DEVICE int dispatch_signal(int source) const { return source; }
   PMOE_HOST_DEVICE int combine_signal(int source) const { return world_size + source; }
   PMOE_HOST_DEVICE int relay_signal(int source) const { return 2 * world_size + source; }
-  PMOE_HOST_DEVICE int signal_slots() const { return (hierarchical ? 3 : 2) * world_size; }
+  PMOE_HOST_DEVICE int weights_signal(int source) const { return 3 * world_size + source; }
+  PMOE_HOST_DEVICE int signal_slots() const {
+    return (node_sum ? 4 : hierarchical ? 3 : 2) * world_size;
+  }
   PMOE_HOST_DEVICE static constexpr size_t signal_word(int slot) {
     return size_t(slot) * kSignalWords;
   }
@@ -240,6 +302,11 @@ struct AllToAllLayout {
   int ranks_per_node = 0, nodes = 0, max_node_pairs = 0;
   size_t relay_head_bytes = 0, relay_header_bytes = 0, relay_token_stride = 0, relay_block = 0;
   size_t relay_out_offset = 0, relay_in_offset = 0;
+  // Hierarchical with combine_sums_in_node (else false and 0).
+  bool node_sum = false;
+  size_t weights_block = 0, relay_rows_block = 0, partial_block = 0;
+  size_t weights_out_offset = 0, weights_in_offset = 0, relay_rows_offset = 0,
+         partial_out_offset = 0, partial_in_offset = 0;
 };
 
 }  // namespace pmoe::detail

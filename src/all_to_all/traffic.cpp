@@ -130,7 +130,7 @@ Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
   // Dispatch to a rank on another node goes through that node's relay in hierarchical mode.
   auto relayed = [&](int s, int d) { return hierarchical && off_node(s, d); };
   auto relay_of = [&](int s, int node) { return node * P + s % P; };
-  // Combine through the relay, summed there: the model's what-if; the kernels return directly.
+  // Combine summed by the relay (combine_sums_in_node): what the kernels move in that mode.
   const bool relay_combine = hierarchical && setup.relay_reduces;
 
   std::vector<int> pairs_on(W);        // this token's (expert, slot) pairs per rank
@@ -151,7 +151,13 @@ Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
         if (!first_in_group(row, j, E, L)) continue;  // the first slot that names rank d
         const int d = row[j] / L, n = pairs_on[d], node = d / P, relay = relay_of(s, node);
         out.dispatch.ranks[d].rows += n;
-        out.combine.ranks[s].rows += n;
+        // Node sum: the relay sums a remote node's rows, the source one partial per such node.
+        if (relay_combine && relayed(s, d)) {
+          out.combine.ranks[relay].rows += n;
+          if (!node_done[node]) ++out.combine.ranks[s].rows;
+        } else {
+          out.combine.ranks[s].rows += n;
+        }
         if (relayed(s, d)) {
           if (!node_done[node]) ++relay_slots[node];
           move(out.dispatch, relay, d, slot_bytes(n));  // the relay rebuilds d's slot
@@ -160,10 +166,8 @@ Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
         } else {
           move(out.dispatch, s, d, slot_bytes(n));
         }
-        if (relay_combine && relayed(s, d)) {
-          if (!node_done[node]) move(out.combine, relay, s, row_bytes);
-          if (d != relay)
-            for (int q = 0; q < n; ++q) move(out.combine, d, relay, row_bytes);
+        if (relay_combine && relayed(s, d)) {  // to the relay's rows, by load/store
+          for (int q = 0; q < n; ++q) move(out.combine, d, relay, row_bytes);
         } else {
           for (int q = 0; q < n; ++q) move(out.combine, d, s, row_bytes);
         }
@@ -187,8 +191,14 @@ Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
         signal(out.dispatch, relay, d);
       }
       if (relay_combine && relayed(s, d)) {
-        move(out.combine, d, d == relay ? s : relay, dtype_bytes);
-        signal(out.combine, d, d == relay ? s : relay);
+        // Its dtype word and signal reach the relay as a rank of d's node (d -> relay), where
+        // the loop over sources counts them; s hears from its relay there only, below.
+        if (d != relay) continue;
+        const uint64_t slots = relay_slots[d / P];
+        move(out.combine, s, relay, lay.weights_bytes(int(slots)));  // k weights, or a lone signal
+        signal(out.combine, s, relay);
+        move(out.combine, relay, s, AllToAllLayout::partial_bytes(int(slots), row_bytes));
+        signal(out.combine, relay, s);
       } else {
         move(out.combine, d, s, dtype_bytes);
         signal(out.combine, d, s);

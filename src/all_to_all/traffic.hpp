@@ -35,10 +35,17 @@
 //   each rank of its node, itself included (same_rank): one slot per (token, rank) with exact
 //   header bytes as direct mode stores them, then the head and a signal.
 // - Combine, hierarchical: the kernels return rows directly, as in direct mode (no relay can
-//   save network bytes without summing, and summing changes the order of the sum). With
-//   relay_reduces, the model's what-if instead: an owner on a remote node sends each row to the
-//   relay of its node (load/store, none when the owner is the relay), which sends the source one
-//   row per (token, node), its partial sum; dtype words and signals go owner -> relay -> source.
+//   save network bytes without summing, and summing changes the order of the sum).
+// - Combine, hierarchical with relay_reduces (AllToAllConfig::combine_sums_in_node; combine.cu
+//   and node_sum.cuh): owners on the source's node as in direct mode. An owner on a remote node
+//   stores each row for the source (row_bytes, one transfer) at the source's relay on its node
+//   (load/store, or same_rank when the owner is the relay), and its dtype word and signal go to
+//   the ranks of its node only. Per (source, remote node): the source puts the weights of its
+//   tokens in that node's relay block to the relay, ONE transfer of slots * max_node_pairs * 4
+//   bytes with a signal (a lone signal, 0 bytes, with no slot); the relay puts back ONE
+//   transfer of a 64-byte dtype head + slots * partial_stride(row_bytes) (the row padded to 16
+//   bytes) with a signal. `rows`: the relay counts the remote rows it sums, the source its own
+//   node's rows plus one partial per (token, remote node).
 // - Link kinds: same_rank (source = destination), load_store (same node), network.
 // - The critical-path rank of an op is the one with the most network bytes (the larger of sent
 //   and received), then the most load/store bytes; the model computes its own per-rank times.
@@ -63,8 +70,8 @@ struct TrafficSetup {
   int world_size = 0;
   int ranks_per_node = 0;  // divides world_size
   TrafficMode mode = TrafficMode::direct;
-  bool relay_reduces = false;  // hierarchical combine: the relay sums its node's rows (a model
-                               // what-if; the kernels return rows directly)
+  bool relay_reduces = false;  // hierarchical combine: the relay sums its node's rows
+                               // (AllToAllConfig::combine_sums_in_node)
 };
 
 struct LinkCount {

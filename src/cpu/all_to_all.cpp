@@ -268,6 +268,8 @@ class CpuAllToAll final : public AllToAllBackend {
 std::unique_ptr<AllToAllBackend> make_cpu_all_to_all(Communicator& comm,
                                                       const AllToAllConfig& config) {
   // The relay protocol lives in the CUDA kernels only; the CPU backend's off-node path is MPI's.
+  PMOE_CHECK(!config.combine_sums_in_node, "AllToAll on the CPU: combine_sums_in_node (with "
+             "cross_node = hierarchical) is a mode of the CUDA backend; leave it false here");
   PMOE_CHECK(config.cross_node == CrossNode::direct, "AllToAll on the CPU: cross_node = "
              "hierarchical is a mode of the CUDA backend; use CrossNode::direct here");
   return std::make_unique<CpuAllToAll>(comm, config);

@@ -2,7 +2,9 @@
 // CUDA dispatch and combine really put to other nodes (AllToAll::remote_traffic(), counted by
 // the emulated remote path's proxy) equals count_traffic's network bytes and transfers for that
 // rank (src/all_to_all/traffic.hpp), on uniform and Zipf-skewed routings with -1 slots, m varying
-// per rank and call (0 included), in several dtypes. Each cross-node mode is one parameter.
+// per rank and call (0 included), in several dtypes. Each cross-node mode is one parameter
+// (node_sum: hierarchical with combine_sums_in_node, counted with relay_reduces); at top-8,
+// node-summed combine puts fewer bytes than direct combine on every rank.
 // Emulated device only: on a GPU the remote path is NCCL GIN across real nodes.
 #include <gtest/gtest.h>
 
@@ -32,11 +34,18 @@ struct Crossing {
   const char* name;
   TrafficMode traffic;
   void (*select)(AllToAllConfig&);
+  bool sums_in_node = false;  // count_traffic's relay_reduces
 };
 const Crossing kDirect{"direct", TrafficMode::direct, [](AllToAllConfig&) {}};
 const Crossing kHierarchical{"hierarchical", TrafficMode::hierarchical, [](AllToAllConfig& c) {
                                 c.cross_node = ::pmoe::CrossNode::hierarchical;
                               }};
+const Crossing kNodeSum{"node_sum", TrafficMode::hierarchical,
+                        [](AllToAllConfig& c) {
+                          c.cross_node = ::pmoe::CrossNode::hierarchical;
+                          c.combine_sums_in_node = true;
+                        },
+                        true};
 
 struct Split {
   int nodes, per_node;
@@ -153,7 +162,7 @@ TEST_P(AllToAllCudaTraffic, RemoteTrafficEqualsCountTraffic) {
       }, Device::cuda(0));
       for (int call = 0; call < 2; ++call) {
         const detail::Traffic counted =
-            detail::count_traffic(cfg, {W, p.split.per_node, p.mode.traffic, false},
+            detail::count_traffic(cfg, {W, p.split.per_node, p.mode.traffic, p.mode.sums_in_node},
                                   routings[size_t(call)], d.expert_y);
         uint64_t network = 0;
         for (int r = 0; r < W; ++r) {
@@ -175,11 +184,61 @@ TEST_P(AllToAllCudaTraffic, RemoteTrafficEqualsCountTraffic) {
   }
 }
 
+// Per rank, what one dispatch + combine of `routing` (bf16 throughout, H 64) put off-node in
+// combine alone.
+std::vector<uint64_t> combine_network_bytes(const AllToAllConfig& cfg,
+                                            const std::vector<std::vector<int32_t>>& routing) {
+  const int W = int(routing.size()), k = cfg.experts_per_token, H = cfg.hidden_dim;
+  const int M = cfg.max_num_tokens, L = cfg.num_experts / W;
+  std::vector<uint64_t> bytes(size_t(W), 0);
+  run_ranks(W, [&](Communicator& comm) {
+    const Device gpu = comm.device();
+    AllToAll a2a(comm, cfg);
+    std::vector<int32_t> rows = routing[size_t(comm.rank())];
+    const int64_t m = int64_t(rows.size()) / k;
+    Buffer x(DType::bf16, {M, H}, gpu), indices(DType::i32, {M, k}, gpu),
+        weights(DType::f32, {M, k}, gpu), counts(DType::i32, {L}, gpu),
+        expert_x(DType::bf16, {L, W * M, H}, gpu), y(DType::bf16, {M, H}, gpu);
+    const Tensor indices_m(indices.data<void>(), DType::i32, {m, k}, gpu);
+    copy(indices_m, Tensor(rows.data(), DType::i32, {m, k}));
+    a2a.dispatch(Tensor(x.data<void>(), DType::bf16, {m, H}, gpu), Tensor(), indices_m, counts,
+                 expert_x, Tensor());
+    synchronize(comm.stream());
+    const uint64_t before = a2a.remote_traffic().bytes;
+    a2a.combine(expert_x, indices_m, Tensor(weights.data<void>(), DType::f32, {m, k}, gpu),
+                Tensor(y.data<void>(), DType::bf16, {m, H}, gpu));
+    synchronize(comm.stream());
+    a2a.check_errors();
+    bytes[size_t(comm.rank())] = a2a.remote_traffic().bytes - before;
+  }, Device::cuda(0));
+  return bytes;
+}
+
+// At top-8 over two nodes of four, node-summed combine puts fewer bytes off-node than combine
+// returning rows directly, on every rank: one row per (token, node) instead of one per
+// (token, expert), weights and heads included.
+TEST(AllToAllCudaTraffic, NodeSumPutsFewerBytesThanDirectCombineAtTop8) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  std::mt19937 rng(32);
+  AllToAllConfig cfg = make_config(8, 16, 8, 64);
+  cfg.ranks_per_node = 4;
+  cfg.cross_node = ::pmoe::CrossNode::hierarchical;
+  const auto routing = make_routing(8, 8, 8, 16, 0.0, rng);
+  const std::vector<uint64_t> direct = combine_network_bytes(cfg, routing);
+  cfg.combine_sums_in_node = true;
+  const std::vector<uint64_t> summed = combine_network_bytes(cfg, routing);
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_GT(direct[size_t(r)], 0u) << "rank " << r;
+    EXPECT_LT(summed[size_t(r)], direct[size_t(r)]) << "rank " << r;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Splits, AllToAllCudaTraffic,
                          ::testing::Values(Param{{2, 2}, kDirect}, Param{{2, 4}, kDirect},
                                            Param{{4, 2}, kDirect}, Param{{2, 2}, kHierarchical},
                                            Param{{2, 4}, kHierarchical},
-                                           Param{{4, 2}, kHierarchical}),
+                                           Param{{4, 2}, kHierarchical}, Param{{2, 2}, kNodeSum},
+                                           Param{{2, 4}, kNodeSum}, Param{{4, 2}, kNodeSum}),
                          [](const auto& info) {
                            const Param& p = info.param;
                            return detail::cat("Nodes", p.split.nodes, "x", p.split.per_node, "_",

@@ -237,9 +237,9 @@ void add_model_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "routing seed")->capture_default_str();
   cmd->add_flag("--relay-reduces", o->relay_reduces,
-                "what-if for hierarchical combine: a relay that sends one partial sum per (token, "
-                "node) (the kernels return rows directly: summing on the relay changes the order "
-                "of the sum, not bit-exact)");
+                "hierarchical combine with AllToAllConfig::combine_sums_in_node: each node's relay "
+                "sums its node's rows and puts one partial per (token, node), counted as those "
+                "kernels send it (weights and partial heads included)");
   cmd->add_option("--json", o->json_path, "write the rows as JSON to this file");
   cmd->add_option("--plot", o->plot_path,
                   "draw predicted time to this PNG, and network bytes to NAME_network.png");

@@ -75,7 +75,8 @@ struct Prediction {
 };
 
 // row_bytes: a dispatch slot's payload + scales, and a combine row (H x out dtype).
-// relay_reduces: the traffic was counted with it (hierarchical combine through the relay).
+// relay_reduces: the traffic was counted with it (hierarchical combine summed by the relays,
+// AllToAllConfig::combine_sums_in_node).
 Prediction predict(const HardwarePreset& hw, const detail::Traffic& traffic,
                    detail::TrafficMode mode, double dispatch_row_bytes, double combine_row_bytes,
                    bool relay_reduces = false);

@@ -54,7 +54,7 @@ struct PublishedRow {
   Figure figure = Figure::us;
   const char* dtype = nullptr;  // dispatch payload when not the shape's (bf16 rows)
   detail::TrafficMode mode = detail::TrafficMode::direct;
-  bool relay_reduces = false;  // hierarchical combine: the what-if of a relay that sums its node
+  bool relay_reduces = false;  // hierarchical combine with combine_sums_in_node (relay sums)
 };
 
 constexpr auto kHier = detail::TrafficMode::hierarchical;

@@ -256,7 +256,7 @@ class CudaAllToAll final : public AllToAllBackend {
       case cuda::kTimeout:
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, " (", device_.str(),
                         "): rank ", r.detail, node_of(r.detail), " did not arrive within ",
-                        params_.timeout_ns / 1e9, " s", relayed_by(r.detail, r.step)));
+                        params_.timeout_ns / 1e9, " s", relayed_by(r.detail, r.step, r.value)));
       case cuda::kNoRemote:
         throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": rank ", r.detail,
                         node_of(r.detail), " is on another node and this build has no remote "
@@ -350,8 +350,16 @@ class CudaAllToAll final : public AllToAllBackend {
   }
   // In hierarchical mode a source on another node reaches this rank's dispatch(recv) through
   // this node's relay for it: name that rank too, since it may be the one that is missing.
-  std::string relayed_by(int source, int32_t step) const {
+  // In node-summed combine, the one rank of another node this rank waits for is its peer there,
+  // for either side of the relay's work (`awaited`, a TimeoutWait): say which.
+  std::string relayed_by(int source, int32_t step, int32_t awaited) const {
     const int R = layout_.ranks_per_node;
+    if (layout_.node_sum && step == int32_t(Step::combine_recv) && source / R != params_.rank / R)
+      return awaited == cuda::kAwaitedWeights
+                 ? cat("; this rank waited for the weights of its tokens, to sum node ",
+                       params_.rank / R, "'s rows of them (node-summed combine)")
+                 : cat("; this rank waited for node ", source / R, "'s partial sums of its "
+                       "tokens, which rank ", source, " sums and sends (node-summed combine)");
     if (!layout_.hierarchical || step != int32_t(Step::dispatch_recv) ||
         source / R == params_.rank / R)
       return "";

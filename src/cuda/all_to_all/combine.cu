@@ -16,12 +16,11 @@
 //                                  once the waits are over); y[t] = sum_j w[t, j] * row(t, j) in
 //                                  f32, in j order, multiply and add rounded separately (no
 //                                  FMA), as the CPU backend does: the two give the same bits
+// Node-summed combine (combine_sums_in_node) changes where rows go and how y is summed:
+// node_sum.cuh draws it.
 // Only one block of each rank ever spins. Ranks sharing a GPU must not fill its SMs with waiting
 // blocks: a peer's kernel that would let them go on could then never be scheduled.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include "cuda/all_to_all/device_utils.cuh"
+#include "cuda/all_to_all/node_sum.cuh"  // first: see params.cuh
 #include "cuda/transport/transport.cuh"
 #include "cuda/all_to_all/kernels.hpp"
 #include "cuda/check.hpp"
@@ -46,13 +45,24 @@ __device__ void wait_owners(const AllToAllParams& p) {
     p.round->next_step = int32_t(Step::dispatch_send);
   }
   __syncthreads();
+  if (lay.node_sum && !failed) sum_for_relayed_sources(p, epoch, failed);
+  // Node sum: of the ranks on another node, only this rank's relay there sends (the node's
+  // partials, with its dtype at their head).
+  const int R = lay.ranks_per_node;
+  auto sends_here = [&](int owner) {
+    return !lay.node_sum || owner / R == p.rank / R || owner == lay.peer_on_node(p.rank, owner / R);
+  };
   for (int owner = threadIdx.x; owner < p.world_size && !failed; owner += blockDim.x) {
+    if (!sends_here(owner)) continue;
     if (!wait_signal(p.transport, lay.combine_signal(owner), epoch, p.timeout_ns, p.error, owner,
                      Step::combine_recv)) {
       failed = true;
     } else {
-      const int32_t dtype = *reinterpret_cast<const volatile int32_t*>(
-          p.regions[p.rank] + lay.combine_dtype_slot(owner));
+      const size_t dtype_at = lay.node_sum && owner / R != p.rank / R
+                                  ? lay.partial_in(owner / R)
+                                  : lay.combine_dtype_slot(owner);
+      const int32_t dtype =
+          *reinterpret_cast<const volatile int32_t*>(p.regions[p.rank] + dtype_at);
       if (dtype != p.y_dtype) {
         report(p.error, kDtypeMismatch, owner, Step::combine_recv, dtype);
         failed = true;
@@ -78,15 +88,17 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
     const int index = (start + r) % routes;
     const Route route = p.routes[index];
     // A remote source: the row is staged in this rank's region and put from there (window to
-    // window) once the whole block has written it. The same for every thread of the block.
-    const bool direct = p.regions[route.source] != nullptr;
+    // window) once the whole block has written it; with node sums, it goes to the source's relay
+    // on this node instead, by load/store. The same for every thread of the block.
+    const bool staged = p.regions[route.source] == nullptr && !lay.node_sum;
     const size_t at = lay.combine_row_offset(route.token, route.slot);
-    std::byte* to = direct ? p.regions[route.source] + at
-                           : p.regions[p.rank] + lay.combine_stage(index);
+    std::byte* to = p.regions[route.source] ? p.regions[route.source] + at
+                    : staged ? p.regions[p.rank] + lay.combine_stage(index)
+                             : relay_row_for(p, route);
     copy_to_each(
         1, [](int) { return true; }, [&](int) { return to; },
         p.expert_y + size_t(route.row) * row_bytes, row_bytes);
-    if (!direct) {
+    if (staged) {
       __syncthreads();
       if (threadIdx.x == 0) {
         __threadfence_system();  // the block's stores to the staging, before the put reads them
@@ -100,7 +112,12 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
   // kernel ends every staged row has been read and the next combine may rewrite the staging.
   if (threadIdx.x == 0) flush(p.transport);
   if (!last_block_all(&p.block_counters[kReturnDone])) return;
+  if (lay.node_sum) {
+    stage_weights(p);
+    __syncthreads();  // every thread's weights, before thread 0 puts them
+  }
   if (threadIdx.x == 0) {
+    if (lay.node_sum) put_weights(p);
     p.round->next_step = int32_t(Step::combine_recv);  // every block has read it
     const uint64_t epoch = *p.epoch;
     for (int dest = 0; dest < p.world_size; ++dest)
@@ -115,13 +132,15 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
     for (int dest = 0; dest < p.world_size; ++dest) {
       if (p.signals[dest]) {
         signal_release(p.signals[dest] + lay.signal_word(lay.combine_signal(p.rank)), epoch);
+      } else if (lay.node_sum) {
+        continue;  // its rows went to its relay on this node, which signals it
       } else if (!put_signal(p.transport, dest, lay.combine_dtype_slot(p.rank),
                              lay.stage_dtype_offset, sizeof(int32_t),
                              lay.combine_signal(p.rank))) {
         report(p.error, kNoRemote, dest, Step::combine_send);
       }
     }
-    flush(p.transport);  // the dtype's staging word, put just above by this thread
+    flush(p.transport);  // the dtype's staging word (or the weights), put above by this thread
   }
   if (p.fuse_recv) {
     __syncthreads();  // next_step, advanced above
@@ -129,22 +148,9 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
   }
 }
 
-__device__ __forceinline__ float load(const float* p, int i) { return p[i]; }
-__device__ __forceinline__ float load(const __nv_bfloat16* p, int i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ float load(const __half* p, int i) { return __half2float(p[i]); }
-__device__ __forceinline__ void store(float* p, int i, float v) { p[i] = v; }
-__device__ __forceinline__ void store(__nv_bfloat16* p, int i, float v) { p[i] = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store(__half* p, int i, float v) { p[i] = __float2half_rn(v); }
-
 __global__ void __launch_bounds__(kBlockThreads) await_owners(const AllToAllParams p) {
   wait_owners(p);
 }
-
-// Elements one thread sums at once, loaded and stored in one access each.
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
 
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kBlockThreads) reduce_rows(const AllToAllParams p) {
@@ -153,7 +159,7 @@ __global__ void __launch_bounds__(kBlockThreads) reduce_rows(const AllToAllParam
   if (failed_before(p) || *p.owners_ready == 0) return;
   // 16-byte accesses on the wider side, 8-byte ones on the narrower.
   constexpr int V = 16 / (sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
-  using InPack = Pack<In, V>;
+  using InPack = Pack<In, V>;  // partial rows (node sum) are 16-byte aligned: partial_stride
   using OutPack = Pack<Out, V>;
   const int tokens = min(tokens_this_call(p), p.round->dispatched_m), k = p.top_k, H = p.hidden_dim;
   const int E = p.num_local_experts * p.world_size;
@@ -162,6 +168,8 @@ __global__ void __launch_bounds__(kBlockThreads) reduce_rows(const AllToAllParam
   const bool rows_aligned =
       (reinterpret_cast<uintptr_t>(region + lay.combine_offset) | lay.combine_row) %
           sizeof(InPack) == 0;
+  const int N = lay.nodes, my_node = lay.node_sum ? p.rank / lay.ranks_per_node : 0;
+  const size_t row_bytes = size_t(H) * sizeof(In);
   for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
     const int32_t* indices = p.indices + size_t(t) * k;
     const float* weights = p.weights + size_t(t) * k;
@@ -171,26 +179,43 @@ __global__ void __launch_bounds__(kBlockThreads) reduce_rows(const AllToAllParam
     // The slots dispatch sent: -1, an index out of range and a repeated expert were skipped there
     // (and reported), so no row came back for them.
     auto sent = [&](int j) { return first_in_group(indices, j, E, 1); };
+    // acc[c] = y[t, h + c] before rounding. Direct: every slot's row in j order. Node sum: each
+    // node's partial in node order, this rank's own node's summed here in j order.
+    auto accumulate = [&](auto& acc, int h) {
+      constexpr int C = sizeof(acc) / sizeof(float);
+      if (!lay.node_sum) {
+        for (int j = 0; j < k; ++j)
+          if (sent(j)) add_scaled<C>(acc, row(j), h, weights[j]);
+        return;
+      }
+      for (int n = 0; n < N; ++n) {
+        if (n == my_node) {
+          float own[C] = {};
+          for (int j = 0; j < k; ++j)
+            if (sent(j) && node_of_expert(lay, indices[j]) == my_node)
+              add_scaled<C>(own, row(j), h, weights[j]);
+          for (int c = 0; c < C; ++c) acc[c] = __fadd_rn(acc[c], own[c]);
+        } else if (const int q = p.relay_slot[t * N + n]; q >= 0) {
+          const auto* partial = reinterpret_cast<const In*>(
+              region + AllToAllLayout::partial_row(lay.partial_in(n), q, row_bytes));
+          add_scaled<C>(acc, partial, h, 1.0f);  // exact: w = 1
+        }
+      }
+    };
     Out* y = reinterpret_cast<Out*>(p.y) + size_t(t) * H;
     const bool aligned = rows_aligned && reinterpret_cast<uintptr_t>(y) % sizeof(OutPack) == 0;
     const int vector_end = aligned ? H / V * V : 0;
     for (int h = threadIdx.x * V; h < vector_end; h += blockDim.x * V) {
       float acc[V] = {};
-      for (int j = 0; j < k; ++j) {
-        if (!sent(j)) continue;
-        const InPack in = *reinterpret_cast<const InPack*>(row(j) + h);
-        for (int v = 0; v < V; ++v)
-          acc[v] = __fadd_rn(acc[v], __fmul_rn(weights[j], load(in.v, v)));
-      }
+      accumulate(acc, h);
       OutPack out;
       for (int v = 0; v < V; ++v) store(out.v, v, acc[v]);
       *reinterpret_cast<OutPack*>(y + h) = out;
     }
     for (int h = vector_end + threadIdx.x; h < H; h += blockDim.x) {
-      float acc = 0.0f;
-      for (int j = 0; j < k; ++j)
-        if (sent(j)) acc = __fadd_rn(acc, __fmul_rn(weights[j], load(row(j), h)));
-      store(y, h, acc);
+      float acc[1] = {0.0f};
+      accumulate(acc, h);
+      store(y, h, acc[0]);
     }
   }
 }

@@ -46,15 +46,17 @@ __device__ __forceinline__ void report(ErrorWord* error, int32_t code, int32_t d
   }
 }
 
-// Spins until read() >= value; false (and an error report naming `peer`) after the timeout, or
-// once another thread reported a fatal error. read() is a signal read with acquire.
+// Spins until read() >= value; false (and an error report naming `peer`, with `awaited` for the
+// host's message: a TimeoutWait) after the timeout, or once another thread reported a fatal
+// error. read() is a signal read with acquire.
 template <typename Read>
 __device__ __forceinline__ bool wait_until_at_least(Read read, uint64_t value, uint64_t timeout_ns,
-                                                   ErrorWord* error, int peer, Step step) {
+                                                   ErrorWord* error, int peer, Step step,
+                                                   int32_t awaited = kAwaitedData) {
   const uint64_t start = global_timer_ns();
   while (read() < value) {
     if (global_timer_ns() - start > timeout_ns) {
-      report(error, kTimeout, peer, step);
+      report(error, kTimeout, peer, step, awaited);
       return false;
     }
     const int32_t code = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(error->code)

@@ -54,6 +54,12 @@ enum ErrorCode : int32_t {
   kNoRemote = 7,       // a put to a remote peer on a path that has none (detail: the peer)
 };
 
+// What a timed-out wait waited for (ErrorWord::value of kTimeout), for the host's message.
+enum TimeoutWait : int32_t {
+  kAwaitedData = 0,     // the peer's data of the step (rows, tokens, partial sums)
+  kAwaitedWeights = 1,  // node sum: a source's weights, at its relay
+};
+
 // Where this rank's device is in the round, kept on the device because graph replays skip the
 // host's checks: each step's kernel checks next_step and advances it, dispatch(send) records m
 // for combine(recv) to check.
@@ -76,7 +82,7 @@ struct ErrorWord {
   int32_t code;    // ErrorCode
   int32_t detail;  // the peer (timeout), m (too many tokens) or the flat index position
   int32_t step;    // the Step whose kernel reported it
-  int32_t value;   // the offending index value (bad index)
+  int32_t value;   // the offending index value (bad index); a TimeoutWait (timeout)
   ErrorWord* host_mirror;  // device pointer to the host-mapped copy (unused in the copy itself)
 };
 

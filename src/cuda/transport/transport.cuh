@@ -76,9 +76,9 @@ __device__ __forceinline__ uint64_t read_signal(const Transport& t, int slot) {
 // another thread reported a fatal error.
 __device__ __forceinline__ bool wait_signal(const Transport& t, int slot, uint64_t least,
                                            uint64_t timeout_ns, ErrorWord* error, int peer,
-                                           Step step) {
+                                           Step step, int32_t awaited = kAwaitedData) {
   return wait_until_at_least([&t, slot] { return read_signal(t, slot); }, least, timeout_ns,
-                             error, peer, step);
+                             error, peer, step, awaited);
 }
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR
