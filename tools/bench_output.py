@@ -8,7 +8,8 @@ import subprocess
 
 
 def machine(cuda):
-    """The CPU model, cores, host and Python; with cuda, the GPUs torch sees ("gpu": a line)."""
+    """The CPU model, cores, host and Python; with cuda, the GPUs torch sees ("gpu": a line,
+    "none" where it sees none)."""
     model = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -16,9 +17,10 @@ def machine(cuda):
     except (OSError, StopIteration):
         pass
     gpu = "none"
-    if cuda:
+    if cuda:  # --device cuda also runs where torch has no GPU (the skipped rows say so)
         import torch
-        gpu = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+            gpu = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
     return {"cpu": model, "cores": os.cpu_count(), "gpu": gpu, "host": platform.node(),
             "python": platform.python_version()}
 

@@ -15,20 +15,12 @@
 namespace pmoe::detail {
 namespace {
 
-constexpr size_t kHugePage = size_t(2) << 20;
-
 std::byte* map_fd(int fd, size_t bytes, const std::string& name) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
   ::close(fd);
   PMOE_CHECK(p != MAP_FAILED, "shared memory '", name, "': mmap of ", bytes,
              " bytes failed: ", std::strerror(err));
-  // Combine reads expert rows scattered over the owners' segments; on 4 KiB pages the TLB walks
-  // cost it about a tenth of its time (docs/benchmarks.md). A hint, as for private buffers
-  // (core/tensor.cpp): the kernel grants huge pages here only where the tmpfs at /dev/shm is
-  // mounted with huge=advise (or within_size, always; Debian mounts it without, which is never),
-  // and a refusal costs only speed.
-  if (bytes >= kHugePage) madvise(p, bytes, MADV_HUGEPAGE);
   return static_cast<std::byte*>(p);
 }
 

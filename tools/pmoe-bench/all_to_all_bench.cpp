@@ -420,13 +420,6 @@ void print_targets(const json& rows) {
   line("dense_padded time / pmoe dispatch+combine time", (*p)["mean_us"].get<double>() / mean, 5.0);
   line("dispatch, fraction of the copy bound", (*d)["copy_fraction"].get<double>(), 0.6);
   line("combine, fraction of the copy bound", (*c)["copy_fraction"].get<double>(), 0.6);
-  const std::string huge = shm_huge_pages();
-  if (launched_by_mpi() && (huge == "never" || huge == "deny"))
-    std::printf("\nThe MPI ranks' buffers are POSIX shared memory, here on 4 KiB pages (/dev/shm: "
-                "huge=%s), and combine's scattered reads pay a TLB walk per page; thread ranks' "
-                "and the roofline's buffers are huge pages. As root, `mount -o remount,huge=advise "
-                "/dev/shm` lets pmoe's segments ask for huge pages (docs/benchmarks.md).\n",
-                huge.c_str());
 }
 
 void run(const Options& o) {

@@ -47,8 +47,7 @@ nlohmann::json machine_info();
 std::string git_commit();
 // Whether POSIX shared memory may use huge pages: the huge= option of the tmpfs at /dev/shm
 // (never where it has none: Debian's default), or shmem_enabled's force or deny, which override
-// it. MPI ranks' buffers lie there; pmoe asks for huge pages on them (madvise), which counts
-// where the option is advise, within_size or always.
+// it. MPI ranks' buffers lie there (docs/benchmarks.md, "MPI ranks").
 std::string shm_huge_pages();
 
 // Parses "2,4,8" into {2, 4, 8}; throws pmoe::Error on anything else.
