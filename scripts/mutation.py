@@ -141,6 +141,16 @@ KNOWN_GAPS: dict = {
         "read, so only a failed owner wait differs (threads may read `failed` before it is set "
         "and leave at different barriers), which the one test of a relay's failed owner wait "
         "(RelayWithoutASourcesWeightsTimesOutNamingIt, rank 2) gets through on the emulated device",
+    ("grouped_gemm.cu", ("barrier",), "__syncthreads();  // every lane's share of the fragment is in c_s"):
+        "the barrier between a warp's store_matrix_sync and its lanes' reads of the other lanes' "
+        "shares, which a GPU needs (a __syncwarp at least): dropped, every cuda test still "
+        "passed on the emulated device, although src/cuda/emulator/wmma.hpp says its ops do not "
+        "synchronise the warp; why is not understood yet (found 2026-11-26, third session)",
+    ("grouped_gemm.cu", ("barrier",), "__syncthreads();  // c_s is read before the next fragment's store"):
+        "the barrier between the lanes' reads of a staged fragment and the warp's next store "
+        "into the same staging area, which a GPU needs: dropped, every cuda test still passed "
+        "(perhaps no tested shape gives a warp a second fragment of an item, or the emulated "
+        "lanes run in an order that hides it); not understood yet (found 2026-11-26)",
 }
 
 
