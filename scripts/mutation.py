@@ -132,7 +132,9 @@ EQUIVALENT = {
 # host sees host-mapped words, src/cuda/emulator/host_view.hpp; TpMoe's own reader of its fault
 # word until it shared the overlap ops' FaultWord, whose reader a test polls; the MoE kernels'
 # doubled grid strides until MoeCudaShapes.MoreWorkThanOneGridPass gave their loops more than
-# one pass of work.) Reported as survivors; `make mutation` fails on any survivor listed in
+# one pass of work; the grouped GEMM's two barriers around a warp's fragment staging until the
+# emulated wmma spread an accumulator's elements over the lanes in another order than the one
+# the kernel reads them back in.) Reported as survivors; `make mutation` fails on any survivor listed in
 # neither table.
 KNOWN_GAPS: dict = {
     ("node_sum.cuh", ("barrier",), "__syncthreads();\n  if (failed) return;"):
@@ -141,16 +143,6 @@ KNOWN_GAPS: dict = {
         "read, so only a failed owner wait differs (threads may read `failed` before it is set "
         "and leave at different barriers), which the one test of a relay's failed owner wait "
         "(RelayWithoutASourcesWeightsTimesOutNamingIt, rank 2) gets through on the emulated device",
-    ("grouped_gemm.cu", ("barrier",), "__syncthreads();  // every lane's share of the fragment is in c_s"):
-        "the barrier between a warp's store_matrix_sync and its lanes' reads of the other lanes' "
-        "shares, which a GPU needs (a __syncwarp at least): dropped, every cuda test still "
-        "passed on the emulated device, although src/cuda/emulator/wmma.hpp says its ops do not "
-        "synchronise the warp; why is not understood yet (found 2026-11-26, third session)",
-    ("grouped_gemm.cu", ("barrier",), "__syncthreads();  // c_s is read before the next fragment's store"):
-        "the barrier between the lanes' reads of a staged fragment and the warp's next store "
-        "into the same staging area, which a GPU needs: dropped, every cuda test still passed "
-        "(perhaps no tested shape gives a warp a second fragment of an item, or the emulated "
-        "lanes run in an order that hides it); not understood yet (found 2026-11-26)",
 }
 
 

@@ -6,9 +6,12 @@
 // - Every lane of the warp calls each op with the same arguments; how a fragment's elements
 //   spread over the lanes is unspecified. Here a matrix_a or matrix_b fragment holds the whole
 //   matrix in every lane (row-major, rows x cols), and an accumulator holds the elements
-//   i = lane + 32 j (j < num_elements = M N / 32) of the row-major M x N matrix: each lane
-//   computes and stores only those. So a lane that skips an op leaves its share unset, as a
-//   GPU's warp gives garbage when not all of it calls.
+//   i = (lane + j) % 32 + 32 j (j < num_elements = M N / 32) of the row-major M x N matrix: each
+//   lane computes and stores only those. So a lane that skips an op leaves its share unset, as a
+//   GPU's warp gives garbage when not all of it calls; and a kernel that reads a stored
+//   fragment back lane-strided (element lane + 32 j) reads other lanes' shares, so it needs the
+//   barrier a GPU needs (no fixed mapping could show every such kernel, but the plain one
+//   showed none: it was the very order the grouped GEMM reads in).
 // - load/store: mptr 256-bit (32-byte) aligned, ldm a multiple of 16 bytes (8 16-bit elements,
 //   4 floats), in elements of the pointer's type. A violation throws here (the launch fails with
 //   the message), where a GPU faults or reads wrong data.
@@ -61,6 +64,9 @@ constexpr bool is_16bit_shape(int M, int N, int K) {
 inline float widen(__half v) { return __half2float(v); }
 inline float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// Element j of an accumulator fragment in lane `lane`: its index in the row-major M x N matrix.
+inline int accumulator_element(int lane, int j) { return (lane + j) % 32 + 32 * j; }
+
 // The calling thread's lane in its warp (threads numbered x fastest, as on a GPU).
 inline int lane() {
   const auto& t = ::pmoe::emu::this_thread();
@@ -102,8 +108,6 @@ inline void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, const T& v) {
 }
 
 // matrix_a / matrix_b: the whole matrix, from row-major or column-major memory.
-// matrix_a / matrix_b, from row-major or column-major memory: the rows of A or the column of B
-// that this lane's accumulator elements need.
 template <typename Use, int M, int N, int K, typename T, typename Layout>
 inline void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* mptr, unsigned ldm) {
   static_assert(std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>,
@@ -114,13 +118,9 @@ inline void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* mptr
   auto load = [&](int r, int c) {
     f.x[r * F::cols + c] = row ? mptr[size_t(r) * ldm + c] : mptr[size_t(c) * ldm + r];
   };
-  const int lane = detail::lane();
-  if constexpr (std::is_same_v<Use, matrix_a>) {
-    for (int r = lane / N; r < M; r += 32 / N)
-      for (int k = 0; k < K; ++k) load(r, k);
-  } else {
-    for (int k = 0; k < K; ++k) load(k, lane % N);
-  }
+  // Every row of A and column of B: a lane's accumulator elements span rows and columns.
+  for (int r = 0; r < F::rows; ++r)
+    for (int c = 0; c < F::cols; ++c) load(r, c);
 }
 
 // Accumulators: this lane's elements only.
@@ -129,7 +129,7 @@ inline void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const flo
                              unsigned ldm, layout_t layout) {
   detail::check_operand("load_matrix_sync", mptr, ldm, sizeof(float));
   for (int j = 0; j < f.num_elements; ++j) {
-    const int i = detail::lane() + 32 * j, r = i / N, c = i % N;
+    const int i = detail::accumulator_element(detail::lane(), j), r = i / N, c = i % N;
     f.x[j] = layout == mem_row_major ? mptr[size_t(r) * ldm + c] : mptr[size_t(c) * ldm + r];
   }
 }
@@ -138,7 +138,7 @@ inline void store_matrix_sync(float* mptr, const fragment<accumulator, M, N, K, 
                               unsigned ldm, layout_t layout) {
   detail::check_operand("store_matrix_sync", mptr, ldm, sizeof(float));
   for (int j = 0; j < f.num_elements; ++j) {
-    const int i = detail::lane() + 32 * j, r = i / N, c = i % N;
+    const int i = detail::accumulator_element(detail::lane(), j), r = i / N, c = i % N;
     (layout == mem_row_major ? mptr[size_t(r) * ldm + c] : mptr[size_t(c) * ldm + r]) = f.x[j];
   }
 }
@@ -150,7 +150,7 @@ inline void mma_sync(fragment<accumulator, M, N, K, float>& d,
                      const fragment<matrix_b, M, N, K, T, LB>& b,
                      const fragment<accumulator, M, N, K, float>& c) {
   for (int j = 0; j < d.num_elements; ++j) {
-    const int i = detail::lane() + 32 * j, r = i / N, col = i % N;
+    const int i = detail::accumulator_element(detail::lane(), j), r = i / N, col = i % N;
     float acc = c.x[j];
     for (int k = 0; k < K; ++k)
       acc += detail::widen(a.x[r * K + k]) * detail::widen(b.x[k * N + col]);  // exact product
