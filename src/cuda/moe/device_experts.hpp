@@ -158,25 +158,30 @@ class DeviceExperts {
     p.tally = tally;
     launch_plan_tiles(p, stream);
     batch_rows_[size_t(run)] = plan.rows();
-    GroupedGemm g;
-    g.live_tiles = first_tile_.data<int32_t>() + count_;
-    g.max_tiles = plan.tiles;
-    g.tile_rows = plan.tile;
-    if (grouped()) {
-      g.a = tiles(kX);
-      g.b = tiles(kW1);
-      g.c = outputs(kHidden);
-      g.n = ld1;
-      g.k = H;
-      g.lda = x_ld;
-      g.ldb = ld1;
-      g.ldc = ld1;
-      g.issued = tally ? tally + 2 : nullptr;
+    // C [tile rows, n] = A [tile rows, k] . B [k, n] for every planned tile: the grouped GEMM
+    // over the live tiles (16-bit layers), or cuBLAS over the whole batch (f32).
+    auto gemm = [&](Operand a, int lda, Operand b, Operand c, int n, int k, int64_t* issued) {
+      if (!grouped()) {
+        gemm_arrays_row_major(handle, types_, plan.tile, n, k, tiles(a), lda, tiles(b), n,
+                              outputs(c), n, plan.tiles);
+        return;
+      }
+      GroupedGemm g;
+      g.live_tiles = first_tile_.data<int32_t>() + count_;
+      g.max_tiles = plan.tiles;
+      g.tile_rows = plan.tile;
+      g.a = tiles(a);
+      g.b = tiles(b);
+      g.c = outputs(c);
+      g.n = n;
+      g.k = k;
+      g.lda = lda;
+      g.ldb = n;
+      g.ldc = n;
+      g.issued = issued;
       launch_grouped_gemm(g, config_.dtype, blocks_, stream);
-    } else {
-      gemm_arrays_row_major(handle, types_, plan.tile, ld1, H, tiles(kX), x_ld, tiles(kW1), ld1,
-                            outputs(kHidden), ld1, plan.tiles);
-    }
+    };
+    gemm(kX, x_ld, kW1, kHidden, ld1, H, tally ? tally + 2 : nullptr);
     Activate a;
     a.hidden = hidden;
     a.out = act;
@@ -187,21 +192,7 @@ class DeviceExperts {
     a.row_limits = counts;
     a.group_rows = C;
     launch_activate(a, config_.dtype, stream);
-    if (grouped()) {
-      g.a = tiles(kAct);
-      g.b = tiles(kW2);
-      g.c = outputs(kOut);
-      g.n = O;
-      g.k = width_;
-      g.lda = act_ld;
-      g.ldb = O;
-      g.ldc = O;
-      g.issued = tally ? tally + 2 + blocks_ : nullptr;
-      launch_grouped_gemm(g, config_.dtype, blocks_, stream);
-    } else {
-      gemm_arrays_row_major(handle, types_, plan.tile, O, width_, tiles(kAct), act_ld, tiles(kW2),
-                            O, outputs(kOut), O, plan.tiles);
-    }
+    gemm(kAct, act_ld, kW2, kOut, O, width_, tally ? tally + 2 + blocks_ : nullptr);
   }
 
   // With device stats, over the last forward's runs (the first `runs`): the rows in use and the
