@@ -39,9 +39,12 @@
 #                      gemm-rs --device cuda, f16, 2 and 4 thread ranks sharing the GPU, pieces
 #                      moved by the copy engines and (--copy kernel) by a copy kernel (a default
 #                      part until the static one joined: all four do not fit twice in a lease)
-#   python        420  builds the Python module with CUDA for the device's Python (the kit cannot:
-#                      it is built here for this machine's Python), then the whole pytest suite,
-#                      torch CUDA too
+#   python        420  the whole pytest suite, torch CUDA too, then pmoe as transformers' EP
+#                      implementation on CPU and on CUDA tensors (2 ranks), on the module that
+#                      python_build made
+#   python_build  360  builds the Python module with CUDA for the device's Python (the kit cannot:
+#                      it is built here for this machine's Python); when python is among the parts
+#                      it starts at the outset, in the background, beside the GPU parts
 #   overlap       240  mpirun -n 2 pmoe-bench ag-gemm and gemm-rs on the CPU, 8 of the 16 cores a
 #                      rank
 #   gin           300  the GPU remote path (NCCL GIN) on this one GPU: gin_ring_gpu under mpirun
@@ -72,7 +75,7 @@ while [ $# -gt 0 ]; do
 done
 
 declare -A BUDGET=([tests]=150 [bench]=140 [static]=40 [overlap_cuda]=140 [python]=420
-                   [overlap]=240 [gin]=300 [gin_wheel]=300)
+                   [python_build]=360 [overlap]=240 [gin]=300 [gin_wheel]=300)
 DEFAULT_PARTS=(tests bench static)
 FIXED_S=50         # around the parts: unpacking 20 (a few seconds for the ~31 MiB kit), env.sh's
                    # probes 15, nvidia-smi 5, packing the results 10
@@ -190,29 +193,54 @@ part_overlap_cuda() {
   done
 }
 
-part_python() {
-  local build=/tmp/pmoe-python
+# The python part's build needs CPUs only, so when python is among the parts it starts in the
+# background at the outset (python_build_start) and runs beside the GPU parts; part_python waits
+# for it. Its own budget bounds it, whatever part is running meanwhile. By name, it is a part.
+PYTHON_BUILD=/tmp/pmoe-python
+part_python_build() {
   # Wheels the image lacks (scripts/device_wheels.sh: transformers >= 5.23), carried in .whl.
   if compgen -G ".whl/*.whl" >/dev/null; then
     bounded 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
       --upgrade --target /tmp/site .whl/*.whl || return 1
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   fi
-  bounded 60 cmake -S . -B "$build" -G Ninja -DPMOE_BUILD_TESTS=OFF -DPMOE_BUILD_TOOLS=OFF \
+  bounded 60 cmake -S . -B "$PYTHON_BUILD" -G Ninja -DPMOE_BUILD_TESTS=OFF -DPMOE_BUILD_TOOLS=OFF \
     -DPMOE_PYTHON=ON -DPMOE_CUDA=ON -DPMOE_CUDA_EMULATOR=OFF -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DCMAKE_PREFIX_PATH="$KIT/dev" -DMPI_CXX_COMPILER="$KIT/usr/bin/mpicxx" \
     -DPython_EXECUTABLE="$(command -v python3)" &&
-    bounded 300 cmake --build "$build" -j "$(nproc)" &&
-    bounded 240 env PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" \
-      PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -rs -p no:cacheprovider python/tests &&
-    # pmoe as transformers' EP implementation, the CPU test as make test runs it (2 ranks)
-    bounded 120 env PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1 \
-      python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
-      python/tests/torchrun_transformers.py --dtypes f32 --edges &&
-    # pmoe.torch on CUDA tensors, and a transformers model on them (python/tests/torchrun_cuda.py)
-    bounded 300 env PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" PMOE_TIMEOUT_S=60 \
-      OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1 python3 -m torch.distributed.run --standalone \
-      --nproc-per-node 2 python/tests/torchrun_cuda.py --transformers-model
+    bounded 300 cmake --build "$PYTHON_BUILD" -j "$(nproc)"
+}
+python_build_pid=""
+python_build_start() {
+  (PART=python_build PART_DEADLINE=$(($(date +%s) + BUDGET[python_build]))
+   part_python_build > "$WORK/python_build.log" 2>&1
+   echo $? > "$WORK/python_build.rc") &
+  python_build_pid=$!
+}
+
+part_python() {
+  if [ -n "$python_build_pid" ]; then
+    # The parts run in a pipeline's subshell, which cannot `wait` for the main shell's child.
+    while kill -0 "$python_build_pid" 2>/dev/null; do sleep 1; done
+    cat "$WORK/python_build.log"
+    [ "$(cat "$WORK/python_build.rc" 2>/dev/null)" = 0 ] ||
+      { echo "python: the build failed (above)"; return 1; }
+  else
+    part_python_build || return 1
+  fi
+  compgen -G ".whl/*.whl" >/dev/null && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  local status=0 path="$PYTHON_BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
+  bounded 240 env PYTHONPATH="$path" PYTHONDONTWRITEBYTECODE=1 \
+    python3 -m pytest -q -rs -p no:cacheprovider python/tests || status=1
+  # pmoe.torch on CUDA tensors, and a transformers model on them (python/tests/torchrun_cuda.py)
+  bounded 300 env PYTHONPATH="$path" PMOE_TIMEOUT_S=60 OMP_NUM_THREADS=1 \
+    PYTHONDONTWRITEBYTECODE=1 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+    python/tests/torchrun_cuda.py --transformers-model || status=1
+  # pmoe as transformers' EP implementation, the CPU test as make test runs it (2 ranks): last,
+  # since make test runs it too
+  bounded 120 env PYTHONPATH="$path" OMP_NUM_THREADS=1 \
+    python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+    python/tests/torchrun_transformers.py --dtypes f32 --edges || status=1
+  return "$status"
 }
 
 # gin_on NCCL: the GIN checks with that libnccl (a path, or a name the loader finds).
@@ -296,6 +324,7 @@ timeout 5 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,n
 echo "cores: $(nproc)"
 [ ${#parts[@]} -eq 0 ] && parts=("${DEFAULT_PARTS[@]}")
 failed=()
+[[ " ${parts[*]} " == *" python "* ]] && python_build_start
 for part in "${parts[@]}"; do
   echo "=== $part (budget ${BUDGET[$part]} s)"
   start=$(date +%s)

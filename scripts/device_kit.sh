@@ -3,7 +3,7 @@
 # the device tool carries: every GPU program the build makes (the *_gpu tests and pmoe-bench,
 # listed by CMake in build/default/devkit_programs.txt; nvcc here is the device's 13.0, so no
 # device time goes to compiling), the shared libraries they need that the machine has no copy of
-# (OpenBLAS, Boost.Context, libstdc++, Open MPI's), and a relocatable Open MPI 4.1 runtime
+# (OpenBLAS, Boost.Context, Open MPI's), and a relocatable Open MPI 4.1 runtime
 # (mpirun, its plugins and help files), because that machine has no apt, no BLAS and no MPI.
 #
 # It carries no CUDA library: the machine has cudart, cuBLAS and NCCL (scripts/device_image.txt,

@@ -163,7 +163,10 @@ class SymmetricMemory {
 // If any rank throws, the other ranks' waits fail at once (instead of sitting out the timeout)
 // and the first exception thrown is rethrown here. With a CUDA `device`, all ranks share that
 // GPU: each gets its own stream (comm.stream()) and its symmetric memory is device memory that
-// the peers' kernels load and store directly (the NVLink path, within one GPU).
+// the peers' kernels load and store directly (the NVLink path, within one GPU). Such ranks share
+// one CUDA context: run_ranks asks for eager module loading (CUDA_MODULE_LOADING=EAGER, unless
+// set), which takes effect only if CUDA has not started in this process, and a rank must never
+// synchronise the whole device, which waits for its peers' kernels (docs/gpu.md).
 void run_ranks(int n, const std::function<void(Communicator&)>& fn,
                Device device = Device::cpu());
 

@@ -26,7 +26,9 @@ def test_readme_transformers_training_example(tmp_path):
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          str(example), str(tmp_path / "mixtral")],
         capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error"))
+        # The CPU example: with a GPU visible, transformers would put the ranks on GPUs 0 and 1.
+        env=dict(os.environ, OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error",
+                 CUDA_VISIBLE_DEVICES=""))
     assert done.returncode == 0, done.stdout + done.stderr
     # The ranks share torchrun's stdout, and their lines may be cut into each other: match the
     # records, not the lines.

@@ -31,7 +31,9 @@ def test_dispatch_combine_on_cuda_tensors(world_size):
         counts = torch.zeros(local, dtype=torch.int32, device="cuda")
         expert_x = torch.zeros(local, rows, hidden, device="cuda")
         y = torch.zeros(len(x), hidden, device="cuda")
-        torch.cuda.synchronize()
+        # This thread's stream only: torch.cuda.synchronize() waits for the whole device, so for
+        # the peer ranks' dispatch kernels, which wait for this rank's: a deadlock.
+        torch.cuda.current_stream().synchronize()
         a2a.dispatch(x, indices, counts, expert_x)
         stream.synchronize()
         scale = torch.tensor([1 + 0.125 * (comm.rank * local + e) for e in range(local)],

@@ -2,6 +2,7 @@
 // shared by pointer; every region is owned jointly by all ranks' handles, so a rank that leaves
 // early (or throws) never frees memory a peer is still writing into.
 #include <atomic>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -152,6 +153,12 @@ class ThreadCommunicator final : public Communicator {
 void run_ranks(int n, const std::function<void(Communicator&)>& fn, Device device) {
   PMOE_CHECK(n >= 1, "run_ranks: need at least 1 rank, got ", n);
   detail::note_ranks_on_node(n, detail::usable_cpus());  // more threads than CPUs: waits block early
+  // Ranks sharing a GPU in one process share its CUDA context. With CUDA's lazy module loading
+  // (the default since CUDA 12.2) a kernel launched for the first time may wait for the context's
+  // running kernels, among them a peer rank's that spins until this rank's kernel runs: a
+  // deadlock, seen on an H100 (docs/gpu.md). Eager loading, unless the user chose otherwise; it
+  // holds only where CUDA has not started in this process yet.
+  if (device.kind == Device::Kind::cuda && n > 1) setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   auto group = std::make_shared<ThreadGroup>(n);
   std::mutex first_mutex;
   std::exception_ptr first_error;

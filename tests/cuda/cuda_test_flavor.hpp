@@ -22,6 +22,8 @@ namespace pmoe::testing {
 
 #if defined(PMOE_TEST_ON_GPU)
 inline constexpr bool kOnEmulatedDevice = false;
+// Before CUDA starts: ranks sharing the GPU deadlock under lazy module loading (run_ranks).
+inline const bool kEagerModuleLoading = setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0;
 #else
 inline constexpr bool kOnEmulatedDevice = true;
 inline const bool kEmulationPinned = setenv("PMOE_CUDA_EMULATE", "1", 1) == 0;

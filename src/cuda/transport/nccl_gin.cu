@@ -83,7 +83,7 @@ NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
              "GIN remote path: needs CUDA device ranks, not ", comm.device().str());
   window_bytes_ = gin_window_bytes(request);
   device_ = comm.device().index;
-  // Ranks on other nodes may lack NCCL (or have another release): all learn it before any waits.
+  // Ranks sharing a GPU are refused first: on one GPU that is the reason, whatever NCCL is there.
   std::string gpu;
   ::pmoe::detail::agree_on_step(
       comm,
@@ -94,10 +94,12 @@ NcclGin::NcclGin(Communicator& comm, const GinRequest& request)
         char host[256] = {};
         gethostname(host, sizeof host - 1);
         gpu = detail::cat(host, ":", bus_id);
-        nccl_ = &nccl_api();
       },
-      "GIN remote path: loading NCCL");
+      "GIN remote path: naming this rank's GPU");
   check_distinct_devices(comm, gpu);
+  // Ranks on other nodes may lack NCCL (or have another release): all learn it before any waits.
+  ::pmoe::detail::agree_on_step(comm, [&] { nccl_ = &nccl_api(); },
+                                "GIN remote path: loading NCCL");
   const NcclApi& nccl = *nccl_;
 
   // The release of the headers the kernels were built with sets the limits (the library is
