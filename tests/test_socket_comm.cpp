@@ -6,10 +6,13 @@
 // processes of python.torchrun_cuda.2 test it): W = 2, 3 on one node, and split into nodes.
 // Runs under the sanitizer presets too (the transport's locking is what TSan checks).
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <barrier>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "all_to_all_cases.hpp"
+#include "comm/wait.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/socket_communicator.hpp"
 #include "pmoe/stream.hpp"
@@ -152,6 +156,26 @@ TEST(SocketComm, PeerThatLeavesIsNamed) {
   });
   EXPECT_NE(errors[0].find("rank 1 closed its connection"), std::string::npos) << errors[0];
   EXPECT_EQ(errors[1], "");
+}
+
+// Two ranks of one node allowed one CPU between them (torchrun's 4 ranks on 2 cores, in small):
+// their waits must block early rather than spin the CPU their peer needs. The policy is
+// process-wide and only ever tightens, so only this direction can be checked here.
+TEST(SocketComm, RanksOutnumberingTheirNodesCpusMakeWaitsBlockEarly) {
+  if (std::getenv("PMOE_WAIT")) GTEST_SKIP() << "PMOE_WAIT chooses the policy";
+  cpu_set_t all, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &all)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);  // the rank threads inherit it
+  expect_all_passed(run_socket_ranks(2, one_node, [](Communicator& comm) { comm.barrier(); }));
+  ASSERT_EQ(sched_setaffinity(0, sizeof all, &all), 0);
+  EXPECT_EQ(detail::wait_policy().yield_for, std::chrono::microseconds(50))
+      << "two ranks on one CPU, yet waits spin and yield as if each had a core";
 }
 
 // Device memory shared through (emulated) CUDA IPC; ops on each rank's stream.

@@ -22,6 +22,7 @@
 #include "comm/peer_watch.hpp"
 #include "core/device_runtime.hpp"
 #include "comm/mpi_transport.hpp"
+#include "comm/node_occupancy.hpp"
 #include "comm/node_segments.hpp"
 #include "comm/shm_segment.hpp"
 #include "comm/wait.hpp"
@@ -115,20 +116,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Device device)
   std::memcpy(identities.data(), all.data(), all.size());
   group()->set_peer_watch(std::make_shared<detail::PeerWatch>(rank_, ranks_in_node, identities));
 
-  // Do this node's ranks outnumber the CPUs they may run on together? (Open MPI binds each rank
-  // to one core when they fit, so one rank's own mask says too little.) Waits block early if so.
-  cpu_set_t mask;
-  CPU_ZERO(&mask);
-  if (sched_getaffinity(0, sizeof mask, &mask) != 0) CPU_SET(0, &mask);
-  const auto masks = all_gather(std::as_bytes(std::span(&mask, 1)));
-  cpu_set_t node_cpus;
-  CPU_ZERO(&node_cpus);
-  for (int r : ranks_in_node) {
-    cpu_set_t theirs;
-    std::memcpy(&theirs, masks.data() + size_t(r) * sizeof theirs, sizeof theirs);
-    CPU_OR(&node_cpus, &node_cpus, &theirs);
-  }
-  detail::note_ranks_on_node(node_size, CPU_COUNT(&node_cpus));
+  // Waits block early where this node's ranks outnumber its CPUs.
+  detail::note_node_occupancy(*this, ranks_in_node);
 
   // The rejection board: a slot per rank in node-shared memory, one small segment each.
   auto board = std::make_shared<MpiRegions>();

@@ -19,6 +19,7 @@
 #include "comm/node_segments.hpp"
 #include "comm/routed_memory.hpp"
 #include "comm/shm_segment.hpp"
+#include "comm/node_occupancy.hpp"
 #include "comm/socket_transport.hpp"
 #include "core/device_runtime.hpp"
 #include "pmoe/error.hpp"
@@ -129,6 +130,8 @@ SocketCommunicator::SocketCommunicator(Listener&& listener, int rank,
   }
   for (int r = 0; r < size_; ++r)
     if (nodes[size_t(r)] == nodes[size_t(rank_)]) node_ranks_.push_back(r);
+  // Waits block early where this node's ranks outnumber its CPUs (torchrun's 4 ranks on 2 cores).
+  detail::note_node_occupancy(*this, node_ranks_);
   if (device.kind == Device::Kind::cuda) {
     // Every rank learns whether every rank has its stream, so none waits for a failed one.
     detail::agree_on_step(

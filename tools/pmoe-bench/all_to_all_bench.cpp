@@ -3,10 +3,15 @@
 // checked against the plain reference (a wrong result exits non-zero), then timed by the
 // DESIGN.md protocol.
 //
-// The roofline is the memory-copy bandwidth measured in the same run, right before each
-// configuration is timed: all ranks memcpy a private 16 MiB buffer (allocated like the ops'
-// buffers) at once, at least 50 times; copy_gbps = (bytes read + bytes written) / median time,
-// per rank. An op's GB/s
+// The roofline is the memory-copy bandwidth measured in the same run, for each op its own: all
+// ranks memcpy at once as many bytes as the op must move (half read, half written, buffers
+// allocated like the ops'), 20 times, and copy_gbps = (bytes read + bytes written) / median
+// time, per rank; pmoe's rows take the median of kRooflineRounds such measurements interleaved
+// with their timed iterations (the round trips and the baselines, those of the round trip's
+// bytes). Sized to the op because this
+// VM's copy rate falls from about 90 to 15 GB/s a rank as the copy outgrows the last-level cache
+// (32 MiB shared here): a fixed 16 MiB copy sat on that edge and swung between 17 and 50 GB/s
+// from run to run (bench/results/2026-11-26_cpu-2core_all_to_all_mpi_shm_pages.md). An op's GB/s
 // counts the bytes it must read and write, per rank (averaged over ranks):
 //   dispatch: (tokens arriving + rows landed in expert_x) x (payload + scale bytes): every token
 //             that crosses to the rank read once, every (token, local expert) row written once;
@@ -28,6 +33,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -66,7 +72,8 @@ struct Options {
   bool ranks_given = false;  // --ranks on the command line (under mpirun it must match)
 };
 
-constexpr size_t kCopyBytes = size_t(16) << 20;
+constexpr int kRooflineRounds = 5;  // roofline measurements interleaved with pmoe's iterations
+constexpr int kRooflineIters = 20;
 
 AllToAllConfig config_for(const Options& o, int tokens) {
   AllToAllConfig c;
@@ -99,15 +106,22 @@ void agree_on_check(Communicator& comm, const std::string& what, const std::stri
   }
 }
 
-// Per-rank copy bandwidth with every rank copying at once: (read + written bytes) / median time.
-// The buffers come from the allocator the ops' buffers come from (huge pages included).
-double measure_copy_gbps(Communicator& comm, const Options& o) {
-  Buffer from(DType::f32, {int64_t(kCopyBytes / 4)}), to(DType::f32, {int64_t(kCopyBytes / 4)});
-  std::memset(from.data<void>(), 1, kCopyBytes);
-  const auto times =
-      time_steps(comm, o.warmup, std::max(o.iters, 50),
-                 {[&] { std::memcpy(to.data<void>(), from.data<void>(), kCopyBytes); }});
-  return 2.0 * double(kCopyBytes) / (summarize(times[0]).median * 1e3);
+// Per-rank copy bandwidth for an op that moves op_bytes a rank, every rank copying op_bytes / 2
+// at once: (read + written bytes) / median time. The buffers come from the allocator the ops'
+// buffers come from.
+double measure_copy_gbps(Communicator& comm, double op_bytes) {
+  const int64_t words = std::max<int64_t>(int64_t(op_bytes / 8), 1024);  // f32 words of a half
+  const size_t half = size_t(words) * 4;
+  Buffer from(DType::f32, {words}), to(DType::f32, {words});
+  std::memset(from.data<void>(), 1, half);
+  const auto times = time_steps(comm, 2, kRooflineIters,
+                                {[&] { std::memcpy(to.data<void>(), from.data<void>(), half); }});
+  return 2.0 * double(half) / (summarize(times[0]).median * 1e3);
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 struct Context {
@@ -116,8 +130,10 @@ struct Context {
   double copy_gbps;
   json rows = json::array();
 
+  // copy: this row's roofline (copy_gbps, per rank), where it has its own.
   void add(const std::string& op, const std::vector<double>& us, double bytes,
-           size_t workspace) {
+           size_t workspace, std::optional<double> copy = std::nullopt) {
+    const double copy_gbps = copy.value_or(this->copy_gbps);
     const Stats s = summarize(us);
     json row = {{"op", op},           {"ranks", W},          {"tokens", tokens},
                 {"mean_us", s.mean},  {"std_us", s.std},     {"min_us", s.min},
@@ -236,15 +252,28 @@ void run_config(Communicator& comm, Context& ctx) {
     dispatch_bytes = bytes.dispatch;
     combine_bytes = bytes.combine;
 
-    const auto both = time_steps(comm, o.warmup, o.iters,
-                                 {[&] { dispatch(Phase::both); }, [&] { combine(Phase::both); }});
+    // The rooflines in turns with the timed iterations, so that a drift of the machine moves both.
+    std::vector<std::vector<double>> both(2);
+    std::vector<double> copy_dispatch, copy_combine, copy_round_trip;
+    const int per_round = (o.iters + kRooflineRounds - 1) / kRooflineRounds;
+    for (int round = 0, left = o.iters; left > 0; ++round, left -= per_round) {
+      copy_dispatch.push_back(measure_copy_gbps(comm, dispatch_bytes));
+      copy_combine.push_back(measure_copy_gbps(comm, combine_bytes));
+      copy_round_trip.push_back(measure_copy_gbps(comm, dispatch_bytes + combine_bytes));
+      const auto t = time_steps(comm, round == 0 ? o.warmup : 1, std::min(per_round, left),
+                                {[&] { dispatch(Phase::both); }, [&] { combine(Phase::both); }});
+      for (int step = 0; step < 2; ++step)
+        both[step].insert(both[step].end(), t[step].begin(), t[step].end());
+    }
+    ctx.copy_gbps = median_of(copy_round_trip);  // the round trips' and the baselines'
+
     const auto halves = time_steps(
         comm, o.warmup, o.iters,
         {[&] { dispatch(Phase::send); }, [&] { dispatch(Phase::recv); },
          [&] { combine(Phase::send); }, [&] { combine(Phase::recv); }});
     const size_t ws = a2a.workspace_bytes();
-    ctx.add("dispatch", both[0], dispatch_bytes, ws);
-    ctx.add("combine", both[1], combine_bytes, ws);
+    ctx.add("dispatch", both[0], dispatch_bytes, ws, median_of(copy_dispatch));
+    ctx.add("combine", both[1], combine_bytes, ws, median_of(copy_combine));
     ctx.add("dispatch_combine", sum_of(both[0], both[1]), dispatch_bytes + combine_bytes, ws);
     ctx.add("dispatch_send", halves[0], 0, ws);
     ctx.add("dispatch_recv", halves[1], 0, ws);
@@ -262,8 +291,8 @@ void run_config(Communicator& comm, Context& ctx) {
            [&] { a2a.combine(own_expert_y, in.indices, in.weights, y); }});
       error = reference::compare_bytes("y", y, reference::reference_combine(cfg, in, DType::bf16));
       agree_on_check(comm, "pmoe AllToAll with caller buffers, " + where, error);
-      ctx.add("dispatch_staged", staged[0], dispatch_bytes, ws);
-      ctx.add("combine_staged", staged[1], combine_bytes, ws);
+      ctx.add("dispatch_staged", staged[0], dispatch_bytes, ws, median_of(copy_dispatch));
+      ctx.add("combine_staged", staged[1], combine_bytes, ws, median_of(copy_combine));
     }
   }
 
@@ -338,7 +367,7 @@ void print_tables(const Options& o, const json& rows) {
                                     [](const json& r) { return r["copy_gbps"].get<double>() > 0; });
   if (!roofline) return;  // the emulated CUDA device: its times say nothing about bandwidth
   std::printf("\n### Bandwidth against the memory-copy roofline (copy GB/s: per rank, all ranks "
-              "copying at once, measured just before each configuration)\n\n");
+              "copying at once as many bytes as the op moves, in turns with its timed iterations)\n\n");
   for (const auto& r : rows)
     if (r.contains("copy_kind") && r["op"] == "dispatch")
       std::printf("- %d ranks, %d tokens: the roofline is a %s\n", r["ranks"].get<int>(),
@@ -491,7 +520,7 @@ void run(const Options& o) {
     std::mutex mutex;
     run_on_ranks(launched_by_mpi() ? 0 : W, [&](Communicator& comm) {
       for (int tokens : token_counts) {
-        Context ctx{o, comm.size(), tokens, measure_copy_gbps(comm, o)};
+        Context ctx{o, comm.size(), tokens, 0.0};  // run_config measures the rooflines
         run_config(comm, ctx);
         if (comm.rank() == 0) {
           std::lock_guard lock(mutex);
@@ -504,17 +533,17 @@ void run(const Options& o) {
   print_tables(o, rows);
   print_links(rows);
   print_targets(rows);
-  json copy_json = json::object();  // "ranks x tokens" -> the copy bandwidth measured for it
+  json copy_json = json::object();  // "ranks x tokens" -> op -> the copy bandwidth measured for it
   for (const auto& r : rows)
-    copy_json[std::to_string(r["ranks"].get<int>()) + "x" + std::to_string(r["tokens"].get<int>())] =
-        r["copy_gbps"];
+    copy_json[std::to_string(r["ranks"].get<int>()) + "x" + std::to_string(r["tokens"].get<int>())]
+             [r["op"].get<std::string>()] = r["copy_gbps"];
   const std::string runtime = o.device == "cpu" ? "cpu"
                               : cuda_emulated() ? "emulated CUDA (not GPU speed)"
                                                 : "CUDA";
   const json config = {{"device", o.device}, {"runtime", runtime}, {"experts", o.experts}, {"topk", o.topk},
                        {"hidden", o.hidden},
                        {"dtype", o.dtype},     {"out_dtype", "bf16"}, {"iters", o.iters},
-                       {"warmup", o.warmup},   {"seed", o.seed},  {"copy_bytes", kCopyBytes},
+                       {"warmup", o.warmup},   {"seed", o.seed},  {"copy_bytes", "the op's own"},
                        {"ranks_per_node", o.ranks_per_node}, {"mode", o.mode}};
   if (!o.json_path.empty()) write_json(o.json_path, config, rows, {{"copy_gbps", copy_json}});
   if (!o.csv_path.empty()) write_csv(o.csv_path, rows);
