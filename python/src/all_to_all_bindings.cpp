@@ -39,7 +39,7 @@ bit-identical run after run. Every call validates its arguments before sending a
           [](AllToAll* self, Communicator& comm, int max_num_tokens, int num_experts,
              int experts_per_token, int hidden_dim, const std::string& in_dtype, int scale_block,
              const std::string& out_dtype, bool in_place_buffers, int ranks_per_node,
-             const std::string& cross_node) {
+             const std::string& cross_node, bool combine_sums_in_node) {
             AllToAllConfig c;
             c.max_num_tokens = max_num_tokens;
             c.num_experts = num_experts;
@@ -51,6 +51,7 @@ bit-identical run after run. Every call validates its arguments before sending a
             c.in_place_buffers = in_place_buffers;
             c.ranks_per_node = ranks_per_node;
             c.cross_node = parse_cross_node(cross_node);
+            c.combine_sums_in_node = combine_sums_in_node;
             nb::gil_scoped_release release;  // collective: peers are constructing too
             new (self) AllToAll(comm, c);
           },
@@ -58,12 +59,15 @@ bit-identical run after run. Every call validates its arguments before sending a
           nb::arg("experts_per_token"), nb::arg("hidden_dim"), nb::arg("in_dtype") = "bf16",
           nb::arg("scale_block") = 0, nb::arg("out_dtype") = "bf16",
           nb::arg("in_place_buffers") = false, nb::arg("ranks_per_node") = 0,
-          nb::arg("cross_node") = "direct", nb::keep_alive<1, 2>(),
+          nb::arg("cross_node") = "direct", nb::arg("combine_sums_in_node") = false,
+          nb::keep_alive<1, 2>(),
           "Collective over comm. in_dtype: f32, bf16, f16 or f8e4m3 (then scale_block > 0 "
           "elements per f32 scale); out_dtype: f32, bf16 or f16. ranks_per_node > 0: ranks "
           "[n R, (n + 1) R) form node n (0: the communicator's own nodes); cross_node: "
           "'direct' or 'hierarchical' (CUDA only: one relay block per remote node, "
-          "docs/gpu-all-to-all.md).")
+          "docs/gpu-all-to-all.md); combine_sums_in_node (hierarchical only): each node's relay "
+          "sums its experts' rows of a token before they cross the network, fewer bytes but a "
+          "sum order that depends on the node split.")
       .def(
           "dispatch",
           [](AllToAll& self, nb::handle x, nb::handle indices, nb::handle expert_num_tokens,

@@ -34,13 +34,15 @@ def test_cuda_ranks_run_in_every_build():
     assert 0 not in (seen[0][1], seen[1][1]) and seen[0][1] != seen[1][1]  # a stream per rank
 
 
-@pytest.mark.parametrize("world_size,ranks_per_node,cross_node",
-                         [(1, 0, "direct"), (2, 0, "direct"), (4, 0, "direct"),
-                          (4, 2, "direct"), (4, 2, "hierarchical")])
-def test_dispatch_combine_on_device_arrays(world_size, ranks_per_node, cross_node):
+@pytest.mark.parametrize("world_size,ranks_per_node,cross_node,sums_in_node",
+                         [(1, 0, "direct", False), (2, 0, "direct", False),
+                          (4, 0, "direct", False), (4, 2, "direct", False),
+                          (4, 2, "hierarchical", False), (4, 2, "hierarchical", True)])
+def test_dispatch_combine_on_device_arrays(world_size, ranks_per_node, cross_node, sums_in_node):
     """ranks_per_node = 2 splits the 4 ranks into two nodes (remote puts between them, on the
-    emulated device through its proxy), each cross_node mode with its own kernels; on a GPU, which
-    these ranks share, the split is refused by name."""
+    emulated device through its proxy), each cross_node mode with its own kernels, and
+    hierarchical with the node's relay summing its experts' rows (another f32 sum order, so y
+    within rounding); on a GPU, which these ranks share, the split is refused by name."""
     max_tokens, num_experts, hidden = 6, 2 * world_size, 64
     top_k = min(3, num_experts)
     inputs = [make_inputs(r, max_tokens - r % 2, num_experts, top_k, hidden, "f32", seed=3)
@@ -52,7 +54,7 @@ def test_dispatch_combine_on_device_arrays(world_size, ranks_per_node, cross_nod
         a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=num_experts,
                             experts_per_token=top_k, hidden_dim=hidden, in_dtype="f32",
                             out_dtype="f32", ranks_per_node=ranks_per_node,
-                            cross_node=cross_node)
+                            cross_node=cross_node, combine_sums_in_node=sums_in_node)
         local, rows = a2a.num_local_experts, world_size * max_tokens
         x, indices, weights = (on_device(a, device) for a in inputs[comm.rank])
         m = len(inputs[comm.rank][0])
@@ -77,7 +79,23 @@ def test_dispatch_combine_on_device_arrays(world_size, ranks_per_node, cross_nod
             pmoe.run_ranks(world_size, rank_main, device="cuda:0")
         return
     pmoe.run_ranks(world_size, rank_main, device="cuda:0")
-    check_f32_round_trip(outcome, inputs, world_size, num_experts)
+    check_f32_round_trip(outcome, inputs, world_size, num_experts,
+                         y_rtol=1e-6 if sums_in_node else 0.0)
+
+
+def test_combine_sums_in_node_is_refused_by_name_where_it_cannot_run():
+    """The CPU backend has no node-summed combine, and direct mode has no relay to sum at."""
+    def on(device, **split):
+        def rank_main(comm):
+            pmoe.AllToAll(comm, max_num_tokens=4, num_experts=4, experts_per_token=1,
+                          hidden_dim=8, in_dtype="f32", out_dtype="f32",
+                          combine_sums_in_node=True, **split)
+        pmoe.run_ranks(2, rank_main, device=device)
+
+    with pytest.raises(pmoe.Error, match="combine_sums_in_node"):
+        on("cpu")
+    with pytest.raises(pmoe.Error, match="combine_sums_in_node"):
+        on("cuda:0", ranks_per_node=1, cross_node="direct")
 
 
 def test_cpu_array_on_a_cuda_rank_is_rejected():
