@@ -3,15 +3,19 @@
 // checked against the plain reference (a wrong result exits non-zero), then timed by the
 // DESIGN.md protocol.
 //
-// The roofline is the memory-copy bandwidth measured in the same run, for each op its own: all
-// ranks memcpy at once as many bytes as the op must move (half read, half written, buffers
-// allocated like the ops'), 20 times, and copy_gbps = (bytes read + bytes written) / median
-// time, per rank; pmoe's rows take the median of kRooflineRounds such measurements interleaved
-// with their timed iterations (the round trips and the baselines, those of the round trip's
-// bytes). Sized to the op because this
-// VM's copy rate falls from about 90 to 15 GB/s a rank as the copy outgrows the last-level cache
-// (32 MiB shared here): a fixed 16 MiB copy sat on that edge and swung between 17 and 50 GB/s
-// from run to run (bench/results/2026-11-26_cpu-2core_all_to_all_mpi_shm_pages.md). An op's GB/s
+// The roofline is the memory-copy bandwidth measured in the same run: the ops' own timing loop
+// (dispatch, then combine) with each op replaced by a memcpy of as many bytes as it must move
+// (half read, half written, in the communicator's symmetric memory as the ops' rows are), all
+// ranks at once, 20 iterations;
+// copy_gbps = (bytes read + bytes written) / median time, per rank, for each op its own, and for
+// the round trips and the baselines the two copies' sum. So a copy meets the cache as its op
+// does: each evicts the other's data, as dispatch and combine do. pmoe's rows take the median
+// of kRooflineRounds such measurements made in turns with their timed iterations. Sized to the
+// op, in the op's loop, because this VM's copy rate falls from about 90 to 15 GB/s a rank as the
+// copy outgrows the last-level cache (32 MiB shared here): a fixed 16 MiB copy sat on that edge
+// and swung between 17 and 50 GB/s from run to run, and a copy of the op's bytes repeated on its
+// own stays in the cache, which the ops' data does not
+// (bench/results/2026-11-26_cpu-2core_all_to_all_mpi_op_roofline.md). An op's GB/s
 // counts the bytes it must read and write, per rank (averaged over ranks):
 //   dispatch: (tokens arriving + rows landed in expert_x) x (payload + scale bytes): every token
 //             that crosses to the rank read once, every (token, local expert) row written once;
@@ -106,17 +110,37 @@ void agree_on_check(Communicator& comm, const std::string& what, const std::stri
   }
 }
 
-// Per-rank copy bandwidth for an op that moves op_bytes a rank, every rank copying op_bytes / 2
-// at once: (read + written bytes) / median time. The buffers come from the allocator the ops'
-// buffers come from.
-double measure_copy_gbps(Communicator& comm, double op_bytes) {
-  const int64_t words = std::max<int64_t>(int64_t(op_bytes / 8), 1024);  // f32 words of a half
-  const size_t half = size_t(words) * 4;
-  Buffer from(DType::f32, {words}), to(DType::f32, {words});
-  std::memset(from.data<void>(), 1, half);
-  const auto times = time_steps(comm, 2, kRooflineIters,
-                                {[&] { std::memcpy(to.data<void>(), from.data<void>(), half); }});
-  return 2.0 * double(half) / (summarize(times[0]).median * 1e3);
+std::vector<double> sum_of(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
+  return out;
+}
+
+// The roofline of the dispatch-then-combine loop, per rank, every rank copying at once: each op
+// replaced by a memcpy of half its bytes (read + written = its bytes).
+struct LoopRoofline {
+  double dispatch, combine, round_trip;  // GB/s
+};
+
+LoopRoofline measure_copy_loop(Communicator& comm, double dispatch_bytes, double combine_bytes) {
+  // In the communicator's symmetric memory, where the ops' rows lie: POSIX shared memory on
+  // 4 KiB pages for MPI ranks (private buffers, which may get huge pages, copied at 16-19 or
+  // 29-32 GB/s a rank from run to run here).
+  struct Copy {
+    std::unique_ptr<SymmetricMemory> memory;
+    size_t half;
+    Copy(Communicator& comm, double op_bytes)
+        : half(size_t(std::max<int64_t>(int64_t(op_bytes / 2), 4096))) {
+      memory = comm.alloc_symmetric(2 * half, 1);
+      std::memset(memory->local(), 1, 2 * half);
+    }
+    void run() { std::memcpy(memory->local() + half, memory->local(), half); }
+  };
+  Copy d(comm, dispatch_bytes), c(comm, combine_bytes);
+  const auto t = time_steps(comm, 2, kRooflineIters, {[&] { d.run(); }, [&] { c.run(); }});
+  auto gbps = [](size_t half, double us) { return 2.0 * double(half) / (us * 1e3); };
+  return {gbps(d.half, summarize(t[0]).median), gbps(c.half, summarize(t[1]).median),
+          gbps(d.half + c.half, summarize(sum_of(t[0], t[1])).median)};
 }
 
 double median_of(std::vector<double> v) {
@@ -193,12 +217,6 @@ json links_json(const std::vector<CudaAllToAllResult::RankLinks>& ranks) {
   return out;
 }
 
-std::vector<double> sum_of(const std::vector<double>& a, const std::vector<double>& b) {
-  std::vector<double> out(a.size());
-  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
-  return out;
-}
-
 void run_config(Communicator& comm, Context& ctx) {
   const Options& o = ctx.o;
   const AllToAllConfig cfg = config_for(o, ctx.tokens);
@@ -257,9 +275,10 @@ void run_config(Communicator& comm, Context& ctx) {
     std::vector<double> copy_dispatch, copy_combine, copy_round_trip;
     const int per_round = (o.iters + kRooflineRounds - 1) / kRooflineRounds;
     for (int round = 0, left = o.iters; left > 0; ++round, left -= per_round) {
-      copy_dispatch.push_back(measure_copy_gbps(comm, dispatch_bytes));
-      copy_combine.push_back(measure_copy_gbps(comm, combine_bytes));
-      copy_round_trip.push_back(measure_copy_gbps(comm, dispatch_bytes + combine_bytes));
+      const LoopRoofline copy = measure_copy_loop(comm, dispatch_bytes, combine_bytes);
+      copy_dispatch.push_back(copy.dispatch);
+      copy_combine.push_back(copy.combine);
+      copy_round_trip.push_back(copy.round_trip);
       const auto t = time_steps(comm, round == 0 ? o.warmup : 1, std::min(per_round, left),
                                 {[&] { dispatch(Phase::both); }, [&] { combine(Phase::both); }});
       for (int step = 0; step < 2; ++step)
@@ -367,7 +386,8 @@ void print_tables(const Options& o, const json& rows) {
                                     [](const json& r) { return r["copy_gbps"].get<double>() > 0; });
   if (!roofline) return;  // the emulated CUDA device: its times say nothing about bandwidth
   std::printf("\n### Bandwidth against the memory-copy roofline (copy GB/s: per rank, all ranks "
-              "copying at once as many bytes as the op moves, in turns with its timed iterations)\n\n");
+              "copying at once as many bytes as the op moves, in the ops' own loop, in turns with their timed "
+              "iterations)\n\n");
   for (const auto& r : rows)
     if (r.contains("copy_kind") && r["op"] == "dispatch")
       std::printf("- %d ranks, %d tokens: the roofline is a %s\n", r["ranks"].get<int>(),
