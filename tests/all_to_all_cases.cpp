@@ -267,4 +267,13 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
   return result;
 }
 
+InputsOn inputs_on(const reference::AllToAllInputs& in, Device device) {
+  InputsOn out{Buffer::like(in.x, device), Buffer::like(in.indices, device),
+               Buffer::like(in.weights, device)};
+  copy(out.x, in.x);
+  copy(out.indices, in.indices);
+  copy(out.weights, in.weights);
+  return out;
+}
+
 }  // namespace pmoe::testing

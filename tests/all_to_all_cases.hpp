@@ -51,4 +51,10 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c);
 // Human-readable name of a case's config, for failure messages.
 std::string describe(const AllToAllCase& c);
 
+// A rank's tokens, expert indices and weights, copied to `device` (a CUDA rank's inputs).
+struct InputsOn {
+  Buffer x, indices, weights;
+};
+InputsOn inputs_on(const reference::AllToAllInputs& in, Device device);
+
 }  // namespace pmoe::testing

@@ -1,6 +1,8 @@
 #include "moe_cases.hpp"
 
+#include <cmath>
 #include <cstring>
+#include <set>
 
 #include "pmoe/error.hpp"
 #include "reference/moe_reference.hpp"
@@ -17,6 +19,20 @@ const char* variant_name(MoeVariant v) {
       return "ep";
   }
   return "?";
+}
+
+std::vector<int32_t> zipf_expert_counts(int experts, int top_k, int tokens, double s,
+                                        std::mt19937& rng) {
+  std::vector<double> weight;
+  for (int e = 0; e < experts; ++e) weight.push_back(1.0 / std::pow(e + 1.0, s));
+  std::discrete_distribution<int> pick(weight.begin(), weight.end());
+  std::vector<int32_t> counts(size_t(experts), 0);
+  for (int t = 0; t < tokens; ++t) {
+    std::set<int> chosen;
+    while (int(chosen.size()) < top_k) chosen.insert(pick(rng));
+    for (int e : chosen) ++counts[size_t(e)];
+  }
+  return counts;
 }
 
 MoeConfig make_moe_config(int feature, int ffn, int experts, int top_k, Activation act, DType dtype,

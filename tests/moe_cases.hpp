@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,11 @@ struct MoeCase {
 };
 
 // A small config: H = feature, F = ffn, E experts, top-k, the given activation and dtype.
+// Rows per expert when `tokens` tokens each pick top_k distinct experts of `experts`, expert e
+// with weight 1 / (e + 1)^s (Zipf routing), drawn from `rng`.
+std::vector<int32_t> zipf_expert_counts(int experts, int top_k, int tokens, double s,
+                                        std::mt19937& rng);
+
 MoeConfig make_moe_config(int feature, int ffn, int experts, int top_k,
                           Activation act = Activation::relu, DType dtype = DType::f32,
                           int output = 0);

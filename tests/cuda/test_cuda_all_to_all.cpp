@@ -363,11 +363,7 @@ TEST(AllToAllCuda, KernelsPerStep) {
       const int rank = comm.rank(), L = cfg.num_experts / W, rows = W * 5;
       const Device gpu = comm.device();
       const auto in = reference::make_inputs(cfg, rank, 5, 9, Routing::random);
-      Buffer x = Buffer::like(in.x, gpu), indices = Buffer::like(in.indices, gpu),
-             weights = Buffer::like(in.weights, gpu);
-      copy(x, in.x);
-      copy(indices, in.indices);
-      copy(weights, in.weights);
+      auto [x, indices, weights] = inputs_on(in, gpu);
       Buffer counts(DType::i32, {L}, gpu), expert_x(DType::bf16, {L, rows, 48}, gpu),
           expert_y(DType::bf16, {L, rows, 48}, gpu), y(DType::f32, {5, 48}, gpu);
       AllToAll a2a(comm, cfg);
@@ -426,11 +422,8 @@ TEST(AllToAllCuda, GraphReplaysOutOfOrderOrWithAnotherMAreErrors) {
     const Device gpu = comm.device();
     auto stream = static_cast<cudaStream_t>(comm.stream().handle);
     const auto in = reference::make_inputs(cfg, rank, max_tokens, 5, Routing::random);
-    Buffer x = Buffer::like(in.x, gpu), indices = Buffer::like(in.indices, gpu),
-           weights = Buffer::like(in.weights, gpu), bound_m(DType::i32, {1}, gpu);
-    copy(x, in.x);
-    copy(indices, in.indices);
-    copy(weights, in.weights);
+    auto [x, indices, weights] = inputs_on(in, gpu);
+    Buffer bound_m(DType::i32, {1}, gpu);
     Buffer counts(DType::i32, {L}, gpu), expert_x(DType::bf16, {L, rows, H}, gpu),
         expert_y(DType::bf16, {L, rows, H}, gpu), y(DType::bf16, {max_tokens, H}, gpu);
     for (size_t s = 0; s < std::size(scripts); ++s) {
@@ -770,11 +763,7 @@ TEST(NodeSummedCombineConfig, RelayWithoutASourcesWeightsTimesOutNamingIt) {
     AllToAll a2a(comm, cfg);
     const auto in = reference::make_inputs(cfg, comm.rank(), 4, 3, Routing::random);
     const Device gpu = comm.device();
-    Buffer x = Buffer::like(in.x, gpu), indices = Buffer::like(in.indices, gpu),
-           weights = Buffer::like(in.weights, gpu);
-    copy(x, in.x);
-    copy(indices, in.indices);
-    copy(weights, in.weights);
+    auto [x, indices, weights] = inputs_on(in, gpu);
     Buffer counts(DType::i32, {2}, gpu), expert_x(DType::bf16, {2, 16, 32}, gpu),
         y(DType::bf16, {in.m, 32}, gpu);
     try {
@@ -822,9 +811,7 @@ TEST(AllToAllCuda, RankThatNeverArrivesIsNamed) {
     if (comm.rank() == 2) return;
     const auto in = reference::make_inputs(cfg, comm.rank(), 4, 3, Routing::random);
     const Device gpu = comm.device();
-    Buffer x = Buffer::like(in.x, gpu), indices = Buffer::like(in.indices, gpu);
-    copy(x, in.x);
-    copy(indices, in.indices);
+    auto [x, indices, weights] = inputs_on(in, gpu);
     Buffer counts(DType::i32, {2}, gpu), expert_x(DType::bf16, {2, 12, 32}, gpu);
     Buffer host_counts(DType::i32, {2});
     host_counts.data<int32_t>()[0] = host_counts.data<int32_t>()[1] = 12345;  // not a count
@@ -878,9 +865,7 @@ TEST_P(RemoteRankThatNeverArrives, IsNamedWithItsNode) {
     if (comm.rank() == 3) return;
     const auto in = reference::make_inputs(cfg, comm.rank(), 4, 3, Routing::random);
     const Device gpu = comm.device();
-    Buffer x = Buffer::like(in.x, gpu), indices = Buffer::like(in.indices, gpu);
-    copy(x, in.x);
-    copy(indices, in.indices);
+    auto [x, indices, weights] = inputs_on(in, gpu);
     Buffer counts(DType::i32, {2}, gpu), expert_x(DType::bf16, {2, 16, 32}, gpu);
     a2a.dispatch(x, Tensor(), indices, counts, expert_x, Tensor());
     synchronize(comm.stream());

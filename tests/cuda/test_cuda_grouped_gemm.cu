@@ -7,10 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -166,20 +164,13 @@ TEST(GroupedGemm, IssuedRowsFollowTheCountsUnderZipfRoutingAtThePresets) {
   int checked = 0;
   double worst = 0;
   for (const Preset& p : presets) {
-    std::vector<double> zipf;
-    for (int e = 0; e < p.experts; ++e) zipf.push_back(1.0 / std::pow(e + 1.0, 1.2));
-    std::discrete_distribution<int> pick(zipf.begin(), zipf.end());
     MoeConfig cfg = make_moe_config(8, 8, p.experts, p.top_k, Activation::relu, DType::bf16);
     cfg.device_stats = true;
     for (int W : p.worlds)
       for (int m : p.tokens) {
         const int L = p.experts / W;
-        std::vector<int32_t> counts(size_t(p.experts), 0);
-        for (int t = 0; t < W * m; ++t) {
-          std::set<int> chosen;
-          while (int(chosen.size()) < p.top_k) chosen.insert(pick(rng));
-          for (int e : chosen) ++counts[size_t(e)];
-        }
+        const std::vector<int32_t> counts =
+            zipf_expert_counts(p.experts, p.top_k, W * m, 1.2, rng);
         const int64_t C = W == 1 ? m : int64_t(W) * m;
         const int64_t max_rows = W == 1 ? int64_t(m) * p.top_k : C * std::min(p.top_k, L);
         const int64_t expected = W == 1 ? max_rows : std::max<int64_t>(1, C * p.top_k / W);

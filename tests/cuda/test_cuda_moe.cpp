@@ -13,7 +13,6 @@
 #include <functional>
 #include <iostream>
 #include <random>
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -539,18 +538,11 @@ TEST(MoeCudaTiles, PaddingUnderZipfRoutingAtThePresets) {
   std::mt19937 rng(12);
   int checked = 0;
   for (const Preset& p : presets) {
-    std::vector<double> zipf;
-    for (int e = 0; e < p.experts; ++e) zipf.push_back(1.0 / std::pow(e + 1.0, 1.2));
-    std::discrete_distribution<int> pick(zipf.begin(), zipf.end());
     for (int W : p.worlds)
       for (int m : {128, 512, 2048}) {
         const int L = p.experts / W;
-        std::vector<int32_t> counts(size_t(p.experts), 0);
-        for (int t = 0; t < W * m; ++t) {
-          std::set<int> chosen;
-          while (int(chosen.size()) < p.top_k) chosen.insert(pick(rng));
-          for (int e : chosen) ++counts[size_t(e)];
-        }
+        const std::vector<int32_t> counts =
+            zipf_expert_counts(p.experts, p.top_k, W * m, 1.2, rng);
         for (int r = 0; r < W; ++r) {
           const int32_t* mine = counts.data() + r * L;
           int64_t used = 0;

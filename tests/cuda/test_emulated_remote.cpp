@@ -172,11 +172,7 @@ TEST(EmulatedRemote, SendKernelsFlushEveryPutTheyMake) {
     const int L = cfg.num_experts / W;
     const auto in = reference::make_inputs(cfg, comm.rank(), 16, 7, reference::Routing::random);
     const Device gpu = comm.device();
-    Buffer x = Buffer::like(in.x, gpu), indices = Buffer::like(in.indices, gpu),
-           weights = Buffer::like(in.weights, gpu);
-    copy(x, in.x);
-    copy(indices, in.indices);
-    copy(weights, in.weights);
+    auto [x, indices, weights] = inputs_on(in, gpu);
     Buffer counts(DType::i32, {L}, gpu), expert_x(DType::bf16, {L, W * 16, 64}, gpu),
         expert_y(DType::bf16, {L, W * 16, 64}, gpu), y(DType::bf16, {16, 64}, gpu);
     auto held_send = [&](auto send, size_t& unread) {
