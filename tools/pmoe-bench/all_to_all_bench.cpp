@@ -117,12 +117,27 @@ std::vector<double> sum_of(const std::vector<double>& a, const std::vector<doubl
 }
 
 // The roofline of the dispatch-then-combine loop, per rank, every rank copying at once: each op
-// replaced by a memcpy of half its bytes (read + written = its bytes).
-struct LoopRoofline {
-  double dispatch, combine, round_trip;  // GB/s
-};
+// replaced by a memcpy of half its bytes (read + written = its bytes). Its buffers are made once
+// (collective) and measured in every round.
+class CopyLoop {
+ public:
+  struct Rates {
+    double dispatch, combine, round_trip;  // GB/s
+  };
 
-LoopRoofline measure_copy_loop(Communicator& comm, double dispatch_bytes, double combine_bytes) {
+  CopyLoop(Communicator& comm, double dispatch_bytes, double combine_bytes)
+      : comm_(comm), dispatch_(comm, dispatch_bytes), combine_(comm, combine_bytes) {}
+
+  Rates measure() {
+    const auto t = time_steps(comm_, 2, kRooflineIters,
+                              {[&] { dispatch_.run(); }, [&] { combine_.run(); }});
+    auto gbps = [](size_t half, double us) { return 2.0 * double(half) / (us * 1e3); };
+    return {gbps(dispatch_.half, summarize(t[0]).median),
+            gbps(combine_.half, summarize(t[1]).median),
+            gbps(dispatch_.half + combine_.half, summarize(sum_of(t[0], t[1])).median)};
+  }
+
+ private:
   // In the communicator's symmetric memory, where the ops' rows lie: POSIX shared memory on
   // 4 KiB pages for MPI ranks (private buffers, which may get huge pages, copied at 16-19 or
   // 29-32 GB/s a rank from run to run here).
@@ -136,12 +151,9 @@ LoopRoofline measure_copy_loop(Communicator& comm, double dispatch_bytes, double
     }
     void run() { std::memcpy(memory->local() + half, memory->local(), half); }
   };
-  Copy d(comm, dispatch_bytes), c(comm, combine_bytes);
-  const auto t = time_steps(comm, 2, kRooflineIters, {[&] { d.run(); }, [&] { c.run(); }});
-  auto gbps = [](size_t half, double us) { return 2.0 * double(half) / (us * 1e3); };
-  return {gbps(d.half, summarize(t[0]).median), gbps(c.half, summarize(t[1]).median),
-          gbps(d.half + c.half, summarize(sum_of(t[0], t[1])).median)};
-}
+  Communicator& comm_;
+  Copy dispatch_, combine_;
+};
 
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -274,8 +286,9 @@ void run_config(Communicator& comm, Context& ctx) {
     std::vector<std::vector<double>> both(2);
     std::vector<double> copy_dispatch, copy_combine, copy_round_trip;
     const int per_round = (o.iters + kRooflineRounds - 1) / kRooflineRounds;
+    CopyLoop copy_loop(comm, dispatch_bytes, combine_bytes);
     for (int round = 0, left = o.iters; left > 0; ++round, left -= per_round) {
-      const LoopRoofline copy = measure_copy_loop(comm, dispatch_bytes, combine_bytes);
+      const CopyLoop::Rates copy = copy_loop.measure();
       copy_dispatch.push_back(copy.dispatch);
       copy_combine.push_back(copy.combine);
       copy_round_trip.push_back(copy.round_trip);
