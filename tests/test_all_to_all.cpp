@@ -167,6 +167,25 @@ TEST_P(AllToAllThreads, InPlaceConfigWithCallerBuffers) {
   expect_case(W(), c);
 }
 
+// Packed rows: the experts' rows back to back from flat row 0, the rest of the buffer untouched;
+// combine reads them there (from caller buffers, and in place from the op's own).
+TEST_P(AllToAllThreads, PackedExpertRows) {
+  for (const bool in_place : {false, true}) {
+    for (DType in : {DType::f32, DType::f8e4m3}) {
+      AllToAllCase c = base(3, 48);
+      c.config.in_dtype = in;
+      c.config.scale_block = in == DType::f8e4m3 ? 16 : 0;
+      c.config.packed_expert_rows = true;
+      c.config.in_place_buffers = in_place;
+      c.in_place = in_place;
+      c.routing = Routing::dropped;
+      c.tokens = in_place ? TokenCounts::zero_on_odd : TokenCounts::random;
+      c.split_phases = in_place;
+      expect_case(W(), c);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, AllToAllThreads,
                          ::testing::Values(Topology{1, 0}, Topology{2, 0}, Topology{3, 0},
                                            Topology{4, 0}, Topology{8, 0}, Topology{4, 2},
@@ -193,6 +212,30 @@ TEST(AllToAllThreads, ThousandInPlaceCalls) {
   c.in_place = true;
   c.calls = 1000;  // a peer reading stale in-place data would show as a mismatch
   expect_case(4, c);
+}
+
+TEST(AllToAllThreads, ThousandPackedInPlaceCalls) {
+  AllToAllCase c;
+  c.config = make_config(6, 8, 3, 16);
+  c.config.in_place_buffers = c.config.packed_expert_rows = true;
+  c.in_place = true;
+  c.calls = 1000;  // the counts, and so every expert's first row, change every call
+  expect_case(4, c);
+}
+
+// Packing is a rank's own layout: its peers' senders and combines do not depend on it.
+TEST(AllToAllThreads, RanksMayDifferInPacking) {
+  for (int packed_rank = 0; packed_rank < 3; ++packed_rank) {
+    std::vector<std::string> errors(3);
+    run_ranks(3, [&](Communicator& comm) {
+      AllToAllCase c;
+      c.config = make_config(7, 6, 2, 24);
+      c.config.packed_expert_rows = comm.rank() == packed_rank;
+      c.calls = 4;
+      errors[size_t(comm.rank())] = run_all_to_all_case(comm, c).error;
+    });
+    for (const std::string& e : errors) EXPECT_EQ(e, "") << "packed rank " << packed_rank;
+  }
 }
 
 TEST(AllToAllThreads, ThousandSplitCallsOnTheSameBuffers) {

@@ -43,6 +43,13 @@ struct AllToAllConfig {
   // Also allocate input_buffer() and expert_output_buffer() in symmetric memory, so that peers
   // on this node read tokens and expert outputs in place instead of through a staging copy.
   bool in_place_buffers = false;
+  // CPU backend only. Lay expert_x (dispatch) and expert_y (combine) out packed: the rows of
+  // local expert e are flat rows [o_e, o_e + expert_num_tokens[e]) of the [E_local * W *
+  // max_num_tokens, H] buffer, o_e the sum of the counts of experts before e, instead of rows
+  // [0, count) of its own [W * max_num_tokens, H] block. A caller that wants the arrived rows
+  // contiguous (an expert-parallel layer handing them to experts_forward) then reads them in
+  // place instead of gathering them. A rank's own layout: ranks may differ.
+  bool packed_expert_rows = false;
   // Ranks per node, to split this machine's ranks into several nodes (0: no split). A peer on
   // another node of the split is reached by puts and signals only, never loads and stores, as
   // across real nodes. Must divide the world size.
@@ -93,7 +100,8 @@ class AllToAll {
   //                   skipped); no expert twice in a row
   // expert_num_tokens [E_local] i32, out: rows received per local expert
   // expert_x          [E_local, W * max_num_tokens, H] in_dtype, out: the first
-  //                   expert_num_tokens[e] rows of expert e; rows past that are left untouched
+  //                   expert_num_tokens[e] rows of expert e (with packed_expert_rows: the
+  //                   experts' rows back to back from flat row 0); other rows left untouched
   // expert_x_scale    [E_local, W * max_num_tokens, H / scale_block] f32 (f8e4m3), else empty
   // bound_m           optional [1] i32 on the op's device: the number of tokens this call,
   //                   <= the rows of x, read where the op runs (by the kernels on a GPU), so
@@ -105,7 +113,8 @@ class AllToAll {
                 const Tensor& expert_x_scale, Phase phase = Phase::both,
                 const Tensor& bound_m = Tensor());
 
-  // expert_y [E_local, W * max_num_tokens, H] f32, bf16 or f16, rows in dispatch's order
+  // expert_y [E_local, W * max_num_tokens, H] f32, bf16 or f16, rows in dispatch's order and
+  //          layout (packed_expert_rows: back to back)
   // indices  [m, k] i32 or i64, the same values as given to the matching dispatch
   // weights  [m, k] f32
   // y        [m, H] out_dtype, out: y[t] = sum over j of weights[t, j] * (expert_y row of token t

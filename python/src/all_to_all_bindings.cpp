@@ -39,7 +39,7 @@ bit-identical run after run. Every call validates its arguments before sending a
           [](AllToAll* self, Communicator& comm, int max_num_tokens, int num_experts,
              int experts_per_token, int hidden_dim, const std::string& in_dtype, int scale_block,
              const std::string& out_dtype, bool in_place_buffers, int ranks_per_node,
-             const std::string& cross_node, bool combine_sums_in_node) {
+             const std::string& cross_node, bool combine_sums_in_node, bool packed_expert_rows) {
             AllToAllConfig c;
             c.max_num_tokens = max_num_tokens;
             c.num_experts = num_experts;
@@ -52,6 +52,7 @@ bit-identical run after run. Every call validates its arguments before sending a
             c.ranks_per_node = ranks_per_node;
             c.cross_node = parse_cross_node(cross_node);
             c.combine_sums_in_node = combine_sums_in_node;
+            c.packed_expert_rows = packed_expert_rows;
             nb::gil_scoped_release release;  // collective: peers are constructing too
             new (self) AllToAll(comm, c);
           },
@@ -60,6 +61,7 @@ bit-identical run after run. Every call validates its arguments before sending a
           nb::arg("scale_block") = 0, nb::arg("out_dtype") = "bf16",
           nb::arg("in_place_buffers") = false, nb::arg("ranks_per_node") = 0,
           nb::arg("cross_node") = "direct", nb::arg("combine_sums_in_node") = false,
+          nb::arg("packed_expert_rows") = false,
           nb::keep_alive<1, 2>(),
           "Collective over comm. in_dtype: f32, bf16, f16 or f8e4m3 (then scale_block > 0 "
           "elements per f32 scale); out_dtype: f32, bf16 or f16. ranks_per_node > 0: ranks "
@@ -67,7 +69,9 @@ bit-identical run after run. Every call validates its arguments before sending a
           "'direct' or 'hierarchical' (CUDA only: one relay block per remote node, "
           "docs/gpu-all-to-all.md); combine_sums_in_node (hierarchical only): each node's relay "
           "sums its experts' rows of a token before they cross the network, fewer bytes but a "
-          "sum order that depends on the node split.")
+          "sum order that depends on the node split. packed_expert_rows (CPU only): expert_x and "
+          "expert_y hold the experts' rows back to back from flat row 0 (expert e's after the "
+          "counts of experts before it), not each in its own block.")
       .def(
           "dispatch",
           [](AllToAll& self, nb::handle x, nb::handle indices, nb::handle expert_num_tokens,

@@ -39,7 +39,8 @@ class CpuAllToAll final : public AllToAllBackend {
         sent_(world_size_),
         head_(2 + size_t(num_local_experts_)),
         sent_to_expert_(size_t(config.num_experts)),
-        received_(num_local_experts_) {
+        received_(num_local_experts_),
+        first_row_(size_t(num_local_experts_)) {
     routes_.reserve(size_t(world_size_) * config.max_num_tokens * layout_.max_pairs);
   }
 
@@ -52,7 +53,7 @@ class CpuAllToAll final : public AllToAllBackend {
     return layout_.total_bytes + size_t(layout_.signal_slots()) * SymmetricMemory::kSignalBytes +
            header_.capacity() * sizeof(int32_t) + routes_.capacity() * sizeof(Route) +
            (sent_.capacity() + received_.capacity() + head_.capacity() +
-            sent_to_expert_.capacity()) * sizeof(int32_t);
+            sent_to_expert_.capacity()) * sizeof(int32_t) + first_row_.capacity() * sizeof(int64_t);
   }
 
   Tensor input_buffer() const override {
@@ -130,10 +131,19 @@ class CpuAllToAll final : public AllToAllBackend {
     std::fill(received_.begin(), received_.end(), 0);
     routes_.clear();
 
+    // Packed rows: expert e's first row follows every row of experts before e, so every
+    // source's head is read first (their expert counts) and the copies start after.
+    if (config_.packed_expert_rows) {
+      int64_t next = 0;
+      for (int source = 0; source < world_size_; ++source) wait_for_dispatch(source);
+      for (int e = 0; e < num_local_experts_; ++e) {
+        first_row_[size_t(e)] = next;
+        for (int source = 0; source < world_size_; ++source) next += expert_count(source, e);
+      }
+    }
     // Sources in rank order, slots in token order: rows come out ordered by (source, token).
     for (int source = 0; source < world_size_; ++source) {
-      memory_->wait_signal(layout_.dispatch_signal(source), epoch_,
-                           {"AllToAll::dispatch(recv)", source, "its dispatch data"});
+      wait_for_dispatch(source);
       int32_t count_and_flags[2];
       std::memcpy(count_and_flags, region + layout_.count_offset(source), sizeof count_and_flags);
       const bool in_place = count_and_flags[1] & AllToAllLayout::kPayloadInPlace;
@@ -151,7 +161,9 @@ class CpuAllToAll final : public AllToAllBackend {
                                              : region + layout_.scale_offset(source, slot);
         for (int p = 0; p < header[AllToAllLayout::kHeaderPairs]; ++p) {
           const int expert = header[AllToAllLayout::header_expert(p)];
-          const int32_t row = int32_t(expert * rows_per_expert_ + received_[expert]++);
+          const int32_t row = int32_t((config_.packed_expert_rows ? first_row_[size_t(expert)]
+                                                                  : expert * rows_per_expert_) +
+                                      received_[expert]++);
           std::memcpy(expert_x + row * payload, row_in, payload);
           if (scales) std::memcpy(expert_x_scale + row * scales, scale_in, scales);
           routes_.push_back({source, token, header[AllToAllLayout::header_slot(p)], row, slot});
@@ -204,6 +216,17 @@ class CpuAllToAll final : public AllToAllBackend {
   }
 
  private:
+  void wait_for_dispatch(int source) {
+    memory_->wait_signal(layout_.dispatch_signal(source), epoch_,
+                         {"AllToAll::dispatch(recv)", source, "its dispatch data"});
+  }
+  // Rows of local expert e that `source` sent this call (its block head; after its signal).
+  int32_t expert_count(int source, int e) const {
+    int32_t count;
+    std::memcpy(&count, memory_->local() + layout_.expert_count_offset(source, e), sizeof count);
+    return count;
+  }
+
   // The smallest rank above `after` that owns one of the experts in `experts` [k], or -1.
   int next_dest(const int32_t* experts, int after) const {
     int best = -1;
@@ -260,6 +283,7 @@ class CpuAllToAll final : public AllToAllBackend {
   std::vector<int32_t> head_;       // staging for one source block's head
   std::vector<int32_t> sent_to_expert_;  // rows sent to each (global) expert this call
   std::vector<int32_t> received_;   // rows received per local expert this call
+  std::vector<int64_t> first_row_;  // packed_expert_rows: each local expert's first row
   std::vector<Route> routes_;       // this call's received rows, for combine
 };
 

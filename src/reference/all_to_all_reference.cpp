@@ -58,6 +58,16 @@ bool all_bytes_are(const std::byte* p, size_t bytes, uint8_t value) {
   return true;
 }
 
+// The flat row of expert_x / expert_y where local expert e's rows start: its own block, or
+// with packed_expert_rows after the rows of the experts before it.
+size_t first_row_of_expert(const AllToAllConfig& config, int world_size, const int32_t* counts,
+                           int e) {
+  if (!config.packed_expert_rows) return size_t(e) * world_size * config.max_num_tokens;
+  size_t row = 0;
+  for (int before = 0; before < e; ++before) row += size_t(counts[before]);
+  return row;
+}
+
 }  // namespace
 
 std::string compare_dispatch(const AllToAllConfig& config, int world_size,
@@ -75,20 +85,34 @@ std::string compare_dispatch(const AllToAllConfig& config, int world_size,
       return detail::cat(where, ": expert_num_tokens is ", counts[e], ", expected ",
                          expected.counts[size_t(e)]);
     const size_t n = size_t(counts[e]);
-    const auto* x = expert_x.data<std::byte>() + e * rows_per_expert * row_bytes;
+    const size_t first = first_row_of_expert(config, world_size, counts, e);
+    // Padded: the rest of the expert's block is unwritten; packed: every row after the last
+    // expert's (checked once, below).
+    const size_t unwritten = config.packed_expert_rows ? 0 : rows_per_expert - n;
+    const auto* x = expert_x.data<std::byte>() + first * row_bytes;
     std::string diff = first_difference((where + " expert_x").c_str(), x,
                                         expected.rows[size_t(e)].data(), n * row_bytes, row_bytes);
     if (!diff.empty()) return diff;
-    if (!all_bytes_are(x + n * row_bytes, (rows_per_expert - n) * row_bytes, sentinel))
+    if (!all_bytes_are(x + n * row_bytes, unwritten * row_bytes, sentinel))
       return where + ": expert_x rows past expert_num_tokens were written";
     if (scale_bytes) {
-      const auto* s = expert_x_scale.data<std::byte>() + e * rows_per_expert * scale_bytes;
+      const auto* s = expert_x_scale.data<std::byte>() + first * scale_bytes;
       diff = first_difference((where + " expert_x_scale").c_str(), s,
                               expected.scales[size_t(e)].data(), n * scale_bytes, scale_bytes);
       if (!diff.empty()) return diff;
-      if (!all_bytes_are(s + n * scale_bytes, (rows_per_expert - n) * scale_bytes, sentinel))
+      if (!all_bytes_are(s + n * scale_bytes, unwritten * scale_bytes, sentinel))
         return where + ": expert_x_scale rows past expert_num_tokens were written";
     }
+  }
+  if (config.packed_expert_rows) {
+    const size_t used = first_row_of_expert(config, world_size, counts, local_experts);
+    const size_t all_rows = rows_per_expert * size_t(local_experts);
+    if (!all_bytes_are(expert_x.data<std::byte>() + used * row_bytes, (all_rows - used) * row_bytes,
+                       sentinel))
+      return "packed expert_x: rows past the last expert's were written";
+    if (scale_bytes && !all_bytes_are(expert_x_scale.data<std::byte>() + used * scale_bytes,
+                                      (all_rows - used) * scale_bytes, sentinel))
+      return "packed expert_x_scale: rows past the last expert's were written";
   }
   return "";
 }
@@ -119,12 +143,13 @@ void run_fake_experts(const AllToAllConfig& config, int world_size, int rank,
                       const Tensor& expert_x_scale, const Tensor& expert_y) {
   const int local_experts = config.num_experts / world_size;
   const int S = config.scales_per_token();
-  const size_t rows_per_expert = size_t(world_size) * config.max_num_tokens;
   const size_t row_bytes = size_t(config.hidden_dim) * dtype_size(config.in_dtype);
   const size_t out_row_bytes = size_t(config.hidden_dim) * dtype_size(expert_y.dtype());
+  const int32_t* counts = expert_num_tokens.data<int32_t>();
   for (int e = 0; e < local_experts; ++e) {
-    for (int i = 0; i < expert_num_tokens.data<int32_t>()[e]; ++i) {
-      const size_t row = e * rows_per_expert + size_t(i);
+    const size_t first = first_row_of_expert(config, world_size, counts, e);
+    for (int i = 0; i < counts[e]; ++i) {
+      const size_t row = first + size_t(i);
       fake_expert_row(config, expert_x.data<std::byte>() + row * row_bytes,
                       S ? expert_x_scale.data<float>() + row * S : nullptr,
                       rank * local_experts + e, expert_y.dtype(),

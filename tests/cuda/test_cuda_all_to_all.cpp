@@ -350,6 +350,25 @@ TEST(AllToAllCuda, OnOneGpuANodeSplitIsRefusedByName) {
 }
 #endif
 
+// The packed layout is the CPU backend's; on CUDA it is refused by name, on every rank.
+TEST(AllToAllCuda, PackedExpertRowsAreRefusedByName) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const int W = 2;
+  std::vector<std::string> errors(W);
+  run_ranks(W, [&](Communicator& comm) {
+    AllToAllConfig cfg = make_config(4, 2 * W, 1, 64);
+    cfg.packed_expert_rows = true;
+    try {
+      AllToAll a2a(comm, cfg);
+    } catch (const Error& e) {
+      errors[size_t(comm.rank())] = e.what();
+    }
+  }, Device::cuda(0));
+  for (int r = 0; r < W; ++r)
+    EXPECT_NE(errors[size_t(r)].find("packed_expert_rows is a layout of the CPU backend"),
+              std::string::npos) << "rank " << r << ": " << errors[size_t(r)];
+}
+
 #if !defined(PMOE_TEST_ON_GPU)
 // Kernels per step, counted on the emulated device (docs/gpu-all-to-all.md): dispatch(send) 1,
 // dispatch(recv) 2, combine(send) 1, combine(recv) 2 (it was 2, 2, 1, 2), and 2 for each op in

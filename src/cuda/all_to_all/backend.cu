@@ -41,6 +41,9 @@ class CudaAllToAll final : public AllToAllBackend {
                " ranks, got ", comm.size());
     PMOE_CHECK(!config.in_place_buffers, "AllToAll on CUDA: in_place_buffers is not supported "
                "on this backend yet; pass your own buffers");
+    PMOE_CHECK(!config.packed_expert_rows, "AllToAll on CUDA: packed_expert_rows is a layout of "
+               "the CPU backend; on CUDA the rows of expert e are rows [0, expert_num_tokens[e]) "
+               "of its own block");
     memory_ = cuda::alloc_transport_memory(comm, layout_.total_bytes, layout_.signal_slots(),
                                            config.ranks_per_node, stream_);
     remote_ = std::make_unique<cuda::RemoteSetup>(*memory_, AllToAllLayout::kSignalWords, stream_);
