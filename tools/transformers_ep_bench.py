@@ -7,7 +7,8 @@ transformers MoE model, under torchrun, on the same model, ranks and tokens.
 Three measurements per model, W and tokens per rank m, each for ep_implementation "pmoe" and
 "all_to_all", forward and backward:
 - exchange: the implementation alone, with experts that return their rows (no expert compute):
-  dispatch + combine, and their backward;
+  dispatch + combine, and their backward; beside them, the yardstick "local": the same rows
+  moved within each rank, without communication (local_exchange);
 - block: one MoE block of the model (router, experts split over the ranks, shared experts where
   the family has them), built from its config, with the model's own EP plan applied;
 - step: a training step of the whole model (from_pretrained with DistributedConfig(fsdp_size=W,
@@ -47,6 +48,7 @@ MODELS = {
                           layers=2, vocab=1024),
 }
 IMPLEMENTATIONS = ("pmoe", "all_to_all")
+LOCAL = "local"  # the exchange's yardstick: the same rows moved within each rank (local_exchange)
 
 
 def worker(args):
@@ -154,6 +156,9 @@ def worker(args):
                     check(f"{name} {impl} exchange grad w", wg.grad,
                           (grad_y.float() @ x.float().t()).diagonal().unsqueeze(1).expand(m, top_k))
                     fns[impl] = exchange
+                fns[LOCAL] = local_exchange(x, idx, w, grad_y, experts, RowsBack(experts))
+                y = fns[LOCAL]()
+                check(f"{name} local exchange y", y, x.float() * w.sum(-1, keepdim=True))
                 record_all(name, "exchange", m, fns)
 
             if "block" in args.parts:
@@ -225,6 +230,33 @@ def worker(args):
     dist.destroy_process_group()
 
 
+def local_exchange(x, idx, w, grad_y, num_experts, experts):
+    """The yardstick for the exchange: the same permutation of rows, forward and backward, done
+    within this rank with torch's own ops and no communication, as a single-process MoE layer
+    does it. Every token is copied to its k expert rows, sorted by expert (index_select), run
+    through the same do-nothing experts, and summed back (index_add); autograd gives the
+    backward. Each rank moves as many rows as it sends in the exchange, so an implementation
+    that communicates can hardly move them for less: all_to_all / local bounds the speed-up any
+    implementation can show over all_to_all on this machine."""
+    import torch
+
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    k = idx.shape[1]
+
+    def run():
+        xg.grad = wg.grad = None
+        flat = idx.reshape(-1)
+        order = flat.argsort(stable=True)
+        token = order // k
+        rows = xg.index_select(0, token)
+        out = experts(rows, flat[order].unsqueeze(1), wg.reshape(-1)[order].unsqueeze(1))
+        y = torch.zeros_like(xg).index_add(0, token, out)
+        y.backward(grad_y)
+        return y
+
+    return run
+
+
 def markdown(doc):
     config = doc["config"]
     lines = [f"# pmoe vs transformers' all_to_all as a transformers model's EP implementation "
@@ -238,17 +270,25 @@ def markdown(doc):
              "implementations interleaved (ABBA); a barrier before each; an iteration's time is the slowest rank's; mean ± std in ms, forward "
              "and backward. Ranks are processes of one machine (pmoe: POSIX shared memory; "
              "all_to_all: gloo). ratio = all_to_all / pmoe (above 1: pmoe is faster). share = "
-             "the exchange's time times the layers, over the step's.", ""]
+             "the exchange's time times the layers, over the step's. exchange local: the same "
+             "rows moved within each rank by torch's index_select and index_add, no "
+             "communication (local_exchange in the tool); all_to_all / local bounds the "
+             "speed-up any implementation can show over all_to_all here, and pmoe / local is "
+             "how far pmoe is from that yardstick.", ""]
     table = {(r["model"], r["what"], r["impl"], r["ep"], r["tokens"]): r for r in doc["rows"]}
     parts = [p for p in ("exchange", "block", "step") if p in config.get("parts", (p,))]
     for model in [m for m in MODELS if any(r["model"] == m for r in doc["rows"])]:
         layers = MODELS[model]["layers"]
         for ep in sorted({r["ep"] for r in doc["rows"] if r["model"] == model}):
             share = "exchange" in parts and "step" in parts
+            local = any(r["impl"] == LOCAL for r in doc["rows"])
             header = "| tokens per rank | " + "".join(
-                f"{what} pmoe | {what} all_to_all | ratio | " for what in parts)
+                f"{what} pmoe | {what} all_to_all | ratio | " +
+                ("exchange local | all_to_all / local | pmoe / local | "
+                 if what == "exchange" and local else "") for what in parts)
             header += "share pmoe | share all_to_all |" if share else ""
-            columns = 3 * len(parts) + (2 if share else 0)
+            columns = 3 * len(parts) + (2 if share else 0) + (3 if local and "exchange" in parts
+                                                              else 0)
             lines += [f"## {model}, {ep} ranks", "", header.rstrip(),
                       "|---:|" + "---:|" * columns]
             for m in sorted({r["tokens"] for r in doc["rows"] if r["model"] == model}):
@@ -260,6 +300,12 @@ def markdown(doc):
                         cells.append(f"{c['mean_us'] / 1e3:.2f} ± {c['std_us'] / 1e3:.2f}"
                                      if c else "")
                     cells.append(f"{b['mean_us'] / a['mean_us']:.2f}" if a and b else "")
+                    if what == "exchange" and local:
+                        c = table.get((model, what, LOCAL, ep, m))
+                        cells.append(f"{c['mean_us'] / 1e3:.2f} ± {c['std_us'] / 1e3:.2f}"
+                                     if c else "")
+                        cells.append(f"{b['mean_us'] / c['mean_us']:.2f}" if b and c else "")
+                        cells.append(f"{a['mean_us'] / c['mean_us']:.2f}" if a and c else "")
                 for impl in IMPLEMENTATIONS if share else ():
                     ex = table.get((model, "exchange", impl, ep, m))
                     st = table.get((model, "step", impl, ep, m))

@@ -48,7 +48,10 @@ struct AllToAllConfig {
   // max_num_tokens, H] buffer, o_e the sum of the counts of experts before e, instead of rows
   // [0, count) of its own [W * max_num_tokens, H] block. A caller that wants the arrived rows
   // contiguous (an expert-parallel layer handing them to experts_forward) then reads them in
-  // place instead of gathering them. A rank's own layout: ranks may differ.
+  // place instead of gathering them. A rank's own layout: ranks may differ. expert_x,
+  // expert_x_scale and expert_y may then also be 2-D, [R, H] (R rows of any number): a caller
+  // that asks arriving_rows() between dispatch(send) and dispatch(recv) can land the rows in a
+  // buffer of exactly their size, as DeepEP's dispatch sizes recv_x from its counts exchange.
   bool packed_expert_rows = false;
   // Ranks per node, to split this machine's ranks into several nodes (0: no split). A peer on
   // another node of the split is reached by puts and signals only, never loads and stores, as
@@ -101,7 +104,11 @@ class AllToAll {
   // expert_num_tokens [E_local] i32, out: rows received per local expert
   // expert_x          [E_local, W * max_num_tokens, H] in_dtype, out: the first
   //                   expert_num_tokens[e] rows of expert e (with packed_expert_rows: the
-  //                   experts' rows back to back from flat row 0); other rows left untouched
+  //                   experts' rows back to back from flat row 0); other rows left untouched.
+  //                   With packed_expert_rows it may be [R, H]: dispatch(recv) and
+  //                   Phase::both need R >= the rows that arrive, arriving_rows() if it was
+  //                   asked this call, else the most that can (W * max_num_tokens *
+  //                   min(k, E_local)); dispatch(send), which writes no row, takes any R
   // expert_x_scale    [E_local, W * max_num_tokens, H / scale_block] f32 (f8e4m3), else empty
   // bound_m           optional [1] i32 on the op's device: the number of tokens this call,
   //                   <= the rows of x, read where the op runs (by the kernels on a GPU), so
@@ -114,7 +121,8 @@ class AllToAll {
                 const Tensor& bound_m = Tensor());
 
   // expert_y [E_local, W * max_num_tokens, H] f32, bf16 or f16, rows in dispatch's order and
-  //          layout (packed_expert_rows: back to back)
+  //          layout (packed_expert_rows: back to back, and it may be [R, H] with R >= the
+  //          rows the matching dispatch received)
   // indices  [m, k] i32 or i64, the same values as given to the matching dispatch
   // weights  [m, k] f32
   // y        [m, H] out_dtype, out: y[t] = sum over j of weights[t, j] * (expert_y row of token t
@@ -123,6 +131,11 @@ class AllToAll {
   // After combine(send) returns, expert_y may be overwritten.
   void combine(const Tensor& expert_y, const Tensor& indices, const Tensor& weights,
                const Tensor& y, Phase phase = Phase::both, const Tensor& bound_m = Tensor());
+
+  // packed_expert_rows only, between dispatch(send) and dispatch(recv): waits (bounded, as
+  // dispatch(recv) does) until every peer has sent, and returns the rows this rank's
+  // dispatch(recv) will write, the sum of expert_num_tokens. A failed wait retires the op.
+  int64_t arriving_rows();
 
   // On a GPU the kernels check what the host cannot see (indices in device memory, peers that
   // never arrive) and record the first error, which this raises; run it after synchronizing the
@@ -176,6 +189,10 @@ class AllToAll {
   void guarded(const std::function<void()>& call);
   // `indices` as i32: itself, or its i64 values narrowed into `storage` (after their check).
   Tensor indices_i32(const char* op, const Tensor& indices, std::vector<int32_t>& storage) const;
+  // expert_x, expert_x_scale or expert_y: [E_local, W * max_num_tokens, width], or with
+  // packed_expert_rows also [R, width] with R >= min_rows (the reason names where it comes from).
+  void check_expert_rows(const char* op, const char* name, const Tensor& t, DType dtype,
+                         int64_t width, int64_t min_rows, const char* reason) const;
 
   AllToAllConfig config_;
   Communicator* comm_ = nullptr;
@@ -188,6 +205,8 @@ class AllToAll {
   std::vector<int32_t> routed_indices_;  // dispatch(send)'s indices, which combine must repeat
   std::vector<int32_t> dispatch_indices_, combine_indices_;  // narrowed i64 indices
   DType sent_expert_y_dtype_ = DType::f32;  // combine(send)'s, which combine(recv) must repeat
+  int64_t arriving_ = -1;  // arriving_rows() of this call; -1 if not asked
+  int64_t arrived_ = 0;    // rows the last dispatch(recv) wrote (packed expert_y's minimum)
   std::string broken_;  // set once a wait failed: the protocol state is lost, the op unusable
   std::unique_ptr<detail::AllToAllBackend> backend_;
 };

@@ -95,7 +95,8 @@ x                 [m, H] in_dtype, m <= max_num_tokens
 indices           [m, k] int32 or int64 (torch.topk's indices as they are), experts in
                   [0, E) or -1 (slot skipped), distinct per row
 expert_num_tokens [E_local] int32, out: rows received per local expert
-expert_x          [E_local, W * max_num_tokens, H] in_dtype, out
+expert_x          [E_local, W * max_num_tokens, H] in_dtype, out; with
+                  packed_expert_rows also [R, H], R >= the rows that arrive (arriving_rows())
 x_scale           [m, H / scale_block] float32, f8e4m3 only
 expert_x_scale    [E_local, W * max_num_tokens, H / scale_block] float32, f8e4m3 only
 phase             'both', or 'send' then 'recv' with other work in between)")
@@ -114,10 +115,20 @@ phase             'both', or 'send' then 'recv' with other work in between)")
           R"(Brings expert outputs back and sums them with the router weights.
 
 expert_y [E_local, W * max_num_tokens, H] float32, bfloat16 or float16, rows in dispatch order
+         (packed_expert_rows: also [R, H], R >= the rows dispatch received)
 indices  [m, k] int32 or int64, the same as given to dispatch
 weights  [m, k] float32
 y        [m, H] out_dtype, out: y[t] = sum_j weights[t, j] * expert_y[row of (t, j)], in f32,
          in j order, skipping -1 slots)")
+      .def(
+          "arriving_rows",
+          [](AllToAll& self) {
+            nb::gil_scoped_release release;  // waits for the peers' sends
+            return self.arriving_rows();
+          },
+          "packed_expert_rows only, between dispatch(phase='send') and dispatch(phase='recv'): "
+          "waits until every peer has sent and returns the rows dispatch(recv) will write, so "
+          "that expert_x can be a packed [rows, H] of exactly that size.")
       .def("workspace_bytes", &AllToAll::workspace_bytes,
            "Bytes this op allocated per rank.")
       .def(

@@ -223,13 +223,20 @@ void AllToAll::dispatch_impl(const Tensor& x, const Tensor& x_scale, const Tenso
   check_index_tensor(op, "indices", indices, device_, {x_rows, k});
   check_tensor(op, "expert_num_tokens", expert_num_tokens, DType::i32, device_,
                {num_local_experts_});
-  check_tensor(op, "expert_x", expert_x, config_.in_dtype, device_,
-               {num_local_experts_, rows, H});
+  // Packed [R, H] rows: dispatch(send) writes none; a recv needs room for what arrives.
+  const bool asked = arriving_ >= 0 && phase == Phase::recv;
+  const int64_t most = rows * std::min<int64_t>(k, num_local_experts_);
+  const int64_t min_rows = phase == Phase::send ? 0 : asked ? arriving_ : most;
+  const char* reason = phase == Phase::send ? ""
+                       : asked ? "the rows arriving this call (arriving_rows())"
+                               : "the most that can arrive (W * max_num_tokens * "
+                                 "min(k, E_local); ask arriving_rows() after dispatch(send) "
+                                 "for this call's)";
+  check_expert_rows(op, "expert_x", expert_x, config_.in_dtype, H, min_rows, reason);
   if (config_.in_dtype == DType::f8e4m3) {
     const int64_t s = config_.scales_per_token();
     check_tensor(op, "x_scale", x_scale, DType::f32, device_, {x_rows, s});
-    check_tensor(op, "expert_x_scale", expert_x_scale, DType::f32, device_,
-                 {num_local_experts_, rows, s});
+    check_expert_rows(op, "expert_x_scale", expert_x_scale, DType::f32, s, min_rows, reason);
   } else {
     check_absent(op, "x_scale", x_scale, "(scales are for f8e4m3 input only)");
     check_absent(op, "expert_x_scale", expert_x_scale, "(scales are for f8e4m3 input only)");
@@ -254,8 +261,44 @@ void AllToAll::dispatch_impl(const Tensor& x, const Tensor& x_scale, const Tenso
     }
     run_step(Step::dispatch_send, op, [&] { backend_->dispatch_send(args); });
   }
-  if (phase != Phase::send)
+  if (phase != Phase::send) {
     run_step(Step::dispatch_recv, op, [&] { backend_->dispatch_recv(args); });
+    arriving_ = -1;
+    if (config_.packed_expert_rows) {  // the CPU backend's: the counts are host memory
+      const int32_t* counts = expert_num_tokens.data<int32_t>();
+      arrived_ = 0;
+      for (int e = 0; e < num_local_experts_; ++e) arrived_ += counts[e];
+    }
+  }
+}
+
+int64_t AllToAll::arriving_rows() {
+  const char* op = "AllToAll::arriving_rows";
+  PMOE_CHECK(config_.packed_expert_rows, op, ": set AllToAllConfig::packed_expert_rows (the "
+             "count sizes a packed expert_x; padded blocks always fit)");
+  PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this AllToAll is unusable since an ",
+             "earlier call failed while waiting for peers (", broken_, "); create a new one");
+  PMOE_CHECK(next_ == Step::dispatch_recv, op, " on rank ", rank_, ": ask between "
+             "dispatch(send) and dispatch(recv); the next step is ", detail::step_name(next_));
+  try {
+    arriving_ = backend_->arriving_rows();
+  } catch (const std::exception& e) {
+    broken_ = e.what();  // as a failed wait in a step: peers are mid-protocol
+    throw;
+  }
+  return arriving_;
+}
+
+void AllToAll::check_expert_rows(const char* op, const char* name, const Tensor& t, DType dtype,
+                                 int64_t width, int64_t min_rows, const char* reason) const {
+  if (config_.packed_expert_rows && t.dim() == 2) {
+    check_tensor(op, name, t, dtype, device_, {t.size(0), width});
+    PMOE_CHECK(t.size(0) >= min_rows, op, ": packed `", name, "` has ", t.size(0), " rows, "
+               "fewer than ", reason, ": ", min_rows);
+    return;
+  }
+  const int64_t rows = int64_t(world_size_) * config_.max_num_tokens;
+  check_tensor(op, name, t, dtype, device_, {num_local_experts_, rows, width});
 }
 
 void AllToAll::combine(const Tensor& expert_y, const Tensor& indices, const Tensor& weights,
@@ -268,13 +311,12 @@ void AllToAll::combine_impl(const Tensor& expert_y, const Tensor& indices, const
   const char* op = op_name(false, phase);
   enter(phase == Phase::recv ? Step::combine_recv : Step::combine_send, op);
   const int64_t H = config_.hidden_dim, k = config_.experts_per_token;
-  const int64_t rows = int64_t(world_size_) * config_.max_num_tokens;
   PMOE_CHECK(y.dim() == 2, op, ": `y` must be 2-D [m, ", H, "], got ", y.shape_str());
   const int64_t y_rows = y.size(0);
   PMOE_CHECK(is_output_dtype(expert_y.dtype()), op, ": `expert_y` must be f32, bf16 or f16 (float32, ",
              "bfloat16 or float16), got ", detail::dtype_words(expert_y.dtype()));
-  check_tensor(op, "expert_y", expert_y, expert_y.dtype(), device_,
-               {num_local_experts_, rows, H});
+  check_expert_rows(op, "expert_y", expert_y, expert_y.dtype(), H, arrived_,
+                    "the rows the matching dispatch received");
   check_index_tensor(op, "indices", indices, device_, {y_rows, k});
   check_tensor(op, "weights", weights, DType::f32, device_, {y_rows, k});
   check_tensor(op, "y", y, config_.out_dtype, device_, {y_rows, H});

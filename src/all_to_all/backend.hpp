@@ -36,6 +36,8 @@ class AllToAllBackend {
   virtual Tensor input_buffer() const = 0;
   virtual Tensor input_scale_buffer() const = 0;
   virtual Tensor expert_output_buffer() const = 0;
+  // After dispatch_send: waits for every peer's send; the rows dispatch_recv will write.
+  virtual int64_t arriving_rows() = 0;
   // Throws pmoe::Error if a kernel reported an error (device backends); the CPU reports at once.
   virtual void check_errors() const {}
 };

@@ -132,15 +132,9 @@ class CpuAllToAll final : public AllToAllBackend {
     routes_.clear();
 
     // Packed rows: expert e's first row follows every row of experts before e, so every
-    // source's head is read first (their expert counts) and the copies start after.
-    if (config_.packed_expert_rows) {
-      int64_t next = 0;
-      for (int source = 0; source < world_size_; ++source) wait_for_dispatch(source);
-      for (int e = 0; e < num_local_experts_; ++e) {
-        first_row_[size_t(e)] = next;
-        for (int source = 0; source < world_size_; ++source) next += expert_count(source, e);
-      }
-    }
+    // source's head is read first (their expert counts) and the copies start after (set again
+    // if the caller asked already: the heads have not changed).
+    if (config_.packed_expert_rows) arriving_rows();
     // Sources in rank order, slots in token order: rows come out ordered by (source, token).
     for (int source = 0; source < world_size_; ++source) {
       wait_for_dispatch(source);
@@ -171,6 +165,16 @@ class CpuAllToAll final : public AllToAllBackend {
       }
     }
     std::memcpy(a.expert_num_tokens.data(), received_.data(), received_.size() * sizeof(int32_t));
+  }
+
+  int64_t arriving_rows() override {
+    int64_t next = 0;
+    for (int source = 0; source < world_size_; ++source) wait_for_dispatch(source);
+    for (int e = 0; e < num_local_experts_; ++e) {
+      first_row_[size_t(e)] = next;
+      for (int source = 0; source < world_size_; ++source) next += expert_count(source, e);
+    }
+    return next;
   }
 
   void combine_send(const CombineArgs& a) override {

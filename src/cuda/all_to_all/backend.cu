@@ -181,6 +181,10 @@ class CudaAllToAll final : public AllToAllBackend {
   }
 
   AllToAll::RemoteTraffic remote_traffic() const override { return remote_->traffic(); }
+  int64_t arriving_rows() override {  // the front end asks only with packed rows, refused here
+    throw Error("AllToAll::arriving_rows on CUDA: packed_expert_rows is a layout of the CPU "
+                "backend");
+  }
   size_t workspace_bytes() const override {
     return layout_.total_bytes + size_t(layout_.signal_slots()) * SymmetricMemory::kSignalBytes +
            scratch_bytes_;
