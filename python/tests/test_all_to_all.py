@@ -182,3 +182,44 @@ def test_docstrings_say_int64_indices_work():
         assert "int32 or int64" in method.__doc__, method.__doc__
 
 
+
+
+def test_packed_rows_land_in_exactly_their_number():
+    """packed_expert_rows: dispatch(send), arriving_rows(), an [n, H] expert_x, dispatch(recv),
+    then combine from an [n, H] expert_y, as pmoe.torch's in-place ops do."""
+    W, local, k, H = 2, 2, 3, 16
+
+    def rank_main(comm):
+        a2a = pmoe.AllToAll(comm, max_num_tokens=5, num_experts=W * local, experts_per_token=k,
+                            hidden_dim=H, in_dtype="f32", out_dtype="f32",
+                            packed_expert_rows=True)
+        for call in range(3):
+            inputs = [make_inputs(r, 5 - (r + call) % 3, W * local, k, H, "f32", seed=7 + call,
+                                  drop=0.25) for r in range(W)]
+            x, indices, weights = inputs[comm.rank]
+            counts = np.zeros(local, dtype=np.int32)
+            a2a.dispatch(x, indices, counts, np.zeros((0, H), np.float32), phase="send")
+            n = a2a.arriving_rows()
+            want = expected_dispatch(inputs, comm.rank, W, W * local)
+            assert n == sum(len(rows) for rows in want)
+            expert_x = np.zeros((n, H), np.float32)
+            a2a.dispatch(x, indices, counts, expert_x, phase="recv")
+            assert counts.tolist() == [len(rows) for rows in want]
+            packed = [row for rows in want for row in rows]
+            if packed:
+                np.testing.assert_array_equal(expert_x, np.stack(packed))
+            ids = np.repeat(comm.rank * local + np.arange(local), counts)
+            expert_y = np.stack([expert_fn(row, e) for row, e in zip(expert_x, ids)]) if n else \
+                np.zeros((0, H), np.float32)
+            y = np.zeros((len(x), H), np.float32)
+            a2a.combine(expert_y.astype(np.float32), indices, weights, y)
+            np.testing.assert_array_equal(y, expected_combine(x, indices, weights, "f32", "f32",
+                                                              "f32"))
+    pmoe.run_ranks(W, rank_main)
+
+
+def test_arriving_rows_needs_packed_rows():
+    def rank_main(comm):
+        with pytest.raises(pmoe.Error, match="set AllToAllConfig::packed_expert_rows"):
+            small_op(comm).arriving_rows()
+    pmoe.run_ranks(1, rank_main)

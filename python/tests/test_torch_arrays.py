@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import pmoe
+import pmoe.torch as pt
 
 
 def test_layers_return_torch_for_torch_input():
@@ -74,6 +75,21 @@ def test_raw_ops_refuse_what_they_cannot_take_with_pmoe_error():
             op.dispatch(x.detach().to("meta"), indices, counts, expert_x)
         op.dispatch(x.detach(), indices, counts, expert_x)  # the op is still usable
         assert counts.tolist() == [2, 0]
+    pmoe.run_ranks(1, rank_main)
+
+
+def test_padded_functions_refuse_an_in_place_all_to_all():
+    """Its ops lay rows out packed, for dispatch_packed and combine_packed only."""
+    def rank_main(comm):
+        a2a = pt.AllToAll(comm, max_num_tokens=3, num_experts=2, experts_per_token=1,
+                          hidden_dim=4, in_place_buffers=True)
+        x, indices = torch.randn(3, 4), torch.zeros(3, 1, dtype=torch.int64)
+        with pytest.raises(pmoe.Error, match=r"dispatch: this AllToAll was made with "
+                                             r"in_place_buffers=True.*use those"):
+            pt.dispatch(a2a, x, indices)
+        rows, counts = pt.dispatch_packed(a2a, x, indices)  # what it is for
+        y = pt.combine_packed(a2a, rows, counts, indices, torch.ones(3, 1))
+        torch.testing.assert_close(y, x, rtol=0, atol=0)
     pmoe.run_ranks(1, rank_main)
 
 

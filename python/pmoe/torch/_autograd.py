@@ -96,8 +96,12 @@ class _Op:
         # packed functions (_packed.py) stage tokens in the op's input buffer and write expert rows
         # to its output buffer, where the node's peers read them: neither takes an extra copy.
         self.in_place = in_place and device.type == "cpu"
+        # Those ops also lay the rows out packed (dispatch_exact): the padded functions refuse
+        # such an AllToAll (check_padded).
+        self.packed = self.in_place
         self.op = _pmoe.AllToAll(comm, in_dtype=dtype, out_dtype=dtype,
-                                 in_place_buffers=self.in_place, **config)
+                                 in_place_buffers=self.in_place, packed_expert_rows=self.packed,
+                                 **config)
         self.dtype = dtype
         self.device = device
         self.order = order  # order() brackets each pmoe call: _StreamOrder on a GPU
@@ -190,6 +194,22 @@ class _Op:
         self.pending = indices
         return expert_x, counts
 
+    def dispatch_exact(self, x, indices):
+        """A packed op's dispatch (the CPU's in-place one): (rows, counts), the rows that
+        arrived in a new [n, hidden] tensor of exactly their size (pmoe's arriving_rows between
+        the send and the recv), in packed order. x goes through the op's input buffer."""
+        if self.pending is not None:
+            self._settle()
+        x = self._stage(x)
+        counts = torch.zeros(self.local, dtype=torch.int32)
+        dtype = self._torch_dtype()
+        self.op.dispatch(x, indices, counts, torch.empty(0, self.hidden, dtype=dtype),
+                         phase="send")
+        rows = torch.empty(self.op.arriving_rows(), self.hidden, dtype=dtype)
+        self.op.dispatch(x, indices, counts, rows, phase="recv")
+        self.pending = indices
+        return rows, counts
+
     def ready_for_combine(self, indices):
         """Makes the pending dispatch the one of `indices`, by empty calls if it is not; after
         this, the op's own expert output buffer (outgoing()) may be written: every peer's
@@ -238,7 +258,9 @@ class AllToAll:
     they hold.
     in_place_buffers: on the CPU, give each op pmoe's in-place input and expert output buffers
     (one padded [E_local, W * max_num_tokens, H] buffer more per op, in shared memory), which
-    dispatch_packed and combine_packed use to skip a copy of every token and every expert row.
+    dispatch_packed and combine_packed use to skip a copy of every token and every expert row;
+    its ops also land the rows packed, in a tensor of exactly their number, so dispatch_packed
+    gathers nothing. For those two functions only: dispatch and combine refuse it.
     weighted_dispatch: dispatch carries the router weights with the tokens, as DeepEP's does
     (dispatch_packed(a2a, x, indices, weights) returns each row's weight, for the experts to
     apply; combine_packed then only sums): two ops instead of three, and a forward and backward
@@ -296,12 +318,17 @@ class AllToAll:
         return sum(op.op.workspace_bytes() for op in self._ops())
 
     def check_padded(self, name):
-        """Raises pmoe.Error if this AllToAll carries weights with dispatch: the padded
-        functions exchange H-wide rows and the router weights at combine."""
+        """Raises pmoe.Error if this AllToAll carries weights with dispatch (the padded
+        functions exchange H-wide rows and the router weights at combine) or has in-place
+        buffers (its ops lay rows out packed)."""
         if self.weighted_dispatch:
             raise _error(f"{name}: this AllToAll was made with weighted_dispatch=True, whose "
                          f"dispatch carries the router weights; use dispatch_packed(a2a, x, "
                          f"indices, weights) and combine_packed(a2a, rows, counts, indices)")
+        if self._forward.packed:
+            raise _error(f"{name}: this AllToAll was made with in_place_buffers=True, whose ops "
+                         f"lay the rows out packed for dispatch_packed and combine_packed; use "
+                         f"those, or an AllToAll without in_place_buffers")
 
     def check_device(self, name, x):
         """Raises pmoe.Error, naming both devices and what to do, unless tensor x is on the

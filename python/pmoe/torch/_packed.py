@@ -9,7 +9,10 @@ project's 2-core VM, making and filling a quarter of a fresh 64 MiB buffer took 
 long as filling a kept one). With AllToAll(in_place_buffers=True) on the CPU, tokens are staged in
 the op's input buffer and expert rows written to its output buffer, where the node's peers read
 them: dispatch copies a token once, not once per destination, and combine copies no expert row
-before it sums.
+before it sums. Those ops also lay the rows out packed (pmoe's packed_expert_rows): dispatch
+asks how many rows arrive (arriving_rows) between its send and its recv and lands them in a new
+tensor of exactly that size, which is the rows returned, with no gather; combine's expert rows
+are one contiguous copy into the op's buffer.
 
 The gradients are those of dispatch and combine (_autograd.py), on packed rows:
     dispatch_packed:  grad_x = a combine of grad_rows, unit weights
@@ -40,12 +43,13 @@ from ._autograd import _error, slot_gradients
 
 
 class _Where:
-    """The rows that arrived in a padded [E_local, rows, w] buffer: each expert's span on the
-    CPU (copied as spans), flat indices on a GPU (finding them waits for the counts)."""
+    """Where the rows that arrived lie in an op's [E_local, rows, w] buffers: packed from flat
+    row 0 (a packed op: the CPU's in-place one), each expert's span on the CPU (copied as
+    spans), or flat indices on a GPU (finding them waits for the counts)."""
 
-    def __init__(self, counts, rows):
-        self.counts = counts
-        if counts.device.type == "cpu":
+    def __init__(self, counts, rows, packed):
+        self.counts, self.packed = counts, packed
+        if packed or counts.device.type == "cpu":
             self.spans, self.index = counts.tolist(), None
             self.n = sum(self.spans)
         else:
@@ -59,27 +63,41 @@ class _Where:
             return torch.cat([padded[e, :count] for e, count in enumerate(self.spans)])
         return padded.reshape(-1, padded.shape[-1]).index_select(0, self.index)
 
-    def scatter(self, padded, packed):
-        """packed [n, w] into the arrived rows of padded; the padding is left as it is."""
-        if self.spans is not None:
+    def scatter(self, buffer, packed, column=0):
+        """packed [n, c] into columns [column, column + c) of the arrived rows of an op's
+        buffer [E_local, rows, w]; other rows and columns are left as they are."""
+        columns = slice(column, column + packed.shape[1])
+        if self.packed:
+            buffer.view(-1, buffer.shape[-1])[:self.n, columns].copy_(packed)
+        elif self.spans is not None:
             start = 0
             for e, count in enumerate(self.spans):
-                padded[e, :count].copy_(packed[start:start + count])
+                buffer[e, :count, columns].copy_(packed[start:start + count])
                 start += count
         else:
-            padded.view(-1, padded.shape[-1]).index_copy_(0, self.index, packed)
-        return padded
+            buffer.view(-1, buffer.shape[-1])[:, columns].index_copy_(0, self.index, packed)
+        return buffer
+
+
+def _land(op, x, indices):
+    """op's dispatch of x: (rows [n, w] packed, a new tensor; counts; their _Where). A packed
+    op lands them so, in a tensor of exactly their size; another lands them in its kept padded
+    buffer, from which they are gathered."""
+    if op.packed:
+        rows, counts = op.dispatch_exact(x, indices)
+        return rows, counts, _Where(counts, op.rows, packed=True)
+    landing, counts = op.dispatch(x, indices, out=op.landing(), stage=True)
+    where = _Where(counts, op.rows, packed=False)
+    return where.gather(landing), counts, where
 
 
 class _DispatchPacked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, indices, a2a):
-        op = a2a._forward
-        landing, counts = op.dispatch(x.detach(), indices, out=op.landing(), stage=True)
-        where = _Where(counts, op.rows)
+        rows, counts, where = _land(a2a._forward, x.detach(), indices)
         ctx.a2a, ctx.indices, ctx.where = a2a, indices, where
         ctx.mark_non_differentiable(counts)
-        return where.gather(landing), counts
+        return rows, counts
 
     @staticmethod
     def backward(ctx, grad_rows, _grad_counts):
@@ -96,10 +114,7 @@ class _DispatchPackedWeighted(torch.autograd.Function):
         op, H, k = a2a._forward, a2a.hidden_dim, a2a.top_k
         info = torch.cat([weights.detach().float(), indices.float()], dim=1)  # [m, 2k] f32
         carried = info if a2a.dtype == torch.float32 else info.view(a2a.dtype)
-        landing, counts = op.dispatch([x.detach(), carried], indices, out=op.landing(),
-                                      stage=True)
-        where = _Where(counts, op.rows)
-        arrived = where.gather(landing)  # [n, H + carried]
+        arrived, counts, where = _land(op, [x.detach(), carried], indices)  # [n, H + carried]
         info = arrived[:, H:].contiguous()
         info = info if a2a.dtype == torch.float32 else info.view(torch.float32)
         expert_of_row = a2a.first_expert + torch.repeat_interleave(
@@ -124,8 +139,9 @@ class _DispatchPackedWeighted(torch.autograd.Function):
         # Each row's weight gradient in the column of its slot: the combine's sum over a
         # token's rows then gives every slot its own.
         slot_grads = ctx.is_slot * grad_row_weights.float().unsqueeze(1)
-        back = torch.cat([grad_rows.to(a2a.dtype), slot_grads.to(a2a.dtype)], dim=1)
-        padded = ctx.where.scatter(op.outgoing(), back)
+        where = ctx.where  # the ops of one AllToAll lay rows out alike
+        padded = where.scatter(op.outgoing(), grad_rows.to(a2a.dtype))
+        where.scatter(padded, slot_grads.to(a2a.dtype), column=H)
         ones = torch.ones(ctx.indices.shape, dtype=torch.float32, device=a2a.device)
         both = op.combine(padded, ctx.indices, ones)
         return both[:, :H], both[:, H:].to(ctx.weights_dtype), None, None
@@ -136,14 +152,13 @@ class _CombinePackedSum(torch.autograd.Function):
     def forward(ctx, rows, counts, indices, a2a):
         op, H = a2a._forward, a2a.hidden_dim
         op.ready_for_combine(indices)
-        where = _Where(counts, op.rows)
+        where = _Where(counts, op.rows, op.packed)
         if where.n != rows.shape[0]:
             raise _error(f"combine_packed: {rows.shape[0]} rows, but counts say {where.n} arrived "
                          f"(pass dispatch_packed's rows and counts)")
         # The rows' H columns of the op's buffer; the carried columns after them are summed too
         # (what they hold does not matter) and dropped.
-        outgoing = op.outgoing()
-        where.scatter(outgoing[..., :H], rows.detach())
+        outgoing = where.scatter(op.outgoing(), rows.detach())
         ones = torch.ones(indices.shape, dtype=torch.float32, device=a2a.device)
         y = op.combine(outgoing, indices, ones)[:, :H].contiguous()
         ctx.a2a, ctx.indices, ctx.where = a2a, indices, where
@@ -152,10 +167,8 @@ class _CombinePackedSum(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         a2a = ctx.a2a
-        op = a2a._backward
-        landing, _ = op.dispatch([grad_y.to(a2a.dtype)], ctx.indices, out=op.landing(),
-                                 stage=True)
-        return ctx.where.gather(landing)[:, :a2a.hidden_dim], None, None, None
+        rows, _, _ = _land(a2a._backward, [grad_y.to(a2a.dtype)], ctx.indices)
+        return rows[:, :a2a.hidden_dim], None, None, None
 
 
 class _CombinePacked(torch.autograd.Function):
@@ -163,7 +176,7 @@ class _CombinePacked(torch.autograd.Function):
     def forward(ctx, rows, weights, counts, indices, a2a):
         op = a2a._forward
         op.ready_for_combine(indices)
-        where = _Where(counts, op.rows)
+        where = _Where(counts, op.rows, op.packed)
         if where.n != rows.shape[0]:
             raise _error(f"combine_packed: {rows.shape[0]} rows, but counts say {where.n} arrived "
                          f"(pass dispatch_packed's rows and counts)")
@@ -181,18 +194,17 @@ class _CombinePacked(torch.autograd.Function):
         k = a2a.top_k
         back, slots = a2a._backward, a2a._slots
         grad_y = grad_y.to(a2a.dtype).contiguous()
-        landing, _ = back.dispatch(grad_y, indices, out=back.landing(), stage=True)
-        grads = where.gather(landing).float()
+        grads, _, _ = _land(back, grad_y, indices)
         # Which slot of its token each row serves, and that slot's weight.
         slot_info = torch.cat([weights.detach().float(), indices.float()], dim=1).contiguous()
-        info_landing, _ = slots.dispatch(slot_info, indices, out=slots.landing(), stage=True)
+        info, _, slot_where = _land(slots, slot_info, indices)
         expert_of_row = a2a.first_expert + torch.repeat_interleave(
             torch.arange(a2a.num_local_experts, device=grads.device), where.counts.long())
-        grad_rows, back_rows = slot_gradients(grads, where.gather(info_landing), rows.detach(),
-                                              expert_of_row, k)
+        grad_rows, back_rows = slot_gradients(grads.float(), info, rows.detach(), expert_of_row,
+                                              k)
         grad_rows = grad_rows.to(rows.dtype)
         slots.ready_for_combine(indices)
-        padded = where.scatter(slots.outgoing(), back_rows)
+        padded = slot_where.scatter(slots.outgoing(), back_rows)
         ones = torch.ones(indices.shape, dtype=torch.float32, device=a2a.device)
         grad_w = slots.combine(padded, indices, ones)[:, :k]
         return grad_rows, grad_w.to(ctx.weights_dtype), None, None, None
