@@ -75,6 +75,7 @@ Plan make_plan(FuzzInput& in) {
     c.hidden_dim = in.chance(8) ? in.range(-1, 0) : in.range(1, 40);
   }
   c.in_place_buffers = in.chance(64);
+  c.packed_expert_rows = in.chance(64);  // the reference reads either layout
   const int calls = in.range(1, 3);
   for (int i = 0; i < calls; ++i) {
     CallPlan call;
