@@ -20,7 +20,10 @@ first step's loss between the two implementations; a wrong answer exits non-zero
 Protocol: a barrier before every timed iteration, the iteration's time being the slowest rank's
 (an all-reduce MAX at the end), warm-ups first. The two implementations are timed interleaved,
 in the order ABBA ABBA ..., so that the machine's drift (other jobs, its clock) falls on both
-alike instead of on whichever would run second. The models are small random ones (hf_models.py):
+alike instead of on whichever would run second. --order blocks keeps ABBA but over four blocks
+of iterations, so that each call follows one of its own implementation rather than the other's
+(a small pmoe exchange runs slower after a gloo call, a cache flush or an idle wait than right
+after itself: docs/transformers.md). The models are small random ones (hf_models.py):
 a Mixtral-like (8 experts, top-2) and a DeepSeek-like (32 experts, top-8, a shared expert),
 hidden 512, two layers.
 """
@@ -75,16 +78,32 @@ def worker(args):
     rows = []
 
     def timed(fns):
-        """fns: {impl: fn}. Times every fn, interleaved ABBA; {impl: [us per iteration]}."""
+        """fns: {impl: fn}. Times every fn in ABBA order, by iteration (--order interleaved) or
+        by blocks of iterations (--order blocks: 4 blocks of iters / 4, each after one untimed
+        call); {impl: [us per iteration]}."""
         names = list(fns)
         times = {name: [] for name in names}
-        for i in range(args.warmup + args.iters):
-            for name in (names if i % 2 == 0 else names[::-1]):
-                dist.barrier()
-                start = time.perf_counter()
-                fns[name]()
-                if i >= args.warmup:
-                    times[name].append(time.perf_counter() - start)
+
+        def one(name, keep):
+            dist.barrier()
+            start = time.perf_counter()
+            fns[name]()
+            if keep:
+                times[name].append(time.perf_counter() - start)
+
+        if args.order == "interleaved":
+            for i in range(args.warmup + args.iters):
+                for name in (names if i % 2 == 0 else names[::-1]):
+                    one(name, i >= args.warmup)
+        else:
+            for _ in range(args.warmup):
+                for name in names:
+                    one(name, False)
+            for block in range(4):
+                for name in (names if block % 2 == 0 else names[::-1]):
+                    one(name, False)
+                    for _ in range(-(-args.iters // 4)):
+                        one(name, True)
         slowest = torch.tensor([times[name] for name in names], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         return {name: [t * 1e6 for t in row] for name, row in zip(names, slowest.tolist())}
@@ -266,8 +285,12 @@ def markdown(doc):
              f"{doc['machine']['cores']} cores. torch {doc['torch']}, transformers "
              f"{doc['transformers']}.  ",
              f"Load before: {doc['load_before']}; after: {doc['load_after']}.", "",
-             f"{config['iters']} timed iterations after {config['warmup']} warm-ups, the two "
-             "implementations interleaved (ABBA); a barrier before each; an iteration's time is the slowest rank's; mean ± std in ms, forward "
+             f"{config['iters']} timed iterations after {config['warmup']} warm-ups, the "
+             "implementations in ABBA order, " + (
+                 "by blocks of iterations (each call after one of its own; an untimed call "
+                 "opens each block)" if config.get("order") == "blocks" else
+                 "interleaved by iteration (each call after the other implementation's)") +
+             "; a barrier before each; an iteration's time is the slowest rank's; mean ± std in ms, forward "
              "and backward. Ranks are processes of one machine (pmoe: POSIX shared memory; "
              "all_to_all: gloo). ratio = all_to_all / pmoe (above 1: pmoe is faster). share = "
              "the exchange's time times the layers, over the step's. exchange local: the same "
@@ -324,6 +347,9 @@ def main():
     parser.add_argument("--dtype", default="f32", choices=("f32", "bf16"))
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--order", default="interleaved", choices=("interleaved", "blocks"),
+                        help="ABBA by iteration (each call follows the other implementation's), "
+                             "or by blocks of iterations (each call follows its own)")
     parser.add_argument("--parts", default="exchange,block,step",
                         help="which measurements to run (a quick look at one: --parts exchange)")
     parser.add_argument("--out", help="write OUT.json and OUT.md")
@@ -350,7 +376,7 @@ def main():
                f"--nproc-per-node={w}", os.path.abspath(__file__), "--worker-out", part,
                "--tokens", ",".join(map(str, args.tokens)), "--models", ",".join(args.models),
                "--dtype", args.dtype, "--warmup", str(args.warmup), "--iters", str(args.iters),
-               "--parts", ",".join(args.parts)]
+               "--parts", ",".join(args.parts), "--order", args.order]
         subprocess.run(cmd, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         with open(part) as f:
             rows += json.load(f)
@@ -363,7 +389,8 @@ def main():
            "load_before": load_before,
            "load_after": load_average(),
            "config": {"models": {m: MODELS[m] for m in args.models}, "dtype": args.dtype,
-                      "warmup": args.warmup, "iters": args.iters, "parts": args.parts},
+                      "warmup": args.warmup, "iters": args.iters, "parts": args.parts,
+                      "order": args.order},
            "rows": rows}
     write_results(doc, markdown(doc), args.out)
 
