@@ -121,7 +121,8 @@ TEST(AllToAllPacked, ArrivingRowsNeedsPackedRowsAndTheSendFirst) {
     AllToAllConfig padded = packed_config(2);
     padded.packed_expert_rows = false;
     AllToAll plain(comm, padded);
-    EXPECT_NE(error_of([&] { plain.arriving_rows(); }).find("set AllToAllConfig::packed_expert_rows"),
+    EXPECT_NE(error_of([&] { plain.arriving_rows(); })
+                  .find("set AllToAllConfig::packed_expert_rows"),
               std::string::npos);
     AllToAll packed(comm, packed_config(2));
     EXPECT_NE(error_of([&] { packed.arriving_rows(); })

@@ -290,11 +290,11 @@ def markdown(doc):
                  "by blocks of iterations (each call after one of its own; an untimed call "
                  "opens each block)" if config.get("order") == "blocks" else
                  "interleaved by iteration (each call after the other implementation's)") +
-             "; a barrier before each; an iteration's time is the slowest rank's; mean ± std in ms, forward "
-             "and backward. Ranks are processes of one machine (pmoe: POSIX shared memory; "
-             "all_to_all: gloo). ratio = all_to_all / pmoe (above 1: pmoe is faster). share = "
-             "the exchange's time times the layers, over the step's. exchange local: the same "
-             "rows moved within each rank by torch's index_select and index_add, no "
+             "; a barrier before each; an iteration's time is the slowest rank's; mean ± std in "
+             "ms, forward and backward. Ranks are processes of one machine (pmoe: POSIX shared "
+             "memory; all_to_all: gloo). ratio = all_to_all / pmoe (above 1: pmoe is faster). "
+             "share = the exchange's time times the layers, over the step's. exchange local: "
+             "the same rows moved within each rank by torch's index_select and index_add, no "
              "communication (local_exchange in the tool); all_to_all / local bounds the "
              "speed-up any implementation can show over all_to_all here, and pmoe / local is "
              "how far pmoe is from that yardstick.", ""]

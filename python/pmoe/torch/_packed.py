@@ -79,15 +79,17 @@ class _Where:
         return buffer
 
 
-def _land(op, x, indices):
+def _land(op, x, indices, where=None):
     """op's dispatch of x: (rows [n, w] packed, a new tensor; counts; their _Where). A packed
     op lands them so, in a tensor of exactly their size; another lands them in its kept padded
-    buffer, from which they are gathered."""
+    buffer, from which they are gathered (by `where`, if the rows of this routing were found
+    before: on a GPU, finding them again would wait for the counts again)."""
     if op.packed:
         rows, counts = op.dispatch_exact(x, indices)
         return rows, counts, _Where(counts, op.rows, packed=True)
     landing, counts = op.dispatch(x, indices, out=op.landing(), stage=True)
-    where = _Where(counts, op.rows, packed=False)
+    if where is None:
+        where = _Where(counts, op.rows, packed=False)
     return where.gather(landing), counts, where
 
 
@@ -167,7 +169,7 @@ class _CombinePackedSum(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         a2a = ctx.a2a
-        rows, _, _ = _land(a2a._backward, [grad_y.to(a2a.dtype)], ctx.indices)
+        rows, _, _ = _land(a2a._backward, [grad_y.to(a2a.dtype)], ctx.indices, ctx.where)
         return rows[:, :a2a.hidden_dim], None, None, None
 
 
@@ -194,17 +196,17 @@ class _CombinePacked(torch.autograd.Function):
         k = a2a.top_k
         back, slots = a2a._backward, a2a._slots
         grad_y = grad_y.to(a2a.dtype).contiguous()
-        grads, _, _ = _land(back, grad_y, indices)
+        grads, _, _ = _land(back, grad_y, indices, where)
         # Which slot of its token each row serves, and that slot's weight.
         slot_info = torch.cat([weights.detach().float(), indices.float()], dim=1).contiguous()
-        info, _, slot_where = _land(slots, slot_info, indices)
+        info, _, _ = _land(slots, slot_info, indices, where)
         expert_of_row = a2a.first_expert + torch.repeat_interleave(
             torch.arange(a2a.num_local_experts, device=grads.device), where.counts.long())
         grad_rows, back_rows = slot_gradients(grads.float(), info, rows.detach(), expert_of_row,
                                               k)
         grad_rows = grad_rows.to(rows.dtype)
         slots.ready_for_combine(indices)
-        padded = slot_where.scatter(slots.outgoing(), back_rows)
+        padded = where.scatter(slots.outgoing(), back_rows)
         ones = torch.ones(indices.shape, dtype=torch.float32, device=a2a.device)
         grad_w = slots.combine(padded, indices, ones)[:, :k]
         return grad_rows, grad_w.to(ctx.weights_dtype), None, None, None
