@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "all_to_all_cases.hpp"
+#include "all_to_all_packed_cases.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/mpi_communicator.hpp"
 
@@ -101,6 +102,21 @@ TEST(AllToAllMpi, InPlaceBuffers) {
     c.calls = 50;
     expect_case(c);
   }
+}
+
+// Packed rows over processes: in the op's padded buffers (in place, split phases), and in buffers
+// of exactly the rows that arrive (arriving_rows(), with too few refused first). Off-node (the
+// .offnode run), the heads arriving_rows() reads come by MPI messages.
+TEST(AllToAllMpi, PackedExpertRows) {
+  AllToAllCase c = base(world_size());
+  c.config.packed_expert_rows = c.config.in_place_buffers = true;
+  c.in_place = c.split_phases = true;
+  c.calls = 20;
+  expect_case(c);
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  AllToAllConfig exact = make_config(7, 2 * comm.size(), 3, 20, DType::f32, DType::f32);
+  exact.packed_expert_rows = true;
+  EXPECT_EQ(run_exact_packed_rounds(comm, exact, 6, /*too_small=*/true), "");
 }
 
 TEST(AllToAllMpi, BitIdenticalAcrossRuns) {
