@@ -328,16 +328,15 @@ TEST(AllToAllCuda, GraphReplaysAcrossTwoNodesHierarchical) {
 }
 #endif
 
-#if defined(PMOE_TEST_ON_GPU)
-// Ranks sharing one GPU split into two nodes: every rank is told why, by name, at construction,
-// before any NCCL library is loaded (the release it finds does not matter).
-TEST(AllToAllCuda, OnOneGpuANodeSplitIsRefusedByName) {
-  PMOE_REQUIRE_CUDA_RUNTIME();
+// Two ranks on GPU 0 build an AllToAll of `cfg` (4 tokens, 4 experts, top-1, H 64, changed by
+// `change`); every rank must be refused at construction with a message containing `reason`.
+void expect_refused_on_every_rank(const std::function<void(AllToAllConfig&)>& change,
+                                  const std::string& reason) {
   const int W = 2;
   std::vector<std::string> errors(W);
   run_ranks(W, [&](Communicator& comm) {
     AllToAllConfig cfg = make_config(4, 2 * W, 1, 64);
-    cfg.ranks_per_node = 1;
+    change(cfg);
     try {
       AllToAll a2a(comm, cfg);
     } catch (const Error& e) {
@@ -345,28 +344,25 @@ TEST(AllToAllCuda, OnOneGpuANodeSplitIsRefusedByName) {
     }
   }, Device::cuda(0));
   for (int r = 0; r < W; ++r)
-    EXPECT_NE(errors[size_t(r)].find("ranks sharing a GPU cannot take the GPU remote path"),
-              std::string::npos) << "rank " << r << ": " << errors[size_t(r)];
+    EXPECT_NE(errors[size_t(r)].find(reason), std::string::npos)
+        << "rank " << r << ": " << errors[size_t(r)];
+}
+
+#if defined(PMOE_TEST_ON_GPU)
+// Ranks sharing one GPU split into two nodes: every rank is told why, by name, at construction,
+// before any NCCL library is loaded (the release it finds does not matter).
+TEST(AllToAllCuda, OnOneGpuANodeSplitIsRefusedByName) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  expect_refused_on_every_rank([](AllToAllConfig& cfg) { cfg.ranks_per_node = 1; },
+                               "ranks sharing a GPU cannot take the GPU remote path");
 }
 #endif
 
 // The packed layout is the CPU backend's; on CUDA it is refused by name, on every rank.
 TEST(AllToAllCuda, PackedExpertRowsAreRefusedByName) {
   PMOE_REQUIRE_CUDA_RUNTIME();
-  const int W = 2;
-  std::vector<std::string> errors(W);
-  run_ranks(W, [&](Communicator& comm) {
-    AllToAllConfig cfg = make_config(4, 2 * W, 1, 64);
-    cfg.packed_expert_rows = true;
-    try {
-      AllToAll a2a(comm, cfg);
-    } catch (const Error& e) {
-      errors[size_t(comm.rank())] = e.what();
-    }
-  }, Device::cuda(0));
-  for (int r = 0; r < W; ++r)
-    EXPECT_NE(errors[size_t(r)].find("packed_expert_rows is a layout of the CPU backend"),
-              std::string::npos) << "rank " << r << ": " << errors[size_t(r)];
+  expect_refused_on_every_rank([](AllToAllConfig& cfg) { cfg.packed_expert_rows = true; },
+                               "packed_expert_rows is a layout of the CPU backend");
 }
 
 #if !defined(PMOE_TEST_ON_GPU)
