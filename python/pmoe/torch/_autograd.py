@@ -96,7 +96,7 @@ class _Op:
         # packed functions (_packed.py) stage tokens in the op's input buffer and write expert rows
         # to its output buffer, where the node's peers read them: neither takes an extra copy.
         self.in_place = in_place and device.type == "cpu"
-        # Those ops also lay the rows out packed (dispatch_exact): the padded functions refuse
+        # Those ops also lay the rows out packed (dispatch(exact=True)): the padded functions refuse
         # such an AllToAll (check_padded).
         self.packed = self.in_place
         self.op = _pmoe.AllToAll(comm, in_dtype=dtype, out_dtype=dtype,
@@ -174,41 +174,34 @@ class _Op:
         with self.order():
             self.op.combine(rows, idx, weights, y)
 
-    def dispatch(self, x, indices, zero_padding=True, out=None, stage=False):
+    def dispatch(self, x, indices, zero_padding=True, out=None, stage=False, exact=False):
         """(expert_x, counts); rows past an expert's count are zero, or, without zero_padding,
         whatever the memory held (no pass over the whole padded buffer). out: the padded
         buffer to land in (its padding is left as it is). stage: x may go through the op's
-        input buffer."""
+        input buffer. exact (a packed op: the CPU's in-place one): expert_x is instead a new
+        [n, hidden] tensor of exactly the rows that arrived, in packed order (pmoe's
+        arriving_rows between the send and the recv)."""
         if self.pending is not None:
             self._settle()
         if stage:
             x = self._stage(x)
         counts = torch.zeros(self.local, dtype=torch.int32, device=self.device)
+        dtype = self._torch_dtype()
         if out is not None:
             expert_x = out
-        else:
+        elif not exact:
             make = torch.zeros if zero_padding else torch.empty
-            expert_x = make(self.local, self.rows, self.hidden, dtype=x.dtype, device=self.device)
+            expert_x = make(self.local, self.rows, self.hidden, dtype=dtype, device=self.device)
         with self.order():
-            self.op.dispatch(x, indices, counts, expert_x)
+            if exact:
+                self.op.dispatch(x, indices, counts, torch.empty(0, self.hidden, dtype=dtype),
+                                 phase="send")
+                expert_x = torch.empty(self.op.arriving_rows(), self.hidden, dtype=dtype)
+                self.op.dispatch(x, indices, counts, expert_x, phase="recv")
+            else:
+                self.op.dispatch(x, indices, counts, expert_x)
         self.pending = indices
         return expert_x, counts
-
-    def dispatch_exact(self, x, indices):
-        """A packed op's dispatch (the CPU's in-place one): (rows, counts), the rows that
-        arrived in a new [n, hidden] tensor of exactly their size (pmoe's arriving_rows between
-        the send and the recv), in packed order. x goes through the op's input buffer."""
-        if self.pending is not None:
-            self._settle()
-        x = self._stage(x)
-        counts = torch.zeros(self.local, dtype=torch.int32)
-        dtype = self._torch_dtype()
-        self.op.dispatch(x, indices, counts, torch.empty(0, self.hidden, dtype=dtype),
-                         phase="send")
-        rows = torch.empty(self.op.arriving_rows(), self.hidden, dtype=dtype)
-        self.op.dispatch(x, indices, counts, rows, phase="recv")
-        self.pending = indices
-        return rows, counts
 
     def ready_for_combine(self, indices):
         """Makes the pending dispatch the one of `indices`, by empty calls if it is not; after

@@ -85,7 +85,7 @@ def _land(op, x, indices, where=None):
     buffer, from which they are gathered (by `where`, if the rows of this routing were found
     before: on a GPU, finding them again would wait for the counts again)."""
     if op.packed:
-        rows, counts = op.dispatch_exact(x, indices)
+        rows, counts = op.dispatch(x, indices, stage=True, exact=True)
         return rows, counts, _Where(counts, op.rows, packed=True)
     landing, counts = op.dispatch(x, indices, out=op.landing(), stage=True)
     if where is None:
