@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from . import _pmoe
+from .torch._grouped import layout_experts
 from .torch import AllToAll, combine_packed, communicator, dispatch_packed
 
 #: The first transformers with EPImplementationInterface, the registry this module extends.
@@ -223,16 +224,23 @@ class PmoeEP(EPImplementation):
     def _run_experts(self, rows, counts, row_weights=None):
         """This rank's experts on the rows that arrived, packed by expert, run top-1 with the
         routing weight of the slot each row serves where dispatch brought them (combine then
-        only sums), else with unit weights (combine applies the routing weights)."""
-        ids = torch.repeat_interleave(torch.arange(counts.shape[0], device=counts.device),
-                                      counts.long()).unsqueeze(1)
+        only sums), else with unit weights (combine applies the routing weights).
+
+        The experts are transformers' own, in the model's experts implementation: "grouped_mm"
+        by default, torch._grouped_mm over the packed rows with offsets from their expert ids,
+        so each expert's GEMMs cost the rows that arrived. On a GPU, dispatch_packed's rows are
+        a buffer sized for the most that can arrive, the rows past counts.sum() zero (found
+        with no host wait): they get expert id E_local, transformers' mark of a row for no
+        local expert, which its experts implementations skip (their output rows are zero), and
+        weight 0."""
+        ids = layout_experts(counts, rows.shape[0]).unsqueeze(1)
         if rows.shape[0] == 0:
             # Run the experts on one zero row all the same, so that their parameters stay in the
             # backward graph and FSDP's gradient reduction over the expert group runs here too.
             out = self.experts_forward(rows.sum(0, keepdim=True), ids.new_zeros(1, 1),
                                        rows.new_ones(1, 1))[:0]
         else:
-            weights = (rows.new_ones(rows.shape[0], 1) if row_weights is None
+            weights = ((ids < counts.shape[0]).to(rows.dtype) if row_weights is None
                        else row_weights.unsqueeze(1))
             out = self.experts_forward(rows, ids, weights)
         return out.to(rows.dtype)

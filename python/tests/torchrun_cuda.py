@@ -14,7 +14,9 @@ Everywhere (the emulated device included):
 
 With a GPU, CUDA torch and pmoe's CUDA backend for GPUs (else it says why it skips them):
 - dispatch, combine and EpMoE forward and backward on CUDA tensors against the same calls on a
-  CPU communicator, with torch's sync-debug mode set to error (no host synchronisation);
+  CPU communicator, with torch's sync-debug mode set to error (no host synchronisation); EpMoE
+  in bf16 too, its experts on packed rows with torch._grouped_mm (sm90/sm100), against the
+  padded computation;
 - stream ordering: the inputs written late on a non-default current stream, the outputs read on
   it at once;
 - a CUDA graph of dispatch -> experts -> combine, captured once and replayed on new inputs;
@@ -229,6 +231,58 @@ def check_autograd(comm_gpu, comm_cpu):
     say("ok EpMoE forward and backward on CUDA tensors as on the CPU, no host synchronisation")
 
 
+def check_grouped_epmoe(comm_gpu, comm_cpu):
+    """EpMoE in bf16 on CUDA tensors: its experts on the packed rows with torch._grouped_mm
+    (sm90/sm100; elsewhere the padded computation), forward and backward under
+    torch.cuda.set_sync_debug_mode("error"), against the padded computation on the GPU and the
+    layer on the CPU."""
+    from pmoe.torch import _grouped
+    rank, world = dist.get_rank(), dist.get_world_size()
+    hidden, ffn, num_experts, top_k, max_tokens = 32, 48, 4 * world, 2, 8
+    m = max_tokens - 3 * rank  # uneven
+    # Routing the two devices agree on: the router reads x's first E columns, whose values are
+    # 1 apart (bf16 logits rounded on another device must not pick other experts).
+    gen = torch.Generator().manual_seed(40 + rank)
+    x = torch.randn(m, hidden, generator=gen) * 0.05
+    x[:, :num_experts] += torch.stack([torch.randperm(num_experts, generator=gen).float()
+                                       for _ in range(m)]) if m else 0
+    x = x.to(torch.bfloat16)
+    torch.manual_seed(6)
+    dense = dict(router_weight=torch.eye(num_experts, hidden),
+                 w1=torch.randn(num_experts, hidden, ffn) / hidden ** 0.5,
+                 w2=torch.randn(num_experts, ffn, hidden) / ffn ** 0.5,
+                 w3=torch.randn(num_experts, hidden, ffn) / hidden ** 0.5)
+    results = {}
+    for name, comm, padded in (("cpu", comm_cpu, False), ("cuda padded", comm_gpu, True),
+                               ("cuda", comm_gpu, False)):
+        device = torch.device(comm.device)
+        layer = pt.EpMoE(comm, hidden_dim=hidden, ffn_dim=ffn, num_experts=num_experts,
+                         top_k=top_k, max_num_tokens=max_tokens, swiglu=True,
+                         dtype=torch.bfloat16)
+        layer.load_dense(**{k: v.to(device) for k, v in dense.items()})
+        layer._padded_experts = padded
+        xd = x.to(device).requires_grad_()
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            y = layer(xd)
+            y.float().square().sum().backward()
+        finally:
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode(0)
+        results[name] = [y, xd.grad] + [p.grad for p in layer.parameters()]
+    for want in ("cuda padded", "cpu"):
+        for i, (got, ref) in enumerate(zip(results["cuda"], results[want])):
+            scale = max(ref.detach().float().abs().max().item(), 1.0)
+            same(f"bf16 EpMoE output/gradient {i} against {want}", got / scale, ref / scale,
+                 tol=3e-2)
+    grouped = _grouped.grouped_mm_runs(torch.bfloat16, torch.device(DEVICE), hidden, ffn)
+    how = ("grouped (torch._grouped_mm)" if grouped
+           else "padded (no grouped GEMM free of host waits on this GPU)")
+    say(f"ok bf16 EpMoE on CUDA tensors, experts {how}, as padded and as on the CPU, no host "
+        f"synchronisation")
+
+
 def check_stream_order(comm_gpu):
     """Inputs written late on a non-default current stream, outputs read there at once."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -400,6 +454,7 @@ def main():
             f"them on a GPU)")
     else:
         step("autograd", lambda: check_autograd(comm_gpu, comm_cpu))
+        step("grouped experts", lambda: check_grouped_epmoe(comm_gpu, comm_cpu))
         step("stream order", lambda: check_stream_order(comm_gpu))
         step("graph", lambda: check_graph(comm_gpu))
         step("transformers", lambda: check_transformers(comm_gpu, args.transformers_model))

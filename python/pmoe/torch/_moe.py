@@ -4,12 +4,20 @@
     experts: rank r holds experts [r * E_local, (r + 1) * E_local) as stacked parameters
              w1 [E_local, H, F], w2 [E_local, F, H] and, with swiglu, w3 [E_local, H, F]:
              expert(x) = act(x @ w1) @ w2, act = gelu; swiglu: (silu(x @ w3) * (x @ w1)) @ w2
-    forward: dispatch -> per-expert GEMMs in torch -> combine (pmoe's ops carry the traffic)
+    forward: dispatch -> the rows that arrived, packed -> grouped GEMMs -> combine (pmoe's ops
+             carry the traffic)
 
-On a GPU (a communicator made with device="cuda:N") the parameters live on that GPU and the
-experts run batched over every row of dispatch's padded buffer (zero rows give zero outputs,
-which combine never reads): nothing waits for the row counts on the host, so a forward can be
-captured into a CUDA graph. On the CPU each expert runs on the rows that arrived only.
+The experts compute on the rows that arrived only (_grouped.py draws the layout): each expert's
+first counts[e] rows of dispatch's padded buffer are gathered into one packed tensor, and
+torch._grouped_mm runs every expert's GEMM over its own rows (offs = cumsum(counts)), instead of
+every expert over the whole padded buffer, E_local * W * max_num_tokens rows (E / k times the
+rows that arrived). On a GPU (a communicator made with device="cuda:N") the parameters live on
+that GPU and the packing index is computed on the device, into a buffer sized for the most rows
+that can arrive, so nothing waits for the counts on the host and a forward can be captured into
+a CUDA graph. Where torch's grouped GEMM would wait on the host (on CUDA: any dtype but bf16, a
+GPU other than sm90/sm100), the experts run batched over the padded buffer, as they did before
+(_grouped.padded_experts); on the CPU, where no grouped GEMM runs (widths not a multiple of 16
+bytes), one GEMM chain per expert on its packed rows.
 
 The router is replicated: each rank's router gradient covers its own tokens only, so sum it
 over the ranks before the optimizer step (replicated_parameters() lists it; DDP does it too).
@@ -20,10 +28,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import _pmoe
+from . import _grouped
 from ._autograd import (AllToAll, _served_device, _torch_sees_pmoe_device, combine,
                         dispatch)
 
-#: Tests set it to run the experts the GPU's way (batched over the padded rows) on the CPU.
+#: Tests set it to run the experts the GPU's way on the CPU: packed rows found without reading
+#: the counts (a buffer sized for the most rows that can arrive, a zero tail).
 _BATCHED_ON_CPU = False
 
 
@@ -77,6 +87,9 @@ class EpMoE(nn.Module):
         self.w1 = stacked(hidden_dim, ffn_dim)
         self.w2 = stacked(ffn_dim, hidden_dim)
         self.w3 = stacked(hidden_dim, ffn_dim) if swiglu else None
+        # True: every expert over the whole padded buffer (the reference the tests compare the
+        # packed, grouped path with; what a GPU ran before torch._grouped_mm).
+        self._padded_experts = False
 
     def replicated_parameters(self):
         """Parameters every rank holds a copy of (sum their gradients over the ranks)."""
@@ -108,15 +121,20 @@ class EpMoE(nn.Module):
                 f"path)")
         self.a2a.check_tokens("EpMoE: x", x, self.a2a.hidden_dim, self.a2a.dtype)
         indices, weights = route(x, self.router.weight, self.top_k)
-        expert_x, counts = dispatch(self.a2a, x, indices)
-        if expert_x.is_cuda or _BATCHED_ON_CPU:  # over the padded rows: no wait for counts
-            expert_y = expert_forward(expert_x, self.w1, self.w2, self.w3).to(expert_x.dtype)
-            return combine(self.a2a, expert_y, indices, weights)
-        rows = expert_x.shape[1]
-        outputs = []
-        for e, n in enumerate(counts.tolist()):
-            out = expert_forward(expert_x[e, :n], self.w1[e], self.w2[e],
-                                 self.w3[e] if self.w3 is not None else None)
-            outputs.append(F.pad(out, (0, 0, 0, rows - n)))
-        expert_y = torch.stack(outputs).to(expert_x.dtype)
-        return combine(self.a2a, expert_y, indices, weights)
+        on_device = x.is_cuda or _BATCHED_ON_CPU  # no read of the counts on the host
+        hidden, ffn = self.w1.shape[1], self.w1.shape[2]
+        grouped = _grouped.grouped_mm_runs(x.dtype, x.device, hidden, ffn)
+        padded = self._padded_experts or (x.is_cuda and not grouped)
+        # The packed path reads no padding row (the padded one multiplies them: zeros needed).
+        expert_x, counts = dispatch(self.a2a, x, indices, zero_padding=padded)
+        if padded:
+            expert_y = _grouped.padded_experts(expert_x, self.w1, self.w2, self.w3)
+            return combine(self.a2a, expert_y.to(expert_x.dtype), indices, weights)
+        local, rows = expert_x.shape[0], expert_x.shape[1]
+        # The most rows that can arrive where the counts stay on the device; else their sum.
+        bound = rows * min(self.top_k, local) if on_device else int(counts.sum())
+        where = _grouped.layout(counts, rows, bound)
+        packed = _grouped.packed_experts(_grouped.pack(expert_x, where), where, self.w1, self.w2,
+                                         self.w3, grouped=grouped)
+        expert_y = _grouped.unpack(packed.to(expert_x.dtype), where, local)
+        return combine(self.a2a, expert_y, indices, weights, zero_padding=False)

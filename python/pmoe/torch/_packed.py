@@ -34,38 +34,55 @@ combine sums them, and the weights' gradient comes back in it (the weights-at-co
 weights the rows in f32): pmoe.transformers uses weighted dispatch for f32 layers only.
 
 Rows of local expert e are rows[offsets[e]:offsets[e + 1]] with offsets the cumulative counts,
-ordered by (source rank, source token), as dispatch lays them out. n = counts.sum(): on a GPU,
-finding it waits for the counts (the packed shape is data).
+ordered by (source rank, source token), as dispatch lays them out. On the CPU n = counts.sum().
+On a GPU, reading that sum would wait for the exchange, so n is the most rows that can arrive,
+W * max_num_tokens * min(top_k, E_local), and the rows past counts.sum() are a zero tail: the
+packing index is computed on the device (_grouped.layout), and nothing waits on the host. The
+caller's experts should give the tail zero rows (combine reads none of them; in pmoe.transformers
+they carry expert id E_local, transformers' mark of a row for no local expert).
 """
 import torch
 
+from . import _grouped
 from ._autograd import _error, slot_gradients
 
 
 class _Where:
     """Where the rows that arrived lie in an op's [E_local, rows, w] buffers: packed from flat
     row 0 (a packed op: the CPU's in-place one), each expert's span on the CPU (copied as
-    spans), or flat indices on a GPU (finding them waits for the counts)."""
+    spans), or, on a GPU, a layout found on the device (_grouped.layout): n is then the most
+    rows that can arrive, rows * min(top_k, E_local), and the rows past the counts' sum are a
+    zero tail, so that nothing waits for the counts on the host."""
 
-    def __init__(self, counts, rows, packed):
-        self.counts, self.packed = counts, packed
-        if packed or counts.device.type == "cpu":
-            self.spans, self.index = counts.tolist(), None
+    on_device_on_cpu = False  # tests set it to run the GPU's way on the CPU
+
+    def __init__(self, counts, rows, packed, top_k):
+        self.counts, self.packed, self.layout = counts, packed, None
+        if packed or (counts.device.type == "cpu" and not _Where.on_device_on_cpu):
+            self.spans = counts.tolist()
             self.n = sum(self.spans)
         else:
-            mask = torch.arange(rows, device=counts.device) < counts.unsqueeze(1)
-            self.spans, self.index = None, mask.view(-1).nonzero().squeeze(1)
-            self.n = self.index.shape[0]
+            self.spans = None
+            self.n = rows * min(top_k, counts.shape[0])
+            self.layout = _grouped.layout(counts, rows, self.n)
+
+    def experts(self):
+        """[n] int64: the local expert of each packed row (E_local in a GPU layout's tail)."""
+        if self.layout is not None:
+            return self.layout.expert
+        return torch.repeat_interleave(torch.arange(len(self.spans), device=self.counts.device),
+                                       self.counts.long(), output_size=self.n)
 
     def gather(self, padded):
         """padded [E_local, rows, w] -> its arrived rows, packed [n, w] (a new tensor)."""
         if self.spans is not None:
             return torch.cat([padded[e, :count] for e, count in enumerate(self.spans)])
-        return padded.reshape(-1, padded.shape[-1]).index_select(0, self.index)
+        return _grouped.pack(padded, self.layout)
 
     def scatter(self, buffer, packed, column=0):
         """packed [n, c] into columns [column, column + c) of the arrived rows of an op's
-        buffer [E_local, rows, w]; other rows and columns are left as they are."""
+        buffer [E_local, rows, w]; other rows and columns are left as they are (but for one
+        padding row, which a GPU layout's tail rows write zeros to)."""
         columns = slice(column, column + packed.shape[1])
         if self.packed:
             buffer.view(-1, buffer.shape[-1])[:self.n, columns].copy_(packed)
@@ -75,7 +92,8 @@ class _Where:
                 buffer[e, :count, columns].copy_(packed[start:start + count])
                 start += count
         else:
-            buffer.view(-1, buffer.shape[-1])[:, columns].index_copy_(0, self.index, packed)
+            buffer.view(-1, buffer.shape[-1])[:, columns].index_copy_(
+                0, self.layout.index, _grouped.keep(self.layout.valid, packed))
         return buffer
 
 
@@ -86,10 +104,10 @@ def _land(op, x, indices, where=None):
     before: on a GPU, finding them again would wait for the counts again)."""
     if op.packed:
         rows, counts = op.dispatch(x, indices, stage=True, exact=True)
-        return rows, counts, _Where(counts, op.rows, packed=True)
+        return rows, counts, _Where(counts, op.rows, True, indices.shape[1])
     landing, counts = op.dispatch(x, indices, out=op.landing(), stage=True)
     if where is None:
-        where = _Where(counts, op.rows, packed=False)
+        where = _Where(counts, op.rows, False, indices.shape[1])
     return where.gather(landing), counts, where
 
 
@@ -119,8 +137,7 @@ class _DispatchPackedWeighted(torch.autograd.Function):
         arrived, counts, where = _land(op, [x.detach(), carried], indices)  # [n, H + carried]
         info = arrived[:, H:].contiguous()
         info = info if a2a.dtype == torch.float32 else info.view(torch.float32)
-        expert_of_row = a2a.first_expert + torch.repeat_interleave(
-            torch.arange(a2a.num_local_experts, device=counts.device), counts.long())
+        expert_of_row = a2a.first_expert + where.experts()
         is_slot = info[:, k:] == expert_of_row.unsqueeze(1).float()  # [n, k]: the row's slot
         row_weights = (info[:, :k] * is_slot).sum(-1)
         ctx.a2a, ctx.indices, ctx.where, ctx.is_slot = a2a, indices, where, is_slot
@@ -154,7 +171,7 @@ class _CombinePackedSum(torch.autograd.Function):
     def forward(ctx, rows, counts, indices, a2a):
         op, H = a2a._forward, a2a.hidden_dim
         op.ready_for_combine(indices)
-        where = _Where(counts, op.rows, op.packed)
+        where = _Where(counts, op.rows, op.packed, indices.shape[1])
         if where.n != rows.shape[0]:
             raise _error(f"combine_packed: {rows.shape[0]} rows, but counts say {where.n} arrived "
                          f"(pass dispatch_packed's rows and counts)")
@@ -178,7 +195,7 @@ class _CombinePacked(torch.autograd.Function):
     def forward(ctx, rows, weights, counts, indices, a2a):
         op = a2a._forward
         op.ready_for_combine(indices)
-        where = _Where(counts, op.rows, op.packed)
+        where = _Where(counts, op.rows, op.packed, indices.shape[1])
         if where.n != rows.shape[0]:
             raise _error(f"combine_packed: {rows.shape[0]} rows, but counts say {where.n} arrived "
                          f"(pass dispatch_packed's rows and counts)")
@@ -200,8 +217,7 @@ class _CombinePacked(torch.autograd.Function):
         # Which slot of its token each row serves, and that slot's weight.
         slot_info = torch.cat([weights.detach().float(), indices.float()], dim=1).contiguous()
         info, _, _ = _land(slots, slot_info, indices, where)
-        expert_of_row = a2a.first_expert + torch.repeat_interleave(
-            torch.arange(a2a.num_local_experts, device=grads.device), where.counts.long())
+        expert_of_row = a2a.first_expert + where.experts()
         grad_rows, back_rows = slot_gradients(grads.float(), info, rows.detach(), expert_of_row,
                                               k)
         grad_rows = grad_rows.to(rows.dtype)
@@ -235,7 +251,8 @@ def dispatch_packed(a2a, x, indices, weights=None):
     returns  (rows [n, H], counts [E_local] int32), and with weights also row_weights [n] of
              weights' dtype, the weight w[t, j] of the slot each row serves: local expert e's
              rows are the counts[e] rows after those of experts 0..e-1, ordered by (source
-             rank, source token).
+             rank, source token). n = counts.sum() on the CPU; on a GPU, the most rows that can
+             arrive, the rows past counts.sum() zero (module docstring): no host wait.
     Each call must be followed by combine_packed with the same indices (as dispatch by combine).
     """
     a2a.check_tokens("x", x, a2a.hidden_dim, a2a.dtype)
@@ -257,7 +274,8 @@ def combine_packed(a2a, rows, counts, indices, weights=None):
     """Brings packed expert rows back: y[t] = sum_j weights[t, j] * rows[row of (t, j)], in
     f32, skipping -1 slots. Differentiable in rows and weights.
 
-    rows     [n, H] a2a.dtype, in dispatch_packed's order (n = counts.sum())
+    rows     [n, H] a2a.dtype, in dispatch_packed's order and number (its tail, on a GPU,
+             is read by no one)
     counts   [E_local] int32, as dispatch_packed returned them
     indices  [m, k], the same as given to dispatch_packed
     weights  [m, k] floating point (used in f32); None with an AllToAll made with
