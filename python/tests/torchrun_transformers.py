@@ -13,10 +13,16 @@ the slow part):
   pmoe's exchange growing when a batch outgrows it;
 - with --errors: bad set-ups raise a clear error on every rank.
 
-Tolerances: f32 within 1e-4 of the reference's largest magnitude per tensor (the sums run in
-another order, and the gradients go through a reduction over ranks); bf16 within 4e-2 of it
-(the reference runs in bf16 too, with its own roundings in other places). Exits non-zero if any
-check fails.
+- with --wrong-rows: pmoe's dispatch hands the experts two of its rows swapped, and every
+  model's check must then fail (the tolerances below still see a wrong exchange).
+
+Tolerances: f32 within 1e-4 of a scale, bf16 within 4e-2 of it (the reference runs in bf16 too,
+with its own roundings in other places). The scale of logits is their largest magnitude. The
+scale of a gradient is its largest magnitude, but at least 1e-3 of the largest gradient of the
+whole model: a gradient is a sum over tokens and ranks run in another order, whose rounding
+follows the size of its terms, not of the sum, and a sum that cancels to near zero (q_proj's
+with one token a rank) is off by what the terms' size gives, 1e-8 where the result is 1e-6,
+for transformers' own implementation as for pmoe's. Exits non-zero if any check fails.
 """
 import argparse
 import os
@@ -40,18 +46,29 @@ def gathered(tensor):
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def close(name, got, want, dtype):
+GRADIENT_FLOOR = 1e-3  # of the model's largest gradient: the smallest scale a gradient is held to
+
+
+def close(name, got, want, dtype, floor=0.0):
+    """got within the dtype's tolerance of want, relative to the larger of want's largest
+    magnitude and `floor`; returns the error relative to that scale."""
     got, want = got.detach().float(), want.detach().float()
     if got.shape != want.shape:
         raise AssertionError(f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}")
     if want.numel() == 0:
         return 0.0
-    scale = max(want.abs().max().item(), 1e-6)
+    scale = max(want.abs().max().item(), floor, torch.finfo(torch.float32).tiny)
     err = (got - want).abs().max().item()
     bound = (1e-4 if dtype == torch.float32 else 4e-2) * scale
     if not err <= bound:
-        raise AssertionError(f"{name}: max error {err:.3g} > {bound:.3g}")
+        raise AssertionError(f"{name}: max error {err:.3g} > {bound:.3g} (scale {scale:.3g})")
     return err / scale
+
+
+def gradient_floor(grads):
+    """The smallest scale any gradient of this model is held to (module docstring)."""
+    return GRADIENT_FLOOR * max((g.detach().float().abs().max().item() for g in grads.values()
+                                 if g.numel()), default=0.0)
 
 
 def batches(world, tp, vocab, length):
@@ -117,17 +134,27 @@ def check_model(family, dtype_name, impls, tp, length, ep=None):
         problems = []
         for impl in impls:
             got_logits, got_grads = distributed(path, dtype, all_ids, impl, tp, ep)  # collective
-            try:  # local checks only from here, so that every rank stays in step
-                worst = close(f"{family} {dtype_name} {impl} logits", got_logits,
-                              want_logits[rank // tp], dtype)
-                missing = set(want_grads) - set(got_grads)
-                if missing:
-                    raise AssertionError(f"{family} {impl}: no gradient for {sorted(missing)}")
-                for name, want in want_grads.items():
-                    worst = max(worst, close(f"{family} {dtype_name} {impl} grad {name}",
-                                             got_grads[name], want, dtype))
-            except AssertionError as failed:
-                problems.append(str(failed))
+            # Local checks only from here, so that every rank stays in step; every tensor is
+            # checked, and every failure reported.
+            found = []
+
+            def check(name, got, want, floor=0.0):
+                try:
+                    return close(f"{family} {dtype_name} {impl} {name}", got, want, dtype, floor)
+                except AssertionError as failed:
+                    found.append(str(failed))
+                    return 0.0
+
+            worst = check("logits", got_logits, want_logits[rank // tp])
+            missing = set(want_grads) - set(got_grads)
+            if missing:
+                found.append(f"{family} {impl}: no gradient for {sorted(missing)}")
+            floor = gradient_floor(want_grads)
+            for name, want in want_grads.items():
+                if name in got_grads:
+                    worst = max(worst, check(f"grad {name}", got_grads[name], want, floor))
+            if found:
+                problems += found
                 continue
             if rank == 0:
                 print(f"ok {family} {dtype_name} {impl} tp={tp} ep={ep or world}: logits and "
@@ -288,6 +315,25 @@ def bad_setups():
     return failures
 
 
+def swap_two_rows():
+    """From here on, pmoe.transformers' dispatch hands its experts the first and last of the
+    rows that arrived swapped (where two differ): an exchange that delivers wrong rows."""
+    import pmoe.transformers as hf
+
+    right = hf.dispatch_packed
+
+    def wrong(a2a, x, indices, *args):
+        out = right(a2a, x, indices, *args)
+        rows = out[0]
+        if rows.shape[0] >= 2 and not torch.equal(rows[0], rows[-1]):
+            order = torch.arange(rows.shape[0], device=rows.device)
+            order[0], order[-1] = rows.shape[0] - 1, 0
+            rows = rows[order]
+        return (rows,) + tuple(out[1:])
+
+    hf.dispatch_packed = wrong
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--families", default=",".join(CORE_FAMILIES))
@@ -298,6 +344,8 @@ def main():
                         "each expert lives on world / ep ranks, FSDP-sharded")
     parser.add_argument("--length", type=int, default=7, help="tokens of the first batch")
     parser.add_argument("--errors", action="store_true", help="only the bad set-ups")
+    parser.add_argument("--wrong-rows", action="store_true",
+                        help="pmoe's dispatch swaps two rows; every model check must fail")
     parser.add_argument("--edges", action="store_true",
                         help="also PmoeEP directly: a rank with no tokens, none at all, a batch "
                              "that outgrows the exchange")
@@ -315,15 +363,31 @@ def main():
         sys.exit(1 if failures else 0)
     if args.edges:
         failures += edges()
+    if args.wrong_rows:
+        swap_two_rows()
     for family in args.families.split(","):
         for dtype_name in args.dtypes.split(","):
             try:
                 check_model(family, dtype_name, args.implementations.split(","), args.tp,
                             args.length, args.ep)
+            except AssertionError as failed:
+                # As it must, gradients included (each held to at least the model-wide floor).
+                if args.wrong_rows and " pmoe grad " in str(failed):
+                    print(f"ok on rank {dist.get_rank()}: {family} {dtype_name} with two rows "
+                          f"swapped fails: {str(failed)[:160]}", flush=True)
+                    continue
+                failures += 1
+                print(f"FAIL on rank {dist.get_rank()}: {family} {dtype_name}", flush=True)
+                traceback.print_exc()
             except Exception:  # report every failing family, then fail
                 failures += 1
                 print(f"FAIL on rank {dist.get_rank()}: {family} {dtype_name}", flush=True)
                 traceback.print_exc()
+            else:
+                if args.wrong_rows:
+                    failures += 1
+                    print(f"FAIL on rank {dist.get_rank()}: {family} {dtype_name} passed with "
+                          f"two of pmoe's rows swapped", flush=True)
     dist.destroy_process_group()
     sys.exit(1 if failures else 0)
 
