@@ -7,7 +7,9 @@
 #   run(command="bash scripts/device_checks.sh python", carry=[".devkit", ".whl"])
 set -euo pipefail
 cd "$(dirname "$0")/.."
-version=$(python3 -c 'from importlib.metadata import version; print(version("transformers"))')
+# The version the tests ran on here (python/constraints.txt).
+version=$(awk -F'==' '$1 == "transformers" {print $2}' python/constraints.txt)
+[ -n "$version" ] || { echo "device_wheels.sh: no transformers pin in python/constraints.txt" >&2; exit 2; }
 rm -rf .whl && mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp -d .whl "transformers==$version"

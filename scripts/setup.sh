@@ -20,12 +20,14 @@ debian_packages=(
 # nvidia-nccl-cu13: the NCCL torch loads (2.30 on), whose device API headers the GPU remote path
 # is built with where found, and which `make test` compiles besides the toolkit's 2.28 (docs/gpu.md,
 # "NCCL flavours").
-python_packages=(numpy pytest nanobind matplotlib torch "transformers>=5.23.0" "accelerate>=1.0"
-                 "nvidia-nccl-cu13>=2.30.0")
 # cuobjdump and the nvdisasm it runs for -sass: the static checks of what nvcc compiled
 # (tests/static) read the kernels' cubins with them, and the CUDA toolkit installed here has
 # neither.
-python_packages+=(nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)
+# Each at the version python/constraints.txt pins, the one the tests last ran on: another version
+# counts as missing, and pip installs the pinned one in its place.
+python_packages=(numpy pytest nanobind matplotlib torch transformers accelerate nvidia-nccl-cu13
+                 nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)
+constraints=$(cd "$(dirname "$0")/.." && pwd)/python/constraints.txt
 
 missing=()
 for pkg in "${debian_packages[@]}"; do
@@ -39,22 +41,32 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-if ((${#python_packages[@]})); then
-  missing=()
-  for pkg in "${python_packages[@]}"; do
-    python3 - "$pkg" <<'PY' || missing+=("$pkg")
+# One interpreter for every package: those not installed at the pinned version, one a line. A local
+# version label (torch's +cu132) is the same release.
+pending=$(python3 - "$constraints" "${python_packages[@]}" <<'PY'
 import re, sys
 from importlib.metadata import PackageNotFoundError, version
-name, _, minimum = sys.argv[1].partition(">=")
-numbers = lambda text: tuple(int(n) for n in re.findall(r"\d+", text)[:3])
-try:
-    sys.exit(0 if numbers(version(name)) >= numbers(minimum) else 1)
-except PackageNotFoundError:
-    sys.exit(1)
+pins = {}
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if line:
+        name, _, pinned = line.partition("==")
+        pins[re.sub(r"[-_.]+", "-", name.strip().lower())] = pinned.strip()
+for name in sys.argv[2:]:
+    pinned = pins.get(re.sub(r"[-_.]+", "-", name.lower()))
+    if pinned is None:
+        sys.exit(f"setup: {name} has no pin in {sys.argv[1]}")
+    try:
+        installed = version(name).split("+")[0]
+    except PackageNotFoundError:
+        installed = None
+    if installed != pinned:
+        print(name)
 PY
-  done
-  if ((${#missing[@]})); then
-    echo "setup: installing Python packages: ${missing[*]}"
-    python3 -m pip install -q "${missing[@]}"
-  fi
+)
+missing=()
+[ -z "$pending" ] || mapfile -t missing <<< "$pending"
+if ((${#missing[@]})); then
+  echo "setup: installing Python packages at python/constraints.txt's versions: ${missing[*]}"
+  python3 -m pip install -q -c "$constraints" "${missing[@]}"
 fi
