@@ -9,6 +9,9 @@
 #                                          # every program's libraries resolved, every part's
 #                                          # commands found, the default parts' bound summed
 #
+# The first part of a default run, and of any run that names it, is `perf` where
+# scripts/device_perf.sh exists (the exchange's performance, within 240 s; docs/gpu.md).
+#
 # Every command runs under `timeout` (bounded, below), for its own bound or what is left of its
 # part's budget, whichever is less, so a part never takes more than its budget. Budgets, in
 # seconds (PMOE_BUDGET_<part>=S overrides one). A run of the default parts is bounded by
@@ -34,17 +37,27 @@
 #                      same libpmoe, so the same sm_90a cubins) with this machine's cuobjdump, then
 #                      the driver's own view of those cubins on this GPU: registers, local and
 #                      shared memory, and the blocks per SM it keeps resident (kernels_sm_90a.md)
+#   perf          240  scripts/device_perf.sh, where it exists: first, on a GPU nothing else has
+#                      used yet; the default parts are then perf, tests and static (50 + 240 +
+#                      150 + 40 = 480 s, one call within CALL_LIMIT_S = 560), bench by name, and
+#                      a rerun without perf is bounded by 240 s
 # By name only:
 #   overlap_cuda  140  test_cuda_overlap_gpu and test_cuda_graph_gpu, then pmoe-bench ag-gemm /
 #                      gemm-rs --device cuda, f16, 2 and 4 thread ranks sharing the GPU, pieces
 #                      moved by the copy engines and (--copy kernel) by a copy kernel (a default
 #                      part until the static one joined: all four do not fit twice in a lease)
-#   python        420  the whole pytest suite, torch CUDA too, then pmoe as transformers' EP
-#                      implementation on CPU and on CUDA tensors (2 ranks), on the module that
-#                      python_build made
-#   python_build  360  builds the Python module with CUDA for the device's Python (the kit cannot:
-#                      it is built here for this machine's Python); when python is among the parts
-#                      it starts at the outset, in the background, beside the GPU parts
+#   python        420  on the module python_build made, with the machine's libraries only (none of
+#                      the kit's): importing torch and pmoe (which C++ runtime loads), then
+#                      pmoe.torch and a transformers model with ep_implementation="pmoe" on CUDA
+#                      tensors (torchrun_cuda.py --transformers-model), the whole pytest suite
+#                      (the torch CUDA tests first), and transformers' EP on the CPU (2 ranks)
+#   python_build  360  builds the Python module with CUDA for the device's Python as `pip install`
+#                      would in a plain PyTorch environment: the machine's compiler and libraries,
+#                      nothing of the kit (no MPI: PMOE_MPI=OFF; the image's OpenBLAS), printing
+#                      the toolchain first and, after, what the module is made of
+#                      (scripts/module_report.sh, which fails if it carries its own C++ runtime);
+#                      when python is among the parts it starts at the outset, in the background,
+#                      beside the GPU parts
 #   overlap       240  mpirun -n 2 pmoe-bench ag-gemm and gemm-rs on the CPU, 8 of the 16 cores a
 #                      rank
 #   gin           300  the GPU remote path (NCCL GIN) on this one GPU: gin_ring_gpu under mpirun
@@ -75,13 +88,22 @@ while [ $# -gt 0 ]; do
 done
 
 declare -A BUDGET=([tests]=150 [bench]=140 [static]=40 [overlap_cuda]=140 [python]=420
-                   [python_build]=360 [overlap]=240 [gin]=300 [gin_wheel]=300)
+                   [python_build]=360 [overlap]=240 [gin]=300 [gin_wheel]=300 [perf]=240)
 DEFAULT_PARTS=(tests bench static)
+# The exchange's performance (a colleague's scripts/device_perf.sh), first where it exists: on a GPU
+# that nothing has warmed or fragmented yet, within its own 240 s.
+# bench stays by name then: perf measures the exchange, and perf + tests + bench + static would
+# not fit one call.
+PERF_SCRIPT=scripts/device_perf.sh
+PERF_LIMIT_S=240
+[ -e "$PERF_SCRIPT" ] && DEFAULT_PARTS=(perf tests static)
 FIXED_S=50         # around the parts: unpacking 20 (a few seconds for the ~31 MiB kit), env.sh's
                    # probes 15, nvidia-smi 5, packing the results 10
 LEASE_S=900        # a session's device time, all calls together
 START_S=120        # what the machine's start takes of it (assumed: "minutes", the device README)
 DEFAULT_LIMIT_S=$(((LEASE_S - START_S) / 2))  # 390: room for a rerun of the default parts
+                                               # (perf, measured once, not counted)
+CALL_LIMIT_S=560   # one call's timeout_s (the device tool's limit is 600 s a command)
 KILL_AFTER_S=5     # a command that ignores SIGTERM gets SIGKILL this much later
 for part in "${!BUDGET[@]}"; do
   override=PMOE_BUDGET_$part
@@ -91,6 +113,12 @@ for part in "${parts[@]}"; do
   [ -n "${BUDGET[$part]:-}" ] || { echo "device_checks.sh: no part '$part' (parts:" \
                                      "${!BUDGET[*]})" >&2; exit 2; }
 done
+# perf, when named, runs first whatever the order given.
+if [[ " ${parts[*]} " == *" perf "* ]]; then
+  rest=()
+  for part in "${parts[@]}"; do [ "$part" = perf ] || rest+=("$part"); done
+  parts=(perf "${rest[@]}")
+fi
 
 if [ "$dry_run" = 1 ]; then
   scratch=$(mktemp -d /tmp/pmoe-dry-run.XXXXXX)
@@ -193,21 +221,85 @@ part_overlap_cuda() {
   done
 }
 
+# The exchange's performance part, written and checked by scripts/device_perf.sh itself (its
+# --dry-run runs here in the dry run).
+part_perf() {
+  if [ ! -e "$PERF_SCRIPT" ]; then
+    echo "perf: SKIPPED, no $PERF_SCRIPT in this tree"
+    return 0
+  fi
+  # The kit as unpacked here, its env.sh sourced (--kit-dir).
+  if [ "$dry_run" = 1 ]; then
+    echo "$PART: bash $PERF_SCRIPT --kit-dir $KIT" >> "$WORK/commands"
+    timeout 120 bash "$PERF_SCRIPT" --dry-run --kit-dir "$KIT" > "$WORK/perf_dry_run.log" 2>&1 ||
+      dry_fail "$PERF_SCRIPT --dry-run failed: $(tail -3 "$WORK/perf_dry_run.log" | tr '\n' ' ')"
+    return 0
+  fi
+  bounded "$PERF_LIMIT_S" bash "$PERF_SCRIPT" --kit-dir "$KIT"
+}
+
+# The Python module is built the way `pip install` builds it in a plain PyTorch environment: the
+# machine's own compiler, CUDA and libraries, and nothing of the kit: no LIBRARY_PATH or CPATH
+# into it, none of its libraries on LD_LIBRARY_PATH, not its mpicxx (PMOE_MPI=OFF: torchrun needs
+# no MPI). The H200 lease's module, built with the kit's paths and MPI, carried a copy of
+# libstdc++'s stream code and crashed at its first formatted number (docs/gpu.md). OpenBLAS is
+# the machine's own libopenblas.so.0 where it has one (the kit's copy where not, said so), with
+# the two headers the kit carries, through a prefix of this run's own.
+# env's -u options must come before its assignments (it stops at the first NAME=VALUE).
+machine_env_make() {
+  local unset=(-u OPAL_PREFIX -u PMOE_NCCL_LIBRARY) set=() name dir value
+  set+=(PATH="${PMOE_MACHINE_PATH:-$PATH}" LD_LIBRARY_PATH="${PMOE_MACHINE_LD_LIBRARY_PATH:-}")
+  # LIBRARY_PATH and CPATH as the machine had them, without what env.sh put first.
+  for name in LIBRARY_PATH CPATH; do
+    dir=$KIT/dev/lib
+    [ "$name" = CPATH ] && dir=$KIT/dev/include
+    value=${!name:-}
+    value=${value#"$dir"}
+    value=${value#:}
+    if [ -n "$value" ]; then set+=("$name=$value"); else unset+=(-u "$name"); fi
+  done
+  machine_env=(env "${unset[@]}" "${set[@]}")
+}
+machine_env_make
+python_blas_prefix() {
+  local prefix=$WORK/blas lib
+  mkdir -p "$prefix/include" "$prefix/lib"
+  cp "$KIT/dev/include/cblas.h" "$KIT/dev/include/openblas_config.h" "$prefix/include/"
+  lib=$(timeout 5 "$(command -v ldconfig || echo /sbin/ldconfig)" -p 2>/dev/null |
+        awk '$1 == "libopenblas.so.0" {print $NF; exit}')
+  case "$lib" in
+    ""|"$KIT"/*) lib=$(ls "$KIT"/lib/libopenblas.so.0 2>/dev/null)
+                 echo "python_build: no OpenBLAS of the machine's own; the kit's: $lib" ;;
+    *) echo "python_build: OpenBLAS: the machine's $lib" ;;
+  esac
+  ln -sf "$lib" "$prefix/lib/libopenblas.so"
+  echo "$prefix"
+}
+
 # The python part's build needs CPUs only, so when python is among the parts it starts in the
 # background at the outset (python_build_start) and runs beside the GPU parts; part_python waits
 # for it. Its own budget bounds it, whatever part is running meanwhile. By name, it is a part.
 PYTHON_BUILD=/tmp/pmoe-python
 part_python_build() {
-  # Wheels the image lacks (scripts/device_wheels.sh: transformers >= 5.23), carried in .whl.
+  # Wheels the image lacks (scripts/device_wheels.sh: transformers at python/constraints.txt's
+  # version), carried in .whl.
   if compgen -G ".whl/*.whl" >/dev/null; then
     bounded 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
       --upgrade --target /tmp/site .whl/*.whl || return 1
   fi
-  bounded 60 cmake -S . -B "$PYTHON_BUILD" -G Ninja -DPMOE_BUILD_TESTS=OFF -DPMOE_BUILD_TOOLS=OFF \
-    -DPMOE_PYTHON=ON -DPMOE_CUDA=ON -DPMOE_CUDA_EMULATOR=OFF -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-    -DCMAKE_PREFIX_PATH="$KIT/dev" -DMPI_CXX_COMPILER="$KIT/usr/bin/mpicxx" \
-    -DPython_EXECUTABLE="$(command -v python3)" &&
-    bounded 300 cmake --build "$PYTHON_BUILD" -j "$(nproc)"
+  local blas word
+  blas=$(python_blas_prefix | tee /dev/stderr | tail -1)
+  # The toolchain, before anything is compiled: a build that goes wrong is read from here.
+  bounded 20 "${machine_env[@]}" bash scripts/module_report.sh --toolchain
+  local cpath=$blas/include
+  for word in "${machine_env[@]}"; do [[ "$word" == CPATH=* ]] && cpath+=":${word#CPATH=}"; done
+  bounded 60 "${machine_env[@]}" CPATH="$cpath" cmake -S . -B "$PYTHON_BUILD" -G Ninja \
+    -DPMOE_BUILD_TESTS=OFF -DPMOE_BUILD_TOOLS=OFF -DPMOE_PYTHON=ON -DPMOE_MPI=OFF \
+    -DPMOE_CUDA=ON -DPMOE_CUDA_EMULATOR=OFF -DCMAKE_CUDA_ARCHITECTURES=90a-real \
+    -DCMAKE_PREFIX_PATH="$blas" -DPython_EXECUTABLE="$(command -v python3)" &&
+    bounded 300 "${machine_env[@]}" CPATH="$cpath" cmake --build "$PYTHON_BUILD" \
+      -j "$(nproc)" &&
+    bounded 20 "${machine_env[@]}" bash scripts/module_report.sh "$PYTHON_BUILD"
 }
 python_build_pid=""
 python_build_start() {
@@ -229,15 +321,26 @@ part_python() {
   fi
   compgen -G ".whl/*.whl" >/dev/null && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   local status=0 path="$PYTHON_BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
-  bounded 240 env PYTHONPATH="$path" PYTHONDONTWRITEBYTECODE=1 \
-    python3 -m pytest -q -rs -p no:cacheprovider python/tests || status=1
-  # pmoe.torch on CUDA tensors, and a transformers model on them (python/tests/torchrun_cuda.py)
-  bounded 300 env PYTHONPATH="$path" PMOE_TIMEOUT_S=60 OMP_NUM_THREADS=1 \
-    PYTHONDONTWRITEBYTECODE=1 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
-    python/tests/torchrun_cuda.py --transformers-model || status=1
+  # The machine's libraries only: the module links none of the kit's.
+  local py=("${machine_env[@]}" PYTHONPATH="$path" PYTHONDONTWRITEBYTECODE=1 PMOE_TIMEOUT_S=60)
+  # Seconds: torch and pmoe import together, a communicator formats its first numbers, and the
+  # process says which C++ runtime it loaded (python/tests/import_probe.py).
+  echo "--- import torch, pmoe; pmoe.torch.communicator() on 1 rank"
+  bounded 30 "${py[@]}" python3 python/tests/import_probe.py || status=1
+  # pmoe.torch on CUDA tensors, and a transformers model with ep_implementation="pmoe" on them
+  # (python/tests/torchrun_cuda.py): first, as nothing of it has run on a GPU yet.
+  echo "--- torchrun_cuda.py --transformers-model (2 processes)"
+  bounded 200 "${py[@]}" OMP_NUM_THREADS=1 python3 -m torch.distributed.run --standalone \
+    --nproc-per-node 2 python/tests/torchrun_cuda.py --transformers-model || status=1
+  echo "--- pytest: the torch CUDA tests, then the rest"
+  bounded 60 "${py[@]}" python3 -m pytest -q -rs -p no:cacheprovider \
+    python/tests/test_torch_cuda.py || status=1
+  bounded 180 "${py[@]}" python3 -m pytest -q -rs -p no:cacheprovider python/tests \
+    --ignore=python/tests/test_torch_cuda.py || status=1
   # pmoe as transformers' EP implementation, the CPU test as make test runs it (2 ranks): last,
   # since make test runs it too
-  bounded 120 env PYTHONPATH="$path" OMP_NUM_THREADS=1 \
+  echo "--- torchrun_transformers.py on the CPU (2 processes)"
+  bounded 120 "${py[@]}" OMP_NUM_THREADS=1 \
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
     python/tests/torchrun_transformers.py --dtypes f32 --edges || status=1
   return "$status"

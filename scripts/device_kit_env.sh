@@ -6,6 +6,8 @@
 # is missing; the kit's programs would not start without it.
 KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export OPAL_PREFIX="$KIT/usr"
+# The machine's own PATH, for builds that must not see the kit's mpicxx (the Python module's).
+export PMOE_MACHINE_PATH=${PMOE_MACHINE_PATH-$PATH}
 export PATH="$KIT/usr/bin:$KIT/bin:$PATH"
 export LIBRARY_PATH="$KIT/dev/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"  # -l and #include when
 export CPATH="$KIT/dev/include${CPATH:+:$CPATH}"                  # building there

@@ -1,5 +1,8 @@
-// Communicators: thread ranks through run_ranks(n, fn), MPI processes through mpi_world().
+// Communicators: thread ranks through run_ranks(n, fn), MPI processes through mpi_world() (in a
+// build with MPI: PMOE_HAVE_MPI, set by python/CMakeLists.txt).
+#if PMOE_HAVE_MPI
 #include <mpi.h>
+#endif
 
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/string.h>
@@ -8,7 +11,9 @@
 #include "bindings.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
+#if PMOE_HAVE_MPI
 #include "pmoe/mpi_communicator.hpp"
+#endif
 #include "pmoe/stream.hpp"
 #include "tensor_interop.hpp"
 
@@ -18,6 +23,7 @@ namespace nb = nanobind;
 
 namespace {
 
+#if PMOE_HAVE_MPI
 // MPI is started on first use and stopped when the interpreter exits.
 void ensure_mpi() {
   int initialized = 0;
@@ -31,6 +37,7 @@ void ensure_mpi() {
     if (!finalized) MPI_Finalize();
   }));
 }
+#endif
 
 }  // namespace
 
@@ -53,6 +60,7 @@ void bind_comm(nb::module_& m) {
           "Waits until everything pmoe enqueued on this rank's stream has run (nothing to wait "
           "for on the CPU).");
 
+#if PMOE_HAVE_MPI
   nb::class_<MpiCommunicator, Communicator>(m, "MpiCommunicator");
 
   m.def(
@@ -63,6 +71,18 @@ void bind_comm(nb::module_& m) {
       },
       "A communicator over all MPI processes (run the script under mpirun). Starts MPI if "
       "needed and stops it at exit.");
+#else
+  m.def(
+      "mpi_world",
+      []() -> std::unique_ptr<Communicator> {
+        throw Error(
+            "pmoe.mpi_world: this pmoe was built without MPI (PMOE_MPI=OFF, or no MPI found "
+            "when it was built); under torchrun use pmoe.torch.communicator(), or rebuild with "
+            "MPI installed (scripts/setup.sh)");
+      },
+      "A communicator over all MPI processes; this build has no MPI, so it raises pmoe.Error.");
+#endif
+  m.attr("has_mpi") = bool(PMOE_HAVE_MPI);
 
   m.def(
       "run_ranks",
