@@ -1,7 +1,10 @@
 // One process, no GPU needed: NCCL's host functions loaded at run time (src/cuda/transport/
 // nccl_api.hpp) from the libnccl already in the process, the release checked against the
 // headers, and the errors when PMOE_NCCL_LIBRARY names a missing file, a library that is not
-// NCCL, or the other NCCL flavour's library (the toolkit's 2.28, the wheel's 2.30).
+// NCCL, or the other NCCL flavour's library (the toolkit's 2.28, the wheel's 2.30). The host API
+// alone (nccl_host_api, pmoe-bench's NCCL all-to-all-v row) takes that other flavour's library,
+// which the GIN path refuses: on the first H200 lease the row was refused NCCL 2.28.9 for a
+// check that only the GIN kernels need.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
@@ -41,6 +44,71 @@ TEST(NcclApiDeathTest, PassesOverALoadedNcclOfAnotherRelease) {
 }
 #endif
 
+std::string host_load_error() {
+  try {
+    nccl_host_api();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Each in a fresh process (threadsafe death tests re-run the binary; suites named *DeathTest run
+// first), as a process loads NCCL once.
+TEST(NcclHostApiDeathTest, NamesWhatItCannotLoad) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("PMOE_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+        const std::string missing = host_load_error();
+        setenv("PMOE_NCCL_LIBRARY", "libz.so.1", 1);  // loads, but is not NCCL
+        const std::string not_nccl = host_load_error();
+        std::fprintf(stderr, "missing: %s\nnot NCCL: %s\n", missing.c_str(), not_nccl.c_str());
+        const bool named =
+            missing.find("NCCL host API: cannot load NCCL (/nonexistent/libnccl.so.2)") !=
+                std::string::npos &&
+            missing.find("set PMOE_NCCL_LIBRARY") != std::string::npos &&
+            not_nccl.find("libz.so.1 has no ncclGetVersion") != std::string::npos;
+        std::exit(named ? 0 : 1);
+      },
+      testing::ExitedWithCode(0), "missing: NCCL host API");
+}
+
+#ifdef PMOE_TEST_OTHER_NCCL_LIBRARY
+// The other flavour's libnccl (the toolkit's 2.28.9 under the wheel's 2.30 headers: the H200
+// lease's case) serves the host API, and the GIN path still refuses it.
+TEST(NcclHostApiDeathTest, TakesAnotherMinorReleaseThatTheGinPathRefuses) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("PMOE_NCCL_LIBRARY", PMOE_TEST_OTHER_NCCL_LIBRARY, 1);
+        const NcclHostApi& host = nccl_host_api();
+        const std::string gin = load_error();
+        int version = 0;
+        PMOE_NCCL_HOST_CHECK(host.GetVersion(&version));
+        std::fprintf(stderr, "host API: %s, release %d; GIN path: %s\n", host.path.c_str(),
+                     host.version, gin.c_str());
+        const bool ok = host.path == PMOE_TEST_OTHER_NCCL_LIBRARY && version == host.version &&
+                        host.version / 10000 == NCCL_MAJOR &&
+                        host.version / 100 != NCCL_MAJOR * 100 + NCCL_MINOR &&
+                        gin.find("device API headers") != std::string::npos &&
+                        &nccl_host_api() == &host;
+        std::exit(ok ? 0 : 1);
+      },
+      testing::ExitedWithCode(0), "host API: ");
+}
+#endif
+
+TEST(NcclHostApi, OnlyTheMajorReleaseMustAgree) {
+  EXPECT_EQ(nccl_host_release_mismatch(23007, 22809), "") << "2.28.9 under 2.30.7's headers";
+  EXPECT_EQ(nccl_host_release_mismatch(22809, 23007), "");
+  EXPECT_EQ(nccl_host_release_mismatch(23007, 21903), "");
+  const std::string other = nccl_host_release_mismatch(23007, 30001);
+  EXPECT_NE(other.find("built with NCCL 2's headers, but this libnccl is 3.0.1"), std::string::npos)
+      << other;
+  EXPECT_NE(nccl_host_release_mismatch(23007, 0), "") << "no working ncclGetVersion";
+}
+
 // Order matters: a failed load is not remembered, a successful one is (once per process).
 TEST(NcclApi, RefusesWhatIsNotNcclThenLoadsTheReleaseOfItsHeaders) {
   setenv("PMOE_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
@@ -78,6 +146,7 @@ TEST(NcclApi, RefusesWhatIsNotNcclThenLoadsTheReleaseOfItsHeaders) {
                "invalid argument (run with NCCL_DEBUG=WARN for details)")
       << "NCCL's own text for a code";
   EXPECT_EQ(&nccl_api(), &api) << "loaded once";
+  EXPECT_EQ(&nccl_host_api(), &api) << "the host API shares the GIN path's library once loaded";
 }
 
 TEST(NcclApi, CheckMacroNamesTheCallAndNcclsText) {

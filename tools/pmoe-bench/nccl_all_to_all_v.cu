@@ -106,7 +106,7 @@ class NcclAllToAllV final : public BaselinePath {
   NcclAllToAllV(Communicator& comm, const AllToAllConfig& cfg, const AllToAllInputs& in)
       : cfg_(cfg),
         in_(in),
-        api_(cuda::nccl_api()),
+        api_(cuda::nccl_host_api()),
         W_(comm.size()),
         rank_(comm.rank()),
         k_(cfg.experts_per_token),
@@ -122,9 +122,9 @@ class NcclAllToAllV final : public BaselinePath {
     PMOE_CHECK(cfg.out_dtype == DType::bf16, "nccl_alltoallv: out_dtype bf16 only");
     PMOE_CUDA_CHECK(cudaSetDevice(comm.device().index));
     ncclUniqueId id{};
-    if (rank_ == 0) PMOE_NCCL_CHECK(api_.GetUniqueId(&id));
+    if (rank_ == 0) PMOE_NCCL_HOST_CHECK(api_.GetUniqueId(&id));
     comm.broadcast(std::as_writable_bytes(std::span(&id, 1)), 0);
-    PMOE_NCCL_CHECK(api_.CommInitRank(&nccl_, W_, id, rank_));
+    PMOE_NCCL_HOST_CHECK(api_.CommInitRank(&nccl_, W_, id, rank_));
     const size_t sent = size_t(cfg.max_num_tokens) * k_;
     x_ = device_array<std::byte>(size_t(in.m) * payload_);
     x_scale_ = device_array<std::byte>(size_t(in.m) * S_ * sizeof(float));
@@ -194,14 +194,14 @@ class NcclAllToAllV final : public BaselinePath {
                 stream_);
 
     // Counts first: each peer's E_local counts, then wait for them.
-    PMOE_NCCL_CHECK(api_.GroupStart());
+    PMOE_NCCL_HOST_CHECK(api_.GroupStart());
     for (int p = 0; p < W_; ++p) {
-      PMOE_NCCL_CHECK(
+      PMOE_NCCL_HOST_CHECK(
           api_.Send(plan_device_ + size_t(p) * E_local_, E_local_, ncclInt32, p, nccl_, stream_));
-      PMOE_NCCL_CHECK(api_.Recv(received_device_ + size_t(p) * E_local_, E_local_, ncclInt32, p,
-                                nccl_, stream_));
+      PMOE_NCCL_HOST_CHECK(api_.Recv(received_device_ + size_t(p) * E_local_, E_local_, ncclInt32,
+                                     p, nccl_, stream_));
     }
-    PMOE_NCCL_CHECK(api_.GroupEnd());
+    PMOE_NCCL_HOST_CHECK(api_.GroupEnd());
     PMOE_CUDA_CHECK(cudaMemcpyAsync(received_, received_device_,
                                     size_t(W_) * E_local_ * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                     stream_));
@@ -280,21 +280,21 @@ class NcclAllToAllV final : public BaselinePath {
   void exchange(const std::byte* from, const std::vector<int>& send_rows, std::byte* to,
                 const std::vector<int>& recv_rows, size_t bytes) {
     size_t sent = 0, got = 0;
-    PMOE_NCCL_CHECK(api_.GroupStart());
+    PMOE_NCCL_HOST_CHECK(api_.GroupStart());
     for (int p = 0; p < W_; ++p) {
       const size_t out = size_t(send_rows[size_t(p)]) * bytes,
                    in = size_t(recv_rows[size_t(p)]) * bytes;
-      if (out) PMOE_NCCL_CHECK(api_.Send(from + sent, out, ncclUint8, p, nccl_, stream_));
-      if (in) PMOE_NCCL_CHECK(api_.Recv(to + got, in, ncclUint8, p, nccl_, stream_));
+      if (out) PMOE_NCCL_HOST_CHECK(api_.Send(from + sent, out, ncclUint8, p, nccl_, stream_));
+      if (in) PMOE_NCCL_HOST_CHECK(api_.Recv(to + got, in, ncclUint8, p, nccl_, stream_));
       sent += out;
       got += in;
     }
-    PMOE_NCCL_CHECK(api_.GroupEnd());
+    PMOE_NCCL_HOST_CHECK(api_.GroupEnd());
   }
 
   const AllToAllConfig cfg_;
   const AllToAllInputs& in_;
-  const cuda::NcclApi& api_;
+  const cuda::NcclHostApi& api_;
   const int W_, rank_, k_, E_local_, H_, S_;
   const size_t payload_, row_, y_row_;
   const int64_t capacity_, most_received_;
@@ -316,7 +316,7 @@ class NcclAllToAllV final : public BaselinePath {
 
 std::string nccl_all_to_all_v_unavailable() {
   try {
-    cuda::nccl_api();
+    cuda::nccl_host_api();
   } catch (const Error& e) {
     return e.what();
   }

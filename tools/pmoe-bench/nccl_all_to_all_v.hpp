@@ -11,8 +11,11 @@
 //             them back, and sum y[t] = sum_j weight[t, j] * row(t, j) in f32, in slot order, with
 //             separate roundings, as pmoe's combine does (a kernel).
 // All of it on the rank's stream, host work included in the time (the counts are awaited mid-way).
-// NCCL is loaded at run time, as the GIN path loads it (src/cuda/transport/nccl_api.hpp: the file
-// in PMOE_NCCL_LIBRARY, else the one CMake found, else the loader's libnccl.so.2).
+// NCCL is loaded at run time, from the file the GIN path would take (src/cuda/transport/
+// nccl_api.hpp: PMOE_NCCL_LIBRARY, else one already loaded, else the one CMake found, else the
+// loader's libnccl.so.2), but through nccl_host_api(): the row calls NCCL's host API only, so any
+// NCCL 2 runs it (the toolkit's 2.28 under 2.30 headers too); the release check that binds the GIN
+// kernels to their headers' NCCL is not this row's.
 #pragma once
 
 #include <memory>
@@ -22,8 +25,8 @@
 
 namespace pmoe::bench {
 
-// Why this rank cannot run the row ("" where it can): a build without NCCL's headers, or a
-// libnccl that does not load. Not collective; the caller agrees across ranks.
+// Why this rank cannot run the row ("" where it can): a build without NCCL's headers, or no
+// NCCL 2 libnccl that loads. Not collective; the caller agrees across ranks.
 std::string nccl_all_to_all_v_unavailable();
 
 // Collective over a communicator whose ranks are on distinct GPUs (NCCL refuses two ranks of one
