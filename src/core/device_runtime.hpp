@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "pmoe/stream.hpp"
 #include "pmoe/tensor.hpp"
@@ -38,6 +39,9 @@ class DeviceRuntime {
   virtual ~DeviceRuntime() = default;
   virtual const char* name() const = 0;  // "CUDA" or "emulated CUDA"
   virtual int device_count() const = 0;
+  // The device's model as CUDA names it ("NVIDIA H200"); "emulated CUDA device" on the emulated
+  // device. For the benchmark's machine record.
+  virtual std::string device_name(Device device) const = 0;
   virtual void set_device(Device device) const = 0;
   virtual void* alloc(Device device, size_t bytes) const = 0;  // zeroed
   virtual void free(void* p) const = 0;                           // never throws

@@ -35,6 +35,17 @@ class CudaRuntime final : public DeviceRuntime {
     return count;
   }
 
+#if defined(__CUDACC__)
+  std::string device_name(Device device) const override {
+    PMOE_CHECK(device.kind == Device::Kind::cuda, "device_name: ", device.str(), " is not CUDA");
+    cudaDeviceProp properties{};
+    PMOE_CUDA_CHECK(cudaGetDeviceProperties(&properties, device.index));
+    return properties.name;
+  }
+#else
+  std::string device_name(Device) const override { return "emulated CUDA device"; }
+#endif
+
   void set_device(Device device) const override {
     PMOE_CHECK(device.kind == Device::Kind::cuda, "set_device: ", device.str(), " is not CUDA");
     PMOE_CUDA_CHECK(cudaSetDevice(device.index));

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -59,12 +60,16 @@ Device gpu_of_this_process() {
   return Device::cuda(local_rank % gpus);
 }
 
+// The CUDA device this process's ranks ran on, for the machine record (-1: none).
+std::atomic<int> cuda_device_used{-1};
+
 }  // namespace
 
 void run_on_ranks(int ranks, const std::function<void(Communicator&)>& fn, Device device) {
+  if (device.kind == Device::Kind::cuda) cuda_device_used = device.index;
   if (!launched_by_mpi()) return run_ranks(ranks, fn, device);
-  MpiCommunicator comm(MPI_COMM_WORLD,
-                       device.kind == Device::Kind::cpu ? Device::cpu() : gpu_of_this_process());
+  if (device.kind == Device::Kind::cuda) cuda_device_used = (device = gpu_of_this_process()).index;
+  MpiCommunicator comm(MPI_COMM_WORLD, device);
   PMOE_CHECK(ranks == 0 || ranks == comm.size(), "--ranks ", ranks,
              " differs from the ", comm.size(), " MPI processes; under mpirun, ranks are the "
              "processes");
@@ -168,9 +173,19 @@ nlohmann::json machine_info() {
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  // The GPU the ranks ran on, as CUDA names it; "emulated CUDA device" on the emulated one; none
+  // where the run used no CUDA device (the CPU backend), without starting CUDA to ask.
+  std::string gpu = "none";
+  if (const int index = cuda_device_used; index >= 0) {
+    try {
+      gpu = detail::device_runtime().device_name(Device::cuda(index));
+    } catch (const Error& e) {
+      gpu = detail::cat("unknown (", e.what(), ")");
+    }
+  }
   return {{"cpu", cpu},
           {"cores", std::thread::hardware_concurrency()},
-          {"gpu", "none"},
+          {"gpu", gpu},
           {"host", host},
           {"date", date},
           {"launcher", launched_by_mpi() ? "mpirun" : "threads"},

@@ -41,8 +41,10 @@ Stats summarize(std::vector<double> samples);
 std::vector<std::vector<double>> time_steps(Communicator& comm, int warmup, int iters,
                                             const std::vector<std::function<void()>>& steps);
 
-// CPU model, cores, GPU (none here), git commit, date, and whether shared memory may use huge
-// pages: recorded with every result.
+// CPU model, cores, GPU (the model of the CUDA device run_on_ranks last ran on, as
+// cudaGetDeviceProperties names it, "emulated CUDA device" on the emulated one, "none" where no
+// CUDA device ran), host, date, launcher, and whether shared memory may use huge pages: recorded
+// with every result.
 nlohmann::json machine_info();
 std::string git_commit();
 // Whether POSIX shared memory may use huge pages: the huge= option of the tmpfs at /dev/shm
