@@ -164,7 +164,7 @@ part_tests() {
   done
   echo "--- test_cuda_grid_gpu, streams on one hardware queue"
   bounded 30 env CUDA_DEVICE_MAX_CONNECTIONS=1 test_cuda_grid_gpu \
-    --gtest_filter=DeviceGrid.KernelsOfStreamsSharingAHardwareQueueRunInTurn || status=1
+    --gtest_filter='DeviceGrid.AWait*' || status=1
   echo "--- mpirun -n 2 test_cuda_ipc_gpu"
   bounded 60 mpirun -n 2 test_cuda_ipc_gpu || status=1
   return "$status"

@@ -87,15 +87,11 @@ OPERATORS = [
 
 # Mutants that cannot change what any kernel does, by (file, classes, text of the mutated line and
 # the one after it): why.
-RELEASE_FOLLOWS = ("the signal_release stores that follow are release stores of system scope by "
-                   "the same thread: they release the same stores (the fence is belt and braces)")
 FENCE_PRECEDES = ("every signal_release in the kernels follows a __threadfence() or "
                   "__threadfence_system() by the same thread, and a fence then a relaxed store is "
                   "a release (PTX); a relaxed signal with no fence before it is what "
                   "test_cuda_emulator's late-store test shows failing")
 EQUIVALENT = {
-    ("dispatch.cu", ("fence", "scope"), "__threadfence();\n      signal_release(p.routed, call);"):
-        RELEASE_FOLLOWS,
     # Not the fences before the last blocks' signal loops (dispatch.cu, combine.cu): a remote
     # destination's put_signal may come before any signal_release in the loop, and the put reads
     # what the fence released (they were listed here until a Nodes run killed one).

@@ -5,6 +5,7 @@
 #include "pmoe/comm.hpp"
 #include "pmoe/dtype.hpp"
 #include "pmoe/error.hpp"
+#include "pmoe/kernel_counts.hpp"
 #include "pmoe/memory.hpp"
 #include "pmoe/moe.hpp"
 #include "pmoe/overlap.hpp"

@@ -31,21 +31,34 @@ inline int grid_blocks(int sms) { return kBlocksPerSm * (sms > 0 ? sms : 1); }
 // kernel<<<grid, block, 0, stream>>>(args...) under nvcc; the emulated device's launch under the
 // host compiler. Throws pmoe::Error if the launch is refused. Tests that probe the device with
 // other block shapes call this one; pmoe's kernels call launch() below.
+// `name` (a string literal) names the kernel in the emulated device's counts of its critical
+// path (include/pmoe/kernel_counts.hpp); nvcc ignores it.
 template <typename... Params, typename... Args>
-void launch_shaped(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                   const Args&... args) {
+void launch_shaped(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                   cudaStream_t stream, const Args&... args) {
 #if defined(__CUDACC__)
+  (void)name;
   kernel<<<grid, block, 0, stream>>>(args...);
   PMOE_CUDA_CHECK(cudaGetLastError());
 #else
-  PMOE_CUDA_CHECK(::pmoe::emu::launch(grid, block, 0, stream, [=] { kernel(args...); }));
+  PMOE_CUDA_CHECK(::pmoe::emu::launch(grid, block, 0, stream, [=] { kernel(args...); }, name));
 #endif
 }
+template <typename... Params, typename... Args>
+void launch_shaped(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                   const Args&... args) {
+  launch_shaped(static_cast<const char*>(nullptr), kernel, grid, block, stream, args...);
+}
 
-// A pmoe kernel: `grid` blocks of kBlockThreads threads.
+// A pmoe kernel: `grid` blocks of kBlockThreads threads; named or not.
+template <typename... Params, typename... Args>
+void launch(const char* name, void (*kernel)(Params...), int grid, cudaStream_t stream,
+            const Args&... args) {
+  launch_shaped(name, kernel, dim3(unsigned(grid)), dim3(kBlockThreads), stream, args...);
+}
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), int grid, cudaStream_t stream, const Args&... args) {
-  launch_shaped(kernel, dim3(unsigned(grid)), dim3(kBlockThreads), stream, args...);
+  launch(static_cast<const char*>(nullptr), kernel, grid, stream, args...);
 }
 
 // A kernel that may start launching before the kernel before it on the stream has finished
@@ -54,8 +67,8 @@ void launch(void (*kernel)(Params...), int grid, cudaStream_t stream, const Args
 // wait_for_prior_grid() before it reads anything that one wrote. Elsewhere, and on the emulated
 // device, a plain launch: the kernel starts after the one before ends, and both calls do nothing.
 template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), int grid, cudaStream_t stream,
-                      const Args&... args) {
+void launch_dependent(const char* name, void (*kernel)(Params...), int grid,
+                      cudaStream_t stream, const Args&... args) {
 #if defined(__CUDACC__)
   static const bool supported = [] {
     int device = 0, major = 0;
@@ -78,7 +91,7 @@ void launch_dependent(void (*kernel)(Params...), int grid, cudaStream_t stream,
     return;
   }
 #endif
-  launch(kernel, grid, stream, args...);
+  launch(name, kernel, grid, stream, args...);
 }
 
 __device__ __forceinline__ void wait_for_prior_grid() {
@@ -103,6 +116,25 @@ __device__ __forceinline__ int4 load_streaming(const int4* p) {
   return v;
 #else
   return *p;
+#endif
+}
+
+// What the emulated device cannot see for itself in a kernel's critical path, said by the kernel
+// (include/pmoe/kernel_counts.hpp; barrier rounds and blocks that spin it counts on its own). On
+// a GPU both are nothing.
+// The calling block is about to wait for another block of its own grid.
+__device__ __forceinline__ void count_wait_on_own_grid() {
+#if !defined(__CUDACC__)
+  ::pmoe::emu::count_wait_on_own_grid();
+#endif
+}
+// The calling thread runs `n` more iterations of a loop whose length grows with the tokens,
+// experts or ranks.
+__device__ __forceinline__ void count_serial_steps(long long n) {
+#if defined(__CUDACC__)
+  (void)n;
+#else
+  ::pmoe::emu::count_serial_steps(n);
 #endif
 }
 

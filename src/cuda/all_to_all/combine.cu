@@ -18,8 +18,12 @@
 //                                  FMA), as the CPU backend does: the two give the same bits
 // Node-summed combine (combine_sums_in_node) changes where rows go and how y is summed:
 // node_sum.cuh draws it.
-// Only one block of each rank ever spins. Ranks sharing a GPU must not fill its SMs with waiting
-// blocks: a peer's kernel that would let them go on could then never be scheduled.
+// Only one block of each rank ever spins, and none waits for a block of its own grid. Ranks
+// sharing a GPU must not fill its SMs with waiting blocks: a peer's kernel that would let them go
+// on could then never be scheduled. The slowest block of each (docs/gpu-all-to-all.md, "Critical
+// path"): return_rows, its share of the routes (a row copy each) and, the last one, 2 barrier
+// rounds, W dtype words and W signals (5 rounds with the fused wait); await_owners, a wait per
+// owner, 2 rounds; reduce_rows, one token: k rows summed, no barrier.
 #include "cuda/all_to_all/node_sum.cuh"  // first: see params.cuh
 #include "cuda/transport/transport.cuh"
 #include "cuda/all_to_all/kernels.hpp"
@@ -205,6 +209,7 @@ __global__ void __launch_bounds__(kBlockThreads) reduce_rows(const AllToAllParam
     Out* y = reinterpret_cast<Out*>(p.y) + size_t(t) * H;
     const bool aligned = rows_aligned && reinterpret_cast<uintptr_t>(y) % sizeof(OutPack) == 0;
     const int vector_end = aligned ? H / V * V : 0;
+    count_serial_steps((long long)k * ((vector_end / V + blockDim.x - 1) / blockDim.x));
     for (int h = threadIdx.x * V; h < vector_end; h += blockDim.x * V) {
       float acc[V] = {};
       accumulate(acc, h);
@@ -223,9 +228,9 @@ __global__ void __launch_bounds__(kBlockThreads) reduce_rows(const AllToAllParam
 template <typename In>
 void launch_reduce(const AllToAllParams& p, cudaStream_t stream, int blocks) {
   switch (DType(p.out_dtype)) {
-    case DType::f32: launch_dependent(reduce_rows<In, float>, blocks, stream, p); break;
-    case DType::bf16: launch_dependent(reduce_rows<In, __nv_bfloat16>, blocks, stream, p); break;
-    case DType::f16: launch_dependent(reduce_rows<In, __half>, blocks, stream, p); break;
+    case DType::f32: launch_dependent("reduce_rows", reduce_rows<In, float>, blocks, stream, p); break;
+    case DType::bf16: launch_dependent("reduce_rows", reduce_rows<In, __nv_bfloat16>, blocks, stream, p); break;
+    case DType::f16: launch_dependent("reduce_rows", reduce_rows<In, __half>, blocks, stream, p); break;
     default: throw Error("combine: y must be f32, bf16 or f16");
   }
 }
@@ -233,11 +238,12 @@ void launch_reduce(const AllToAllParams& p, cudaStream_t stream, int blocks) {
 }  // namespace
 
 void launch_combine_send(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  launch(return_rows, blocks, stream, p);
+  launch("return_rows", return_rows, blocks, stream, p);
 }
 
 void launch_combine_recv(const AllToAllParams& p, cudaStream_t stream, int blocks, bool waited) {
-  if (!waited) launch(await_owners, 1, stream, p);
+  if (!waited) launch("await_owners", await_owners, 1, stream, p);
+  blocks = std::max(1, std::min(blocks, p.m));  // reduce_rows takes a token a block
   switch (DType(p.y_dtype)) {
     case DType::f32: launch_reduce<float>(p, stream, blocks); break;
     case DType::bf16: launch_reduce<__nv_bfloat16>(p, stream, blocks); break;

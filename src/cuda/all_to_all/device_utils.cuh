@@ -116,11 +116,17 @@ __device__ __forceinline__ void copy_to_each(int n, Include include, Dest dest,
     if (include(i)) aligned = aligned && reinterpret_cast<uintptr_t>(dest(i)) % 16 == 0;
   if (!aligned) {
     for (int i = 0; i < n; ++i)
-      if (include(i)) block_copy(dest(i), src, bytes);
+      if (include(i)) {
+        count_serial_steps((long long)((bytes + blockDim.x - 1) / blockDim.x));
+        block_copy(dest(i), src, bytes);
+      }
     return;
   }
   const size_t words = bytes / 16, stride = size_t(blockDim.x) * kCopyUnroll;
   const auto* from = reinterpret_cast<const int4*>(src);
+  int included = 0;
+  for (int i = 0; i < n; ++i) included += include(i) ? 1 : 0;
+  count_serial_steps((long long)((words + stride - 1) / stride) * kCopyUnroll * included);
   for (size_t base = threadIdx.x; base < words; base += stride) {
     int4 v[kCopyUnroll];
     for (int u = 0; u < kCopyUnroll; ++u) {
@@ -139,6 +145,26 @@ __device__ __forceinline__ void copy_to_each(int n, Include include, Dest dest,
   for (size_t b = words * 16 + threadIdx.x; b < bytes; b += blockDim.x)  // a tail under 16 B
     for (int i = 0; i < n; ++i)
       if (include(i)) store_to_peer(dest(i) + b, src[b]);
+}
+
+// The sum of `value` over the block's threads before the calling one; `total` gets the sum over
+// all of them. A Hillis-Steele scan over two __shared__ buffers: log2(blockDim.x) rounds of one
+// barrier each, plus one. A collective of the block; once per kernel (a second call would write
+// the buffer the first one's last reads come from).
+__device__ __forceinline__ int block_exclusive_sum(int value, int& total) {
+  __shared__ int sums[2][kBlockThreads];
+  const int me = threadIdx.x;
+  int in = 0;
+  sums[0][me] = value;
+  __syncthreads();
+  for (int step = 1; step < int(blockDim.x); step *= 2) {
+    count_serial_steps(1);
+    sums[in ^ 1][me] = sums[in][me] + (me >= step ? sums[in][me - step] : 0);
+    in ^= 1;
+    __syncthreads();
+  }
+  total = sums[in][blockDim.x - 1];
+  return sums[in][me] - value;
 }
 
 using ::pmoe::detail::first_in_group;  // src/all_to_all/route.hpp, the CPU backend's rule too

@@ -1,24 +1,28 @@
 // AllToAll dispatch on the CUDA backend. Layout: src/all_to_all/layout.hpp (every offset below
-// comes from it), scratch: params.cuh.
+// comes from it), scratch: params.cuh. Each kernel's critical path, and what it costs, is drawn in
+// docs/gpu-all-to-all.md; the emulated device counts it (tests/cuda/test_cuda_critical_path.cpp).
 //
-//   send:  send_tokens  (grid)     one kernel. The block that takes ticket 0 routes: index
-//                                  checks; token t's slot at each destination rank and its
-//                                  position among the tokens of each expert it chose (prefix
-//                                  sums over tokens, so both follow token order); per (rank,
-//                                  expert) counts. The other blocks wait for it (a block of
-//                                  their own grid that already runs, so the wait is short and
-//                                  safe), then each token is read once and written to every
-//                                  destination, starting at rank + 1, with its header; the last
-//                                  block bumps the epoch, writes the heads (counts) and signals
+//   send:  send_tokens  (grid)     one kernel; block b takes a run of consecutive tokens (one
+//                                  each when there are fewer tokens than blocks) and routes them
+//                                  itself: the tokens before its run counted in __shared__ (a
+//                                  share per thread), its own earlier tokens walked by the thread
+//                                  that holds each token. So a token's slot at each destination
+//                                  and its position among each expert's rows follow token order,
+//                                  and no block waits for another. Then each token is read once
+//                                  and written to every destination, from rank + 1 on, with its
+//                                  header. The last block to finish writes the heads (counts,
+//                                  which every block added to), bumps the epoch and signals
 //   recv:  route_rows   (1 block)  waits for every source; scans the W x E_local counts of the
-//                                  heads into each (source, expert)'s first row; counts (for
-//                                  Phase::both, the last block of send_tokens does this instead,
-//                                  when every other block has ended: one kernel less)
+//                                  heads into each (source, expert)'s first row (a thread per
+//                                  expert) and each expert's first route (a block-wide scan);
+//                                  (for Phase::both, the last block of send_tokens does this
+//                                  instead, when every other block has ended: one kernel less)
 //          land_rows    (grid)     each received slot: its rows (first row + position) get the
 //                                  payload (read once) and scales, and its routes are written,
 //                                  ordered by (expert, row) for combine
-// Only one block of a rank ever waits for a peer (route_rows). Ranks sharing a GPU must not fill
-// its SMs with waiting blocks: a peer's kernel that would let them go on could then never run.
+// Only one block of a rank ever waits for a peer (route_rows), and none for a block of its own
+// grid. Ranks sharing a GPU must not fill its SMs with waiting blocks: a peer's kernel that
+// would let them go on could then never run.
 #include "cuda/all_to_all/device_utils.cuh"
 #include "cuda/transport/transport.cuh"
 #include "cuda/all_to_all/kernels.hpp"
@@ -27,62 +31,12 @@
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
 
-constexpr int kKeysPerPass = 32;  // keys rank_by_key counts at once: a 32 KiB table in __shared__
+// Experts whose counts send_tokens keeps in __shared__ at once (8 KiB); more take more passes.
+constexpr int kExpertsPerPass = 2048;
+// The first bad index slot travels as kBadSlotBase - slot, so that atomicMax finds it and 0 (the
+// cleared word) means none.
+constexpr int64_t kBadSlotBase = int64_t(1) << 30;
 static_assert(kMaxRanks <= kBlockThreads, "route_rows gives each source one thread");
-
-// rows[g][t] (g < n, t a thread of the block) becomes rows[g][0] + ... + rows[g][t].
-template <int N>
-__device__ void inclusive_scan_rows(int (&rows)[N][kBlockThreads], int n) {
-  const int me = threadIdx.x;
-  for (int step = 1; step < kBlockThreads; step *= 2) {
-    __syncthreads();
-    int add[N];
-    for (int g = 0; g < n; ++g) add[g] = me >= step ? rows[g][me - step] : 0;
-    __syncthreads();
-    for (int g = 0; g < n; ++g) rows[g][me] += add[g];
-  }
-  __syncthreads();
-}
-
-// Stable ranking by key with the whole block (kBlockThreads threads, each a run of consecutive
-// items). visit(item, f) calls f(key, j) for each distinct key of the item, key in
-// [0, num_keys); then emit(item, key, j, rank, place) where rank counts the earlier items with
-// that key and place the pairs before it in (key, item) order, and total(key, pairs) once per
-// key. Returns the number of pairs. Each pass over the items counts kKeysPerPass keys per thread,
-// and a prefix sum over the threads turns the counts into ranks.
-// `counts` is the caller's __shared__ table (one for all the calls of a kernel: each call's own
-// would add up past the limit on __shared__).
-using KeyCounts = int[kKeysPerPass][kBlockThreads];
-template <typename Visit, typename Emit, typename Total>
-__device__ int rank_by_key(KeyCounts& counts, int items, int num_keys, Visit visit, Emit emit,
-                           Total total) {
-  const int me = threadIdx.x, per_thread = (items + kBlockThreads - 1) / kBlockThreads;
-  const int begin = min(items, me * per_thread), end = min(items, begin + per_thread);
-  int pairs = 0;
-  for (int first = 0; first < num_keys; first += kKeysPerPass) {
-    const int keys = min(kKeysPerPass, num_keys - first);
-    for (int g = 0; g < keys; ++g) counts[g][me] = 0;
-    for (int i = begin; i < end; ++i)
-      visit(i, [&](int key, int) {
-        if (key >= first && key < first + keys) ++counts[key - first][me];
-      });
-    inclusive_scan_rows(counts, keys);
-    int rank[kKeysPerPass], place[kKeysPerPass];
-    for (int g = 0; g < keys; ++g) {
-      rank[g] = me > 0 ? counts[g][me - 1] : 0;
-      place[g] = pairs + rank[g];
-      pairs += counts[g][kBlockThreads - 1];
-    }
-    for (int i = begin; i < end; ++i)
-      visit(i, [&](int key, int j) {
-        const int g = key - first;
-        if (g >= 0 && g < keys) emit(i, key, j, rank[g]++, place[g]++);
-      });
-    if (me < keys) total(first + me, counts[me][kBlockThreads - 1]);
-    __syncthreads();  // the next pass clears the table
-  }
-  return pairs;
-}
 
 // Hierarchical dispatch(recv) at a relay, before its own waits: for each other node, the relay
 // block that node's rank with this rank's local index sent here becomes that source's ordinary
@@ -185,143 +139,43 @@ __device__ void receive_heads(const AllToAllParams& p) {
   allow_dependent_grid();  // land_rows may start launching: no block of this one waits any more
   const std::byte* region = p.regions[p.rank];
   auto head = [&](size_t offset) { return *reinterpret_cast<const int32_t*>(region + offset); };
-  // Each (source, expert)'s first row: the rows of that expert from earlier sources (a thread
-  // per expert, W steps); then each expert's first route (one thread, E_local steps).
-  for (int e = threadIdx.x; e < L; e += blockDim.x) {
+  // Each thread a run of consecutive experts: each (source, expert)'s first row, the rows of
+  // that expert from earlier sources (W steps an expert), and the expert's count.
+  const int per_thread = (L + int(blockDim.x) - 1) / int(blockDim.x);
+  const int e_first = min(L, int(threadIdx.x) * per_thread), e_last = min(L, e_first + per_thread);
+  count_serial_steps((long long)per_thread * (W + 1) + W);
+  int my_rows = 0;
+  for (int e = e_first; e < e_last; ++e) {
     int rows = 0;
     for (int s = 0; s < W; ++s) {
       p.recv_base[s * L + e] = rows;
       rows += head(lay.expert_count_offset(s, e));
     }
     p.expert_num_tokens[e] = rows;
+    my_rows += rows;
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int routes = 0;
-    for (int e = 0; e < L; ++e) {
-      p.route_base[e] = routes;
-      routes += p.expert_num_tokens[e];
-    }
-    *p.route_count = routes;
-    int slots = 0;  // every source's slots in one list, in (source, slot) order
-    for (int s = 0; s < W; ++s) {
-      slots += head(lay.count_offset(s));
-      p.source_end[s] = slots;
-    }
-    *p.slot_count = slots;
+  // Each expert's first route: the rows of the experts before it, a block-wide scan.
+  int routes = 0, route = block_exclusive_sum(my_rows, routes);
+  for (int e = e_first; e < e_last; ++e) {
+    p.route_base[e] = route;
+    route += p.expert_num_tokens[e];
   }
+  // The end of each source's slots in one list of every source's, in (source, slot) order: a
+  // thread per source.
+  count_serial_steps(W);
+  for (int s = threadIdx.x; s < W; s += blockDim.x) {
+    int end = 0;
+    for (int q = 0; q <= s; ++q) end += head(lay.count_offset(q));
+    p.source_end[s] = end;
+    if (s == W - 1) *p.slot_count = end;
+  }
+  if (threadIdx.x == 0) *p.route_count = routes;
 }
 
-// Ticket 0's work in send_tokens: checks, slots, positions and counts into scratch. False if the
-// step is out of order (a fatal error is then recorded and nothing is sent).
-__device__ bool route_tokens(const AllToAllParams& p) {
-  const int requested = requested_tokens(p), tokens = tokens_this_call(p);
-  const int k = p.top_k, W = p.world_size, L = p.num_local_experts, E = L * W;
-  __shared__ bool in_order;
-  __shared__ int first_bad;  // the first bad slot in row-major order: the one reported
-  if (threadIdx.x == 0) {
-    in_order = !failed_before(p) && step_in_order(p, Step::dispatch_send);
-    first_bad = tokens * k;
-  }
-  __syncthreads();
-  if (!in_order) return false;
-  if (requested != tokens && threadIdx.x == 0)
-    report(p.error, kTooManyTokens, requested, Step::dispatch_send, p.m);
-  // Indices the host could not check (they live on the device): out of range or repeated in a
-  // row. They are reported, and the slot is treated as -1 so that peers still complete.
-  for (int i = threadIdx.x; i < tokens * k; i += blockDim.x) {
-    const int e = p.indices[i];
-    if (e != -1 && !first_in_group(p.indices + i / k * k, i % k, E, 1)) {
-      atomicMin(&first_bad, i);
-      break;  // this thread's later slots come after it
-    }
-  }
-  for (int i = threadIdx.x; i < tokens * W; i += blockDim.x) store_to_peer(p.send_slot + i, -1);
-  const int N = p.layout.nodes;
-  if (p.layout.hierarchical)
-    for (int i = threadIdx.x; i < tokens * N; i += blockDim.x) store_to_peer(p.relay_slot + i, -1);
-  // Other threads overwrite the slots of the destinations a token goes to; first_bad is final.
-  __syncthreads();
-  if (threadIdx.x == 0 && first_bad < tokens * k)
-    report(p.error, kBadIndex, first_bad, Step::dispatch_send, p.indices[first_bad]);
-  // A token's slot at a destination: the tokens before it that go there, in token order.
-  __shared__ KeyCounts counts;
-  rank_by_key(
-      counts, tokens, W,
-      [&](int t, auto f) {
-        const int32_t* row = p.indices + t * k;
-        for (int j = 0; j < k; ++j)
-          if (first_in_group(row, j, E, L)) f(row[j] / L, j);
-      },
-      [&](int t, int dest, int, int slot, int) { store_to_peer(p.send_slot + t * W + dest, slot); },
-      [&](int dest, int count) { store_to_peer(p.send_count + dest, count); });
-  // A row's position within its expert's rows from this rank: the tokens before it that chose
-  // that expert. Sent in the header, with the per-expert counts in the head, so receivers need
-  // no walk over the headers.
-  rank_by_key(
-      counts, tokens, E,
-      [&](int t, auto f) {
-        const int32_t* row = p.indices + t * k;
-        for (int j = 0; j < k; ++j)
-          if (first_in_group(row, j, E, 1)) f(row[j], j);
-      },
-      [&](int t, int, int j, int position, int) {
-        store_to_peer(p.send_position + t * k + j, position);
-      },
-      [&](int expert, int count) { store_to_peer(p.send_expert_count + expert, count); });
-  // Hierarchical: a token's slot in each node's relay block, the tokens before it that go to a
-  // rank of that node (this rank's own node counts too, unused).
-  if (p.layout.hierarchical) {
-    const int node_experts = L * p.layout.ranks_per_node;
-    rank_by_key(
-        counts, tokens, N,
-        [&](int t, auto f) {
-          const int32_t* row = p.indices + t * k;
-          for (int j = 0; j < k; ++j)
-            if (first_in_group(row, j, E, node_experts)) f(row[j] / node_experts, j);
-        },
-        [&](int t, int node, int, int slot, int) {
-          store_to_peer(p.relay_slot + t * N + node, slot);
-        },
-        [&](int node, int count) { store_to_peer(p.relay_count + node, count); });
-  }
-  if (threadIdx.x == 0) {
-    p.round->dispatched_m = tokens;
-    p.round->next_step = int32_t(Step::dispatch_recv);
-  }
-  return true;
-}
-
-__global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParams p) {
-  // Tickets in the order blocks start: ticket 0 is running when others wait for it.
-  __shared__ uint32_t ticket;
-  __shared__ bool go;
-  if (threadIdx.x == 0) {
-    ticket = atomicAdd(&p.block_counters[kSendTicket], 1u);
-    if (ticket == gridDim.x - 1) p.block_counters[kSendTicket] = 0;  // the last taker
-  }
-  __syncthreads();
-  const uint64_t call = *p.epoch + 1;  // the last block bumps the epoch after all have read it
-  if (ticket == 0) {
-    // route_tokens reads failed_before once, in thread 0, for the whole block: a check here, made
-    // by each thread, could differ between threads (a peer may report meanwhile) and send some
-    // past route_tokens' barriers, which the garbage in __shared__ `go` then shows.
-    const bool routed = route_tokens(p);
-    if (threadIdx.x == 0) {
-      store_to_peer(p.routed_ok, routed ? 1 : 0);
-      __threadfence();
-      signal_release(p.routed, call);
-      go = routed;
-    }
-  } else if (threadIdx.x == 0) {
-    // Bounded like every wait; the block it waits for is already running.
-    go = wait_signal(p.routed, call, p.timeout_ns, p.error, p.rank, Step::dispatch_send) &&
-         *reinterpret_cast<volatile int32_t*>(p.routed_ok) == 1;
-  }
-  __syncthreads();
-  if (!go) return;  // nobody counts in at last_block: its counter stays 0 for the next launch
-
-  const int tokens = tokens_this_call(p);
+// send_tokens' copies of one block's tokens [first, last), routed by route_block: each token's
+// headers, then its payload (and scales), read once and written to every destination. A
+// collective of the block.
+__device__ void send_block_tokens(const AllToAllParams& p, int first, int last) {
   const AllToAllLayout& lay = p.layout;
   const int k = p.top_k, W = p.world_size, L = p.num_local_experts, E = L * W;
   const size_t payload = lay.payload_bytes, scales = lay.scale_bytes;
@@ -338,7 +192,7 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
   const bool relay = lay.hierarchical;
   const int R = relay ? lay.ranks_per_node : W, N = lay.nodes, my_node = p.rank / R;
   auto via_relay = [&](int dest) { return relay && dest / R != my_node; };
-  for (int t = int(ticket); t < tokens; t += gridDim.x) {
+  for (int t = first; t < last; ++t) {
     // Headers: one thread per destination.
     const int32_t* row = p.indices + t * k;
     for (int dest = threadIdx.x; dest < W; dest += blockDim.x) {
@@ -404,35 +258,153 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
           [&](int i) { return target(i, true); },
           reinterpret_cast<const std::byte*>(p.x_scale) + size_t(t) * scales, scales);
   }
-  if (!last_block_all(&p.block_counters[kSendDone])) return;
+}
+
+// send_tokens' routing of one block's tokens, [first, last): each token's slot at every
+// destination rank (and relay node) and each (token, j)'s position among its expert's rows:
+// the tokens before the block, counted into __shared__ tables with a share of them per thread,
+// then the block's own tokens in order, each bumping the tables. Both follow token order, so
+// the layout is the same whatever the grid. Adds the block's rows to the totals the heads carry
+// and records the first bad index. A collective of the block; the block's barrier rounds are
+// 2 + (last - first) + 1 a pass (one pass below 2048 experts).
+__device__ void route_block(const AllToAllParams& p, int first, int last) {
+  const int k = p.top_k, W = p.world_size, L = p.num_local_experts, E = L * W;
+  const bool relay = p.layout.hierarchical;
+  const int N = p.layout.nodes, node_experts = L * p.layout.ranks_per_node;
+  __shared__ int dest_before[kMaxRanks], node_before[kMaxRanks];
+  __shared__ int expert_before[kExpertsPerPass];
+  const int32_t* indices = p.indices;
+  auto row_of = [&](int t) { return indices + size_t(t) * k; };
+  const int me = threadIdx.x;
+  // The checks of the block's tokens, a token per thread.
+  for (int t = first + me; t < last; t += blockDim.x) {
+    const int32_t* row = row_of(t);
+    for (int j = 0; j < k; ++j)
+      if (row[j] != -1 && !first_in_group(row, j, E, 1)) {
+        // Largest for the first bad slot in row-major order, the one reported; 0 means none.
+        atomicMax(p.send_first_bad, int(kBadSlotBase - (int64_t(t) * k + j)));
+        break;
+      }
+  }
+  // No slot at any destination (or relay) until one is given below; the pass's first barrier
+  // orders these before.
+  for (int i = me; i < (last - first) * W; i += blockDim.x) p.send_slot[first * W + i] = -1;
+  for (int i = me; relay && i < (last - first) * N; i += blockDim.x) p.relay_slot[first * N + i] = -1;
+  for (int pass = 0; pass < E; pass += kExpertsPerPass) {
+    const int keys = min(kExpertsPerPass, E - pass);
+    const bool first_pass = pass == 0;
+    for (int i = me; i < keys; i += blockDim.x) expert_before[i] = 0;
+    for (int i = me; first_pass && i < W; i += blockDim.x) dest_before[i] = 0;
+    for (int i = me; first_pass && relay && i < N; i += blockDim.x) node_before[i] = 0;
+    __syncthreads();
+    // The tokens before this block's, a share per thread.
+    count_serial_steps((long long)(first / int(blockDim.x) + 1) * 2 * k * k);
+    for (int t = me; t < first; t += blockDim.x) {
+      const int32_t* row = row_of(t);
+      for (int j = 0; j < k; ++j) {
+        const int e = row[j];
+        if (!first_in_group(row, j, E, 1)) continue;
+        if (e >= pass && e < pass + keys) atomicAdd(&expert_before[e - pass], 1);
+        if (!first_pass) continue;
+        if (first_in_group(row, j, E, L)) atomicAdd(&dest_before[e / L], 1);
+        if (relay && first_in_group(row, j, E, node_experts))
+          atomicAdd(&node_before[e / node_experts], 1);
+      }
+    }
+    __syncthreads();
+    // This block's tokens in order, a thread per top-k slot: a slot's place is the table's
+    // count, which it then bumps. The slots of one token that count go to distinct experts (and
+    // distinct ranks, nodes), so they touch distinct entries; a barrier between tokens.
+    for (int t = first; t < last; ++t) {
+      const int32_t* row = row_of(t);
+      for (int j = me; j < k; j += blockDim.x) {
+        count_serial_steps(k);
+        const int e = row[j];
+        if (!first_in_group(row, j, E, 1)) continue;
+        if (e >= pass && e < pass + keys) {
+          p.send_position[t * k + j] = expert_before[e - pass]++;
+          atomicAdd(&p.send_expert_count[e], 1);
+        }
+        if (!first_pass) continue;
+        if (first_in_group(row, j, E, L)) {
+          p.send_slot[t * W + e / L] = dest_before[e / L]++;
+          atomicAdd(&p.send_count[e / L], 1);
+        }
+        // Hierarchical: its slot in each other node's relay block (this rank's node counts
+        // too, unused).
+        if (relay && first_in_group(row, j, E, node_experts)) {
+          p.relay_slot[t * N + e / node_experts] = node_before[e / node_experts]++;
+          atomicAdd(&p.relay_tally[e / node_experts], 1);
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// send_tokens' last block, once every block has routed and copied its tokens: the reports, the
+// heads (counts) at every destination and every relay, the epoch and the signals; then the
+// totals are cleared for the next call. A collective of the block.
+__device__ void finish_send(const AllToAllParams& p, bool& sent) {
+  const AllToAllLayout& lay = p.layout;
+  const int W = p.world_size, L = p.num_local_experts, k = p.top_k, E = L * W;
+  const int tokens = tokens_this_call(p), requested = requested_tokens(p);
+  const bool relay = lay.hierarchical;
+  const int R = relay ? lay.ranks_per_node : W, N = lay.nodes, my_node = p.rank / R;
+  auto via_relay = [&](int dest) { return relay && dest / R != my_node; };
+  __shared__ bool go;
   if (threadIdx.x == 0) {
-    const uint64_t epoch = ++*p.epoch;
+    // A block that found the step out of order (or an earlier error) sent nothing; neither does
+    // this one. step_in_order reports it (the first report wins, so once is enough).
+    go = p.block_counters[kSendAborted] == 0;
+    if (!go && !failed_before(p)) step_in_order(p, Step::dispatch_send);
+    if (go && requested != tokens)
+      report(p.error, kTooManyTokens, requested, Step::dispatch_send, p.m);
+    // The relay counts, kept past this call: combine's node sum reads them.
+    for (int node = 0; go && relay && node < N; ++node) p.relay_count[node] = p.relay_tally[node];
+    const int bad = *p.send_first_bad;
+    if (go && bad > 0) {
+      const int position = int(kBadSlotBase - bad);
+      report(p.error, kBadIndex, position, Step::dispatch_send, p.indices[position]);
+    }
+  }
+  __syncthreads();
+  sent = go;
+  if (go) {
+    // Heads: every thread a share of each destination's expert counts.
     for (int i = 0; i < W; ++i) {
       const int dest = (p.rank + 1 + i) % W;
       if (via_relay(dest)) continue;  // its head travels in the relay block's
-      // As if it were dest's region: in_block() maps this rank's block there to where it is built.
-      std::byte* region = in_block(dest, lay.count_offset(p.rank)) - lay.count_offset(p.rank);
-      store_to_peer(reinterpret_cast<int32_t*>(region + lay.count_offset(p.rank)),
-                    p.send_count[dest]);
-      // Payloads always travel on this backend.
-      store_to_peer(reinterpret_cast<int32_t*>(region + lay.flags_offset(p.rank)), 0);
-      for (int e = 0; e < L; ++e)
+      std::byte* region = p.regions[dest] ? p.regions[dest] : p.regions[p.rank] + lay.dispatch_stage(dest) - lay.count_offset(p.rank);
+      for (int e = threadIdx.x; e < L; e += blockDim.x)
         store_to_peer(reinterpret_cast<int32_t*>(region + lay.expert_count_offset(p.rank, e)),
                       p.send_expert_count[dest * L + e]);
+      if (threadIdx.x == 0) {
+        store_to_peer(reinterpret_cast<int32_t*>(region + lay.count_offset(p.rank)),
+                      p.send_count[dest]);
+        // Payloads always travel on this backend.
+        store_to_peer(reinterpret_cast<int32_t*>(region + lay.flags_offset(p.rank)), 0);
+      }
     }
     for (int node = 0; relay && node < N; ++node) {  // relay heads: each rank's count and counts
       if (node == my_node) continue;
       auto* head = reinterpret_cast<int32_t*>(p.regions[p.rank] + lay.relay_out(node));
-      store_to_peer(head, p.relay_count[node]);
-      for (int r = 0; r < R; ++r) {
-        const int dest = node * R + r;
-        store_to_peer(head + lay.relay_head_count(r), p.send_count[dest]);
-        for (int e = 0; e < L; ++e)
-          store_to_peer(head + lay.relay_head_expert_count(r, e),
-                        p.send_expert_count[dest * L + e]);
+      if (threadIdx.x == 0) store_to_peer(head, p.relay_count[node]);
+      for (int q = threadIdx.x; q < R * (L + 1); q += blockDim.x) {
+        const int r = q / (L + 1), e = q % (L + 1) - 1, dest = node * R + r;
+        if (e < 0)
+          store_to_peer(head + lay.relay_head_count(r), p.send_count[dest]);
+        else
+          store_to_peer(head + lay.relay_head_expert_count(r, e), p.send_expert_count[dest * L + e]);
       }
     }
-    __threadfence_system();
+    count_serial_steps((long long)(W + N) * ((L + 1 + blockDim.x - 1) / blockDim.x + 1));
+  }
+  // Every thread's heads, before thread 0's fence and signals.
+  __syncthreads();
+  if (threadIdx.x == 0 && go) {
+    const uint64_t epoch = ++*p.epoch;
+    __threadfence_system();  // after the barrier: cumulative over the block's stores
     for (int i = 0; i < W; ++i) {
       const int dest = (p.rank + 1 + i) % W;
       if (p.signals[dest]) {
@@ -455,8 +427,45 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
     // The staging is rewritten by the next dispatch: every put must have left it by then. This
     // thread issued every put of the kernel, and a flush covers the calling thread's only.
     flush(p.transport);
+    p.round->dispatched_m = tokens;
+    p.round->next_step = int32_t(Step::dispatch_recv);
   }
-  if (p.fuse_recv) {
+  // The totals start from zero at the next call (every block adds to them); thread 0's puts
+  // above read them for their sizes.
+  __syncthreads();
+  for (int i = threadIdx.x; i < E; i += blockDim.x) p.send_expert_count[i] = 0;
+  for (int i = threadIdx.x; i < W; i += blockDim.x) p.send_count[i] = 0;
+  for (int i = threadIdx.x; relay && i < N; i += blockDim.x) p.relay_tally[i] = 0;
+  if (threadIdx.x == 0) {
+    *p.send_first_bad = 0;
+    p.block_counters[kSendAborted] = 0;
+  }
+  count_serial_steps((long long)(E + blockDim.x - 1) / blockDim.x);
+  (void)k;
+}
+
+__global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParams p) {
+  const int tokens = tokens_this_call(p);
+  // Each block takes a run of consecutive tokens; with fewer tokens than blocks, one each.
+  const int per_block = (tokens + int(gridDim.x) - 1) / int(gridDim.x);
+  const int first = min(tokens, int(blockIdx.x) * per_block), last = min(tokens, first + per_block);
+  __shared__ bool go;
+  if (threadIdx.x == 0) {
+    // The step and earlier errors, read by each block. The last block writes next_step only
+    // after every block has counted in, so all read the same step; an error reported meanwhile
+    // may stop some blocks and not others, and then the last block sends nothing at all.
+    go = !failed_before(p) && p.round->next_step == int32_t(Step::dispatch_send);
+    if (!go) atomicExch(reinterpret_cast<int*>(&p.block_counters[kSendAborted]), 1);
+  }
+  __syncthreads();
+  if (go && first < last) {
+    route_block(p, first, last);
+    send_block_tokens(p, first, last);
+  }
+  if (!last_block_all(&p.block_counters[kSendDone])) return;
+  bool sent = false;
+  finish_send(p, sent);
+  if (p.fuse_recv && sent) {
     __syncthreads();  // the epoch, bumped above
     receive_heads(p);
   }
@@ -510,12 +519,14 @@ __global__ void __launch_bounds__(kBlockThreads) land_rows(const AllToAllParams 
 }  // namespace
 
 void launch_dispatch_send(const AllToAllParams& p, cudaStream_t stream, int blocks) {
-  launch(send_tokens, blocks, stream, p);
+  // A block per token at most: blocks without tokens would only count in at the last block. m
+  // bounds the tokens of the call, also when bound_m gives them (graph replays).
+  launch("send_tokens", send_tokens, std::max(1, std::min(blocks, p.m)), stream, p);
 }
 
 void launch_dispatch_recv(const AllToAllParams& p, cudaStream_t stream, int blocks, bool waited) {
-  if (!waited) launch(route_rows, 1, stream, p);
-  launch_dependent(land_rows, blocks, stream, p);
+  if (!waited) launch("route_rows", route_rows, 1, stream, p);
+  launch_dependent("land_rows", land_rows, blocks, stream, p);
 }
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

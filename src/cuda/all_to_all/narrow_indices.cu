@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 void launch_narrow_indices(const int64_t* wide, int32_t* narrow, int64_t n, cudaStream_t stream,
                            int blocks) {
-  if (n > 0) launch(narrow_indices, blocks, stream, wide, narrow, n);
+  if (n > 0) launch("narrow_indices", narrow_indices, blocks, stream, wide, narrow, n);
 }
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

@@ -10,13 +10,15 @@
 //   rank r's private scratch (device memory)
 //   | send_slot [max_tokens, W] i32: token t's slot at destination d, or -1                |
 //   | send_position [max_tokens, k] i32: row (t, j)'s position among its expert's rows    |
-//   | send_count [W] i32 | send_expert_count [E] i32: rows this rank sends to each expert  |
+//   | send_count [W] i32 | send_expert_count [E] i32: rows this rank sends to each rank and |
+//   |   expert, added to by every block of send_tokens and cleared by its last block        |
 //   | recv_base [W, E_local] i32: the first row of (source, expert) within the expert     |
 //   | route_base [E_local] i32 | source_end [W] i32 | slot_count i32                       |
 //   | routes [route capacity] Route, in (expert, row) order | route_count i32             |
 //   | relay_slot [max_tokens, nodes] i32: token t's slot in node n's relay block, or -1   |
-//   | relay_count [nodes] i32 (both hierarchical only)                                    |
-//   | epoch u64 | block counters u32 x 3 | routed u64, routed_ok i32 | owners_ready i32   |
+//   | relay_count [nodes] i32: relay slots used, kept for combine's node sum | relay_tally |
+//   |   [nodes] i32: what send_tokens' blocks add them up in (all hierarchical only)         |
+//   | send_first_bad i32 | epoch u64 | block counters u32 x 3 | owners_ready i32         |
 //   | round: the step the device expects next, the m of the last dispatch(send)           |
 #pragma once
 
@@ -86,8 +88,9 @@ struct ErrorWord {
   ErrorWord* host_mirror;  // device pointer to the host-mapped copy (unused in the copy itself)
 };
 
-// block_counters: last_block() of send_tokens and of return_rows, send_tokens' tickets.
-constexpr int kSendDone = 0, kReturnDone = 1, kSendTicket = 2, kBlockCounters = 3;
+// block_counters: last_block() of send_tokens and of return_rows; 1 when a block of send_tokens
+// found the step out of order (or an earlier error) and sent nothing.
+constexpr int kSendDone = 0, kReturnDone = 1, kSendAborted = 2, kBlockCounters = 3;
 
 struct AllToAllParams {
   // Shape.
@@ -120,6 +123,7 @@ struct AllToAllParams {
   int32_t* send_expert_count;
   int32_t* relay_slot;   // hierarchical only (layout.hierarchical)
   int32_t* relay_count;
+  int32_t* relay_tally;
   int32_t* recv_base;
   int32_t* route_base;
   int32_t* source_end;
@@ -128,8 +132,7 @@ struct AllToAllParams {
   int32_t* route_count;
   uint64_t* epoch;
   uint32_t* block_counters;
-  uint64_t* routed;     // send_tokens: the call whose routing ticket 0 finished
-  int32_t* routed_ok;   // and whether it routed (0: a step out of order, nothing is sent)
+  int32_t* send_first_bad;  // send_tokens: the first bad index slot (kBadSlotBase - slot), or 0
   int32_t* owners_ready;  // combine: 1 when every owner's rows arrived in the right dtype
   Round* round;
   ErrorWord* error;       // device memory; its host_mirror is what the host reads

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cuda/emulator/device_api.hpp"
+#include "cuda/emulator/kernel_counts.hpp"
 #include "cuda/emulator/late_stores.hpp"
 #include "cuda/emulator/schedule.hpp"
 #include "cuda/emulator/shared_memory.hpp"
@@ -103,6 +104,7 @@ struct Fiber {
   ThreadState state{};
   Status status = Status::ready;
   bool slept = false;  // its last turn ended in __nanosleep (no progress)
+  int64_t serial_steps = 0;  // count_serial_steps() of this thread in the block now running
   ctx::fiber context;  // the fiber while it is suspended (the scheduler's side)
   ctx::fiber caller;   // the scheduler while the fiber runs (the fiber's side)
   std::byte* stack = nullptr;
@@ -129,8 +131,9 @@ class BlockRunner {
   // Runs one block; returns the first exception a thread threw, if any.
   std::exception_ptr run(const cuda_api::dim3& grid, const cuda_api::dim3& block,
                          const cuda_api::uint3& block_idx, const std::function<void()>& body,
-                         uint64_t seed, LaunchHeldStores& held) {
+                         uint64_t seed, LaunchHeldStores& held, BlockCounts& counts) {
     const unsigned n = block.x * block.y * block.z;
+    counts_ = {};
     size_ = n;
     body_ = &body;
     failure_ = nullptr;
@@ -146,6 +149,7 @@ class BlockRunner {
       f.state.grid_dim = grid;
       f.status = Fiber::Status::ready;
       f.slept = false;
+      f.serial_steps = 0;
       if (!f.stack) {  // a fiber per thread index, made once and kept for every later block
         f.stack = new_fiber_stack();
         f.context = ctx::fiber(std::allocator_arg, GivenStack{f.stack}, [this, &f](ctx::fiber&& caller) {
@@ -177,6 +181,9 @@ class BlockRunner {
     }
     current_thread = nullptr;
     late_stores_block_end(held);
+    for (unsigned i = 0; i < n; ++i)
+      counts_.serial_steps = std::max(counts_.serial_steps, fibers_[i].serial_steps);
+    counts = counts_;
     return failure_;
   }
 
@@ -190,10 +197,12 @@ class BlockRunner {
   }
   int barrier_count() const { return barrier_result_; }
   void nap(Fiber& f) {
+    counts_.spun = true;
     f.slept = true;
     suspend(f);
   }
   Fiber* running() { return running_; }
+  void note_wait_on_own_grid() { counts_.waited_on_own_grid = true; }
 
  private:
   void release_if_all_arrived() {
@@ -203,6 +212,7 @@ class BlockRunner {
       if (f.status == Fiber::Status::at_barrier) f.status = Fiber::Status::ready;
     }
     barrier_result_ = int(arrived_true_);
+    ++counts_.barrier_rounds;
     arrived_ = 0;
     arrived_true_ = 0;
     reshuffle_ = true;
@@ -264,6 +274,7 @@ class BlockRunner {
   Fiber* running_ = nullptr;
   unsigned alive_ = 0, arrived_ = 0, arrived_true_ = 0;
   int barrier_result_ = 0;
+  BlockCounts counts_;  // of the block now running
   bool reshuffle_ = false;
   std::minstd_rand rng_;
   void* scheduler_fake_stack_ = nullptr;
@@ -286,6 +297,7 @@ struct Launch {
   uint64_t number = 0;  // the launching host thread's count of launches (the schedule's seed)
   BlockOrder order;     // the order in which blocks start
   LaunchHeldStores held;
+  LaunchCounts counts;  // guarded by the device's mutex
 };
 
 class Device {
@@ -315,9 +327,11 @@ class Device {
       lock.unlock();
       const cuda_api::dim3& g = launch.grid;
       const cuda_api::uint3 block_idx{index % g.x, (index / g.x) % g.y, index / (g.x * g.y)};
+      BlockCounts counts;
       std::exception_ptr failure = runner.run(launch.grid, launch.block, block_idx, *launch.body,
-                                              block_seed(launch.number, index), launch.held);
+                                              block_seed(launch.number, index), launch.held, counts);
       lock.lock();
+      launch.counts.add(counts);
       if (failure && !launch.failure) launch.failure = failure;
       if (++launch.finished == launch.total) done_.notify_all();
     }
@@ -350,7 +364,8 @@ const DeviceShape& device_shape() {
 }
 
 cuda_api::cudaError_t run_grid(int device_index, cuda_api::dim3 grid, cuda_api::dim3 block,
-                               const std::function<void()>& body, uint64_t launch_number) {
+                               const std::function<void()>& body, uint64_t launch_number,
+                               const char* name) {
   const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   if (blocks == 0 || threads == 0 || threads > kMaxBlockThreads || blocks > (1u << 31))
@@ -361,6 +376,7 @@ cuda_api::cudaError_t run_grid(int device_index, cuda_api::dim3 grid, cuda_api::
   Launch launch(grid, block, &body, unsigned(blocks), launch_number);
   device(device_index).run(launch);
   launch.held.kernel_end();
+  record_launch(name, launch.counts);
   if (launch.failure) {
     const std::string settings = describe_device_settings();
     try {
@@ -386,6 +402,9 @@ int sync_threads_count(int predicate) {
   runner->barrier(*runner->running(), predicate != 0);
   return runner->barrier_count();
 }
+
+void count_wait_on_own_grid() { current_runner->note_wait_on_own_grid(); }
+void count_serial_steps(int64_t n) { current_runner->running()->serial_steps += n; }
 
 void yield_thread() {
   BlockRunner* runner = current_runner;

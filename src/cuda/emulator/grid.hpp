@@ -27,8 +27,9 @@ const DeviceShape& device_shape();
 // launches); `launch_number` (the launching host thread's count of launches) seeds the
 // schedule's orders. Returns cudaErrorLaunchFailure if a thread threw (its message goes to
 // stderr, with the schedule to repeat the run), cudaErrorInvalidValue if PMOE_EMU_SCHEDULE names
-// no schedule.
+// no schedule. The launch's counts (kernel_counts.hpp) are recorded under `name`.
 cuda_api::cudaError_t run_grid(int device, cuda_api::dim3 grid, cuda_api::dim3 block,
-                               const std::function<void()>& body, uint64_t launch_number);
+                               const std::function<void()>& body, uint64_t launch_number,
+                               const char* name);
 
 }  // namespace pmoe::emu

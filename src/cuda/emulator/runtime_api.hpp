@@ -203,9 +203,15 @@ MemoryUse memory_use(int device);
 void reset_memory_peak(int device);  // peak = in_use
 
 // The launch of the emulated device: `body` runs once per thread of every block of `grid`, in
-// stream order. What src/cuda/launch.cuh calls where nvcc would use <<<...>>>.
+// stream order. What src/cuda/launch.cuh calls where nvcc would use <<<...>>>. `name` (a string
+// literal: it outlives the launch) names the kernel in the counts of kernel_counts.hpp.
 cuda_api::cudaError_t launch(cuda_api::dim3 grid, cuda_api::dim3 block, size_t shared_bytes,
-                             cuda_api::cudaStream_t stream, std::function<void()> body);
+                             cuda_api::cudaStream_t stream, std::function<void()> body,
+                             const char* name = nullptr);
+
+// Called from kernel code through src/cuda/launch.cuh (kernel_counts.hpp).
+void count_wait_on_own_grid();
+void count_serial_steps(int64_t n);
 
 // Kernels the calling host thread has launched (or captured into a graph) so far, so that tests
 // can count an op's kernels.

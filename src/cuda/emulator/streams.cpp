@@ -367,7 +367,8 @@ thread_local uint64_t kernels_launched = 0;
 
 uint64_t kernels_launched_by_this_thread() { return kernels_launched; }
 
-cudaError_t launch(dim3 grid, dim3 block, size_t, cudaStream_t handle, std::function<void()> body) {
+cudaError_t launch(dim3 grid, dim3 block, size_t, cudaStream_t handle, std::function<void()> body,
+                   const char* name) {
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   if (uint64_t(grid.x) * grid.y * grid.z == 0 || threads == 0 || threads > 1024)
     return note_error(cudaErrorInvalidConfiguration);
@@ -375,10 +376,10 @@ cudaError_t launch(dim3 grid, dim3 block, size_t, cudaStream_t handle, std::func
   if (!stream) return note_error(cudaErrorInvalidResourceHandle);
   const uint64_t number = ++kernels_launched;
   const int device = stream->device;
-  return note_error(enqueue(handle, [device, grid, block, number, body = std::move(body)] {
+  return note_error(enqueue(handle, [device, grid, block, number, name, body = std::move(body)] {
     before_kernel_starts();
     std::lock_guard held(HardwareQueues::of(device).queue(running_stream->hardware_queue));
-    const cudaError_t status = run_grid(device, grid, block, body, number);
+    const cudaError_t status = run_grid(device, grid, block, body, number, name);
     if (status != cudaSuccess) running_stream->fail(status);
   }));
 }

@@ -31,7 +31,8 @@ inline uint64_t* capture_signal_baselines(const RemotePath& path, int slots, cud
   uint64_t* baseline = nullptr;
   PMOE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&baseline), sizeof(uint64_t) * size_t(slots)));
   try {
-    launch(read_signal_baselines<RemotePath>, 1, stream, path, slots, baseline);
+    launch("read_signal_baselines", read_signal_baselines<RemotePath>, 1, stream, path, slots,
+           baseline);
     PMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   } catch (...) {
     (void)cudaFree(baseline);
