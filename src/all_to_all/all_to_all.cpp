@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "all_to_all/backend.hpp"
+#include "backends/registry.hpp"
 #include "all_to_all/route.hpp"
 #include "all_to_all/step.hpp"
 #include "core/arg_checks.hpp"
@@ -117,8 +118,7 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device devi
                " differs from the communicator's ", comm.device().str());
   });
   num_local_experts_ = config_.num_experts / world_size_;
-  backend_ = device.kind == Device::Kind::cpu ? detail::make_cpu_all_to_all(comm, config_)
-                                              : detail::make_cuda_all_to_all(comm, config_);
+  backend_ = detail::backends(device).make_all_to_all(comm, config_);
 }
 
 AllToAll::~AllToAll() = default;

@@ -1,5 +1,7 @@
-// The boundary between AllToAll's front end (validation, phase order) and a backend's data path.
-// A backend sees arguments that were already checked against the config and the phase.
+// The boundary between AllToAll's front end (validation, phase order) and a backend's data path:
+// the CPU's (src/cpu/all_to_all.cpp) or a device's (src/cuda/all_to_all), made through
+// src/backends/registry.hpp. A backend sees arguments that were already checked against the config
+// and the phase.
 #pragma once
 
 #include <cstddef>
@@ -41,11 +43,5 @@ class AllToAllBackend {
   // Throws pmoe::Error if a kernel reported an error (device backends); the CPU reports at once.
   virtual void check_errors() const {}
 };
-
-std::unique_ptr<AllToAllBackend> make_cpu_all_to_all(Communicator& comm,
-                                                      const AllToAllConfig& config);
-// Throws pmoe::Error in a build without CUDA.
-std::unique_ptr<AllToAllBackend> make_cuda_all_to_all(Communicator& comm,
-                                                       const AllToAllConfig& config);
 
 }  // namespace pmoe::detail

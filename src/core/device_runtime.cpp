@@ -6,7 +6,6 @@
 #include <mutex>
 #include <string_view>
 
-#include "all_to_all/backend.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe::detail {
@@ -111,11 +110,6 @@ void ipc_close(void* p) {
   if (p) device_runtime().ipc_close(p);
 }
 
-std::unique_ptr<AllToAllBackend> make_cuda_all_to_all(Communicator& comm,
-                                                       const AllToAllConfig& config) {
-  return device_runtime().make_all_to_all(comm, config);
-}
-
 }  // namespace pmoe::detail
 
 namespace pmoe {
@@ -127,7 +121,7 @@ int cuda_device_count() {
 }
 bool cuda_emulated() {
   const detail::DeviceRuntime* runtime = detail::chosen();
-  return runtime && std::string_view(runtime->name()) == "emulated CUDA";
+  return runtime && runtime->kind() == detail::RuntimeKind::emulated;
 }
 void synchronize(Stream stream) {
   if (stream.handle) detail::device_runtime().synchronize(stream);

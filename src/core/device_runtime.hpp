@@ -1,5 +1,6 @@
 // What the host code needs from a device runtime, without CUDA headers: memory, copies, streams,
-// events, and the AllToAll backend that runs on the device.
+// events. Which backend an op runs on is not the runtime's business: src/backends/registry.hpp
+// picks it, by the runtime's kind().
 //
 // pmoe's CUDA sources are compiled twice (src/cuda/flavor.hpp): by nvcc for a real GPU, and by
 // the host compiler for the emulated device (src/cuda/emulator). Each compilation provides one
@@ -18,14 +19,7 @@
 #include "pmoe/stream.hpp"
 #include "pmoe/tensor.hpp"
 
-namespace pmoe {
-class Communicator;
-struct AllToAllConfig;
-}  // namespace pmoe
-
 namespace pmoe::detail {
-
-class AllToAllBackend;
 
 constexpr size_t kIpcHandleBytes = 64;
 
@@ -34,10 +28,15 @@ struct DeviceMemoryUse {
   size_t in_use = 0, peak = 0;
 };
 
+// Which compilation of src/cuda a runtime is (src/cuda/flavor.hpp): nvcc's for a GPU, or the host
+// compiler's for the emulated device.
+enum class RuntimeKind { gpu, emulated };
+
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
-  virtual const char* name() const = 0;  // "CUDA" or "emulated CUDA"
+  virtual RuntimeKind kind() const = 0;
+  virtual const char* name() const = 0;  // "CUDA" or "emulated CUDA", for messages
   virtual int device_count() const = 0;
   // The device's model as CUDA names it ("NVIDIA H200"); "emulated CUDA device" on the emulated
   // device. For the benchmark's machine record.
@@ -53,8 +52,6 @@ class DeviceRuntime {
   virtual void* ipc_open(Device device, const void* handle) const = 0;
   virtual void ipc_close(void* p) const = 0;  // never throws
   virtual void ipc_opened_by_all(void* p) const = 0;  // never throws
-  virtual std::unique_ptr<AllToAllBackend> make_all_to_all(Communicator& comm,
-                                                           const AllToAllConfig& config) const = 0;
   // Timing on a stream, for pmoe-bench: events recorded in stream order.
   virtual void* create_event() const = 0;
   virtual void destroy_event(void* event) const = 0;

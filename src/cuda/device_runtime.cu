@@ -3,16 +3,11 @@
 // by the host compiler against the emulated device's.
 #include <cstring>
 
-#include "all_to_all/backend.hpp"
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR {
-
-// AllToAll on this flavor's kernels (src/cuda/all_to_all/backend.cu).
-std::unique_ptr<AllToAllBackend> make_device_all_to_all(Communicator& comm,
-                                                         const AllToAllConfig& config);
 
 namespace {
 
@@ -21,8 +16,10 @@ static_assert(sizeof(cudaIpcMemHandle_t) <= kIpcHandleBytes, "IPC handle does no
 class CudaRuntime final : public DeviceRuntime {
  public:
 #if defined(__CUDACC__)
+  RuntimeKind kind() const override { return RuntimeKind::gpu; }
   const char* name() const override { return "CUDA"; }
 #else
+  RuntimeKind kind() const override { return RuntimeKind::emulated; }
   const char* name() const override { return "emulated CUDA"; }
 #endif
 
@@ -109,11 +106,6 @@ class CudaRuntime final : public DeviceRuntime {
 #else
   void ipc_opened_by_all(void* p) const override { ::pmoe::emu::ipc_drop_name(p); }
 #endif
-
-  std::unique_ptr<AllToAllBackend> make_all_to_all(Communicator& comm,
-                                                   const AllToAllConfig& config) const override {
-    return make_device_all_to_all(comm, config);
-  }
 
   void* create_event() const override {
     cudaEvent_t event;

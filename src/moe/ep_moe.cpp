@@ -21,7 +21,7 @@
 #include <chrono>
 #include <optional>
 
-#include "moe/device_moe.hpp"
+#include "backends/registry.hpp"
 #include "moe/ep_traffic.hpp"
 #include "moe/layer_args.hpp"
 #include "pmoe/all_to_all.hpp"
@@ -74,7 +74,7 @@ struct EpMoe::Impl {
         per_batch((max_tokens + micro_batches - 1) / micro_batches),
         device(comm.device()) {
     if (device.kind != Device::Kind::cpu) {  // src/cuda/moe/ep_moe.cu
-      on_device = detail::make_device_ep_moe(comm, config, max_tokens, micro_batches);
+      on_device = detail::backends(device).make_ep_moe(comm, config, max_tokens, micro_batches);
       return;
     }
     router.emplace(config);
@@ -170,7 +170,7 @@ struct EpMoe::Impl {
   MoeConfig config;
   int max_tokens, micro_batches, rank, world_size, num_local, wire_dim, per_batch;
   Device device;
-  std::unique_ptr<detail::DeviceMoe> on_device;  // on a CUDA device; the rest is the CPU's
+  std::unique_ptr<detail::MoeBackend> on_device;  // on a CUDA device; the rest is the CPU's
   std::optional<Router> router;
   std::optional<Experts> experts;
   std::vector<std::unique_ptr<AllToAll>> exchanges;  // one per micro-batch

@@ -1,6 +1,6 @@
 // SimpleMoe: the whole layer on one rank, through LocalMoe with every expert whole on the CPU,
 // or through the device data path (src/cuda/moe) on a CUDA device.
-#include "moe/device_moe.hpp"
+#include "backends/registry.hpp"
 #include "moe/layer_args.hpp"
 #include "moe/local_moe.hpp"
 
@@ -10,7 +10,7 @@ struct SimpleMoe::Impl {
   Impl(const MoeConfig& config, int max_tokens, Device device, Stream stream)
       : config(config), max_tokens(max_tokens), device(device) {
     if (device.kind != Device::Kind::cpu) {
-      on_device = detail::make_device_simple_moe(config, max_tokens, device, stream);
+      on_device = detail::backends(device).make_simple_moe(config, max_tokens, device, stream);
       return;
     }
     moe = std::make_unique<detail::LocalMoe>(config, max_tokens, 0, config.ffn_dim);
@@ -20,7 +20,7 @@ struct SimpleMoe::Impl {
   int max_tokens;
   Device device;
   std::unique_ptr<detail::LocalMoe> moe;       // on the CPU
-  std::unique_ptr<detail::DeviceMoe> on_device;  // on a CUDA device
+  std::unique_ptr<detail::MoeBackend> on_device;  // on a CUDA device
   Buffer y_f32;  // [max_tokens, O] f32 when y is bf16 (CPU)
   MoeStats stats;
 };

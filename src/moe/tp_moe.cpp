@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "cpu/all_reduce.hpp"
-#include "moe/device_moe.hpp"
+#include "backends/registry.hpp"
 #include "moe/layer_args.hpp"
 #include "moe/local_moe.hpp"
 
@@ -42,7 +42,7 @@ struct TpMoe::Impl {
         max_tokens(max_tokens),
         device(comm.device()) {
     if (device.kind != Device::Kind::cpu) {  // src/cuda/moe/tp_moe.cu
-      on_device = detail::make_device_tp_moe(comm, config, max_tokens);
+      on_device = detail::backends(device).make_tp_moe(comm, config, max_tokens);
       return;
     }
     moe = std::make_unique<detail::LocalMoe>(config, max_tokens,
@@ -54,7 +54,7 @@ struct TpMoe::Impl {
   MoeConfig config;
   int max_tokens;
   Device device;
-  std::unique_ptr<detail::DeviceMoe> on_device;  // on a CUDA device; the rest is the CPU's
+  std::unique_ptr<detail::MoeBackend> on_device;  // on a CUDA device; the rest is the CPU's
   std::unique_ptr<detail::LocalMoe> moe;
   std::unique_ptr<cpu::AllReduceSum> all_reduce;
   Buffer partial;  // [max_tokens, O] f32

@@ -1,6 +1,7 @@
 // The overlap ops' front end: checks that every rank has the same config, validates each call's
 // tensors before anything moves, and retires the op after a failed wait. Everything else is the
-// backend's (src/cpu/all_gather_gemm.cpp, src/cpu/gemm_reduce_scatter.cpp).
+// backend's (src/cpu/all_gather_gemm.cpp, src/cpu/gemm_reduce_scatter.cpp, src/cuda/overlap),
+// which src/backends/registry.hpp gives for the device.
 #include <array>
 #include <cstring>
 #include <functional>
@@ -8,7 +9,7 @@
 #include <span>
 #include <string>
 
-#include "overlap/backend.hpp"
+#include "backends/registry.hpp"
 #include "core/arg_checks.hpp"
 #include "core/config_agreement.hpp"
 #include "pmoe/error.hpp"
@@ -50,14 +51,12 @@ class OverlapOp {
       a_shape_ = {M / W, K};
       b_shape_ = {K, N / W};
       c_shape_ = {M, N / W};
-      backend_ = device.kind == Device::Kind::cpu ? make_cpu_all_gather_gemm(comm, config_)
-                                                  : make_cuda_all_gather_gemm(comm, config_);
+      backend_ = backends(device).make_all_gather_gemm(comm, config_);
     } else {
       a_shape_ = {M, K / W};
       b_shape_ = {K / W, N};
       c_shape_ = {M / W, N};
-      backend_ = device.kind == Device::Kind::cpu ? make_cpu_gemm_reduce_scatter(comm, config_)
-                                                  : make_cuda_gemm_reduce_scatter(comm, config_);
+      backend_ = backends(device).make_gemm_reduce_scatter(comm, config_);
     }
     config_.chunks = config.chunks;  // report what the caller gave
   }

@@ -44,7 +44,7 @@
 #include "cuda/moe/device_experts.hpp"
 #include "cuda/moe/device_router.hpp"
 #include "cuda/moe/phase_timer.hpp"
-#include "moe/device_moe.hpp"
+#include "moe/backend.hpp"
 #include "pmoe/all_to_all.hpp"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR::moe {
@@ -52,7 +52,7 @@ namespace {
 
 using namespace ::pmoe::cuda;
 
-class DeviceEpMoe final : public DeviceMoe {
+class DeviceEpMoe final : public MoeBackend {
  public:
   DeviceEpMoe(Communicator& comm, const MoeConfig& config, int max_tokens, int micro_batches)
       : config_(config),
@@ -327,8 +327,8 @@ class DeviceEpMoe final : public DeviceMoe {
 
 }  // namespace
 
-std::unique_ptr<DeviceMoe> make_ep(Communicator& comm, const MoeConfig& config, int max_tokens,
-                                   int micro_batches) {
+std::unique_ptr<MoeBackend> make_ep(Communicator& comm, const MoeConfig& config, int max_tokens,
+                                    int micro_batches) {
   return std::make_unique<DeviceEpMoe>(comm, config, max_tokens, micro_batches);
 }
 

@@ -5,12 +5,12 @@
 #include "core/device_runtime.hpp"
 #include "cuda/flavor.hpp"
 #include "cuda/moe/local_moe.cuh"
-#include "moe/device_moe.hpp"
+#include "moe/backend.hpp"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR::moe {
 namespace {
 
-class DeviceSimpleMoe final : public DeviceMoe {
+class DeviceSimpleMoe final : public MoeBackend {
  public:
   DeviceSimpleMoe(const MoeConfig& config, int max_tokens, Device device, Stream stream)
       : config_(config),
@@ -38,8 +38,8 @@ class DeviceSimpleMoe final : public DeviceMoe {
 
 }  // namespace
 
-std::unique_ptr<DeviceMoe> make_simple(const MoeConfig& config, int max_tokens, Device device,
-                                       Stream stream) {
+std::unique_ptr<MoeBackend> make_simple(const MoeConfig& config, int max_tokens, Device device,
+                                        Stream stream) {
   return std::make_unique<DeviceSimpleMoe>(config, max_tokens, device, stream);
 }
 

@@ -33,7 +33,7 @@
 #include "cuda/flavor.hpp"
 #include "cuda/moe/local_moe.cuh"
 #include "cuda/overlap/signals.cuh"
-#include "moe/device_moe.hpp"
+#include "moe/backend.hpp"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR::moe {
 namespace {
@@ -42,7 +42,7 @@ using namespace ::pmoe::cuda;
 
 constexpr int kLandedSlot = 0, kDoneSlot = 1, kCallSlot = 2, kCountSlot = 3, kSlots = 4;
 
-class DeviceTpMoe final : public DeviceMoe {
+class DeviceTpMoe final : public MoeBackend {
  public:
   DeviceTpMoe(Communicator& comm, const MoeConfig& config, int max_tokens)
       : config_(config),
@@ -150,7 +150,7 @@ class DeviceTpMoe final : public DeviceMoe {
 
 }  // namespace
 
-std::unique_ptr<DeviceMoe> make_tp(Communicator& comm, const MoeConfig& config, int max_tokens) {
+std::unique_ptr<MoeBackend> make_tp(Communicator& comm, const MoeConfig& config, int max_tokens) {
   return std::make_unique<DeviceTpMoe>(comm, config, max_tokens);
 }
 
