@@ -1,7 +1,7 @@
 // AllGatherGemm and GemmReduceScatter with ranks as threads, against the plain references
 // (all-gather then GEMM; GEMM then reduce-scatter), at W in {1, 2, 3, 4} (4 ranks outnumber the
 // 2 cores of the test machine), with M, N, K that are not powers of two and chunks > W. The
-// pipeline's plan (overlap_plan.hpp) is checked first, as pure logic.
+// pipeline's plan (src/overlap/plan.hpp) is checked first, as pure logic.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cpu/gemm.hpp"
-#include "cpu/overlap_plan.hpp"
+#include "overlap/plan.hpp"
 #include "overlap_cases.hpp"
 #include "reference/overlap_reference.hpp"
 

@@ -24,12 +24,15 @@ const Backends& backends(Device device) {
   const DeviceRuntime& runtime = device_runtime();  // throws in a build without one
   switch (runtime.kind()) {
 #if PMOE_HAVE_CUDA_GPU
-    case RuntimeKind::gpu: return gpu::cuda_backends();
+    case RuntimeKind::gpu:
+      return gpu::cuda_backends();
 #endif
 #if PMOE_HAVE_CUDA_EMULATOR
-    case RuntimeKind::emulated: return emulated::cuda_backends();
+    case RuntimeKind::emulated:
+      return emulated::cuda_backends();
 #endif
-    default: break;
+    default:
+      break;
   }
   throw Error(cat("no backends for the ", runtime.name(), " runtime in this build"));
 }

@@ -21,7 +21,6 @@ namespace pmoe::detail {
 // configs have chunks resolved (never 0). A device maker runs on the rank's stream (the
 // communicator's, or `stream` for SimpleMoe).
 struct Backends {
-  const char* name;  // "CPU", "CUDA" or "emulated CUDA"
   std::unique_ptr<AllToAllBackend> (*make_all_to_all)(Communicator& comm,
                                                       const AllToAllConfig& config);
   std::unique_ptr<OverlapBackend> (*make_all_gather_gemm)(Communicator& comm,

@@ -6,7 +6,7 @@
 //
 //   gathered  | block 0 | block 1 | ... | block W-1 |     C_r = gathered . B_r, piece by piece
 //
-// run(): the worker puts pieces (overlap_plan.hpp: all_gather_sends) and signals each; this
+// run(): the worker puts pieces (overlap/plan.hpp: all_gather_sends) and signals each; this
 // thread multiplies its own block (one GEMM), then the other pieces in all_gather_steps order,
 // waiting for each one's signal. Private f32 staging exists for 16-bit dtypes only: widened A
 // rows, the widened B, and C before rounding.

@@ -4,23 +4,29 @@
 
 namespace pmoe::detail {
 
-// The makers, each beside its backend.
-std::unique_ptr<AllToAllBackend> make_cpu_all_to_all(Communicator& comm,  // all_to_all.cpp
-                                                      const AllToAllConfig& config);
-std::unique_ptr<OverlapBackend> make_cpu_all_gather_gemm(Communicator& comm,  // all_gather_gemm.cpp
+// The makers, each defined beside its backend: all_to_all.cpp, all_gather_gemm.cpp,
+// gemm_reduce_scatter.cpp, simple_moe.cpp, tp_moe.cpp, ep_moe.cpp.
+std::unique_ptr<AllToAllBackend> make_cpu_all_to_all(Communicator& comm,
+                                                     const AllToAllConfig& config);
+std::unique_ptr<OverlapBackend> make_cpu_all_gather_gemm(Communicator& comm,
                                                          const OverlapConfig& config);
-std::unique_ptr<OverlapBackend> make_cpu_gemm_reduce_scatter(  // gemm_reduce_scatter.cpp
-    Communicator& comm, const OverlapConfig& config);
+std::unique_ptr<OverlapBackend> make_cpu_gemm_reduce_scatter(Communicator& comm,
+                                                             const OverlapConfig& config);
+std::unique_ptr<MoeBackend> make_cpu_simple_moe(const MoeConfig& config, int max_tokens,
+                                                Device device, Stream stream);
+std::unique_ptr<MoeBackend> make_cpu_tp_moe(Communicator& comm, const MoeConfig& config,
+                                            int max_tokens);
+std::unique_ptr<MoeBackend> make_cpu_ep_moe(Communicator& comm, const MoeConfig& config,
+                                            int max_tokens, int micro_batches);
 
 const Backends& cpu_backends() {
   static const Backends table{
-      .name = "CPU",
       .make_all_to_all = make_cpu_all_to_all,
       .make_all_gather_gemm = make_cpu_all_gather_gemm,
       .make_gemm_reduce_scatter = make_cpu_gemm_reduce_scatter,
-      .make_simple_moe = nullptr,  // the MoE layers' CPU path is still in their front ends
-      .make_tp_moe = nullptr,
-      .make_ep_moe = nullptr,
+      .make_simple_moe = make_cpu_simple_moe,
+      .make_tp_moe = make_cpu_tp_moe,
+      .make_ep_moe = make_cpu_ep_moe,
   };
   return table;
 }

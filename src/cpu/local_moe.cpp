@@ -1,4 +1,4 @@
-#include "moe/local_moe.hpp"
+#include "cpu/local_moe.hpp"
 
 #include <algorithm>
 #include <chrono>

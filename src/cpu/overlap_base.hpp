@@ -1,5 +1,5 @@
 // What the two CPU overlap ops share: the symmetric memory and its signals (protocol in
-// overlap_plan.hpp), the communication thread, the ready handshake that lets buffers be reused
+// overlap/plan.hpp), the communication thread, the ready handshake that lets buffers be reused
 // call after call without a barrier, and bounded waits that also watch the other thread.
 //
 // When every peer is load/store reachable (thread ranks, MPI ranks on one node), transfers run
@@ -14,8 +14,8 @@
 #include <memory>
 
 #include "cpu/comm_worker.hpp"
-#include "cpu/overlap_plan.hpp"
 #include "overlap/backend.hpp"
+#include "overlap/plan.hpp"
 #include "pmoe/comm.hpp"
 
 namespace pmoe::detail {
@@ -50,7 +50,7 @@ class CpuOverlapBase : public OverlapBackend {
   ChunkLayout layout_;
   std::unique_ptr<SymmetricMemory> memory_;
   std::unique_ptr<CommWorker> worker_;  // null: transfers run on the calling thread
-  uint64_t call_ = 0;                   // calls begun; signals carry it (overlap_plan.hpp)
+  uint64_t call_ = 0;                   // calls begun; signals carry it (overlap/plan.hpp)
 
  private:
   void wait_bounded(const std::function<bool()>& ready, bool on_worker,

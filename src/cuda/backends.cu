@@ -5,29 +5,24 @@
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR {
 
-// The makers, each beside its backend.
-std::unique_ptr<AllToAllBackend> make_device_all_to_all(Communicator& comm,  // all_to_all/backend.cu
-                                                         const AllToAllConfig& config);
-std::unique_ptr<OverlapBackend> make_device_all_gather_gemm(  // overlap/all_gather_gemm.cu
-    Communicator& comm, const OverlapConfig& config);
-std::unique_ptr<OverlapBackend> make_device_gemm_reduce_scatter(  // overlap/gemm_reduce_scatter.cu
-    Communicator& comm, const OverlapConfig& config);
+// The makers, each defined beside its backend: all_to_all/backend.cu, overlap/all_gather_gemm.cu,
+// overlap/gemm_reduce_scatter.cu, moe/simple_moe.cu, moe/tp_moe.cu, moe/ep_moe.cu.
+std::unique_ptr<AllToAllBackend> make_device_all_to_all(Communicator& comm,
+                                                        const AllToAllConfig& config);
+std::unique_ptr<OverlapBackend> make_device_all_gather_gemm(Communicator& comm,
+                                                            const OverlapConfig& config);
+std::unique_ptr<OverlapBackend> make_device_gemm_reduce_scatter(Communicator& comm,
+                                                                const OverlapConfig& config);
 namespace moe {
-std::unique_ptr<MoeBackend> make_simple(const MoeConfig& config, int max_tokens,  // simple_moe.cu
-                                        Device device, Stream stream);
-std::unique_ptr<MoeBackend> make_tp(Communicator& comm, const MoeConfig& config,  // tp_moe.cu
-                                    int max_tokens);
-std::unique_ptr<MoeBackend> make_ep(Communicator& comm, const MoeConfig& config,  // ep_moe.cu
-                                    int max_tokens, int micro_batches);
+std::unique_ptr<MoeBackend> make_simple(const MoeConfig& config, int max_tokens, Device device,
+                                        Stream stream);
+std::unique_ptr<MoeBackend> make_tp(Communicator& comm, const MoeConfig& config, int max_tokens);
+std::unique_ptr<MoeBackend> make_ep(Communicator& comm, const MoeConfig& config, int max_tokens,
+                                    int micro_batches);
 }  // namespace moe
 
 const Backends& cuda_backends() {
   static const Backends table{
-#if defined(__CUDACC__)
-      .name = "CUDA",
-#else
-      .name = "emulated CUDA",
-#endif
       .make_all_to_all = make_device_all_to_all,
       .make_all_gather_gemm = make_device_all_gather_gemm,
       .make_gemm_reduce_scatter = make_device_gemm_reduce_scatter,

@@ -1,6 +1,7 @@
 // What EpMoe reports as its traffic (MoeStats::bytes_moved), one rule for both backends: the CPU
-// layer sums it over its routing on the host (ep_moe.cpp), the device layer in a kernel over the
-// routing it keeps on the device (src/cuda/moe/ep_moe.cu), so the two report the same figure.
+// layer sums it over its routing on the host (src/cpu/ep_moe.cpp), the device layer in a kernel
+// over the routing it keeps on the device (src/cuda/moe/ep_moe.cu), so the two report the same
+// figure.
 #pragma once
 
 #include <cstdint>

@@ -1,27 +1,21 @@
-// SimpleMoe: the whole layer on one rank, through LocalMoe with every expert whole on the CPU,
-// or through the device data path (src/cuda/moe) on a CUDA device.
+// SimpleMoe's front end: the whole layer on one rank. It validates the config and every call's
+// tensors; the backend for the device (src/backends/registry.hpp) does the work: the CPU's
+// (src/cpu/simple_moe.cpp) or a device's (src/cuda/moe/simple_moe.cu).
 #include "backends/registry.hpp"
 #include "moe/layer_args.hpp"
-#include "moe/local_moe.hpp"
 
 namespace pmoe {
 
 struct SimpleMoe::Impl {
   Impl(const MoeConfig& config, int max_tokens, Device device, Stream stream)
-      : config(config), max_tokens(max_tokens), device(device) {
-    if (device.kind != Device::Kind::cpu) {
-      on_device = detail::backends(device).make_simple_moe(config, max_tokens, device, stream);
-      return;
-    }
-    moe = std::make_unique<detail::LocalMoe>(config, max_tokens, 0, config.ffn_dim);
-    if (config.dtype != DType::f32) y_f32 = Buffer(DType::f32, {max_tokens, config.out_dim()});
-  }
+      : config(config),
+        max_tokens(max_tokens),
+        device(device),
+        backend(detail::backends(device).make_simple_moe(config, max_tokens, device, stream)) {}
   MoeConfig config;
   int max_tokens;
   Device device;
-  std::unique_ptr<detail::LocalMoe> moe;       // on the CPU
-  std::unique_ptr<detail::MoeBackend> on_device;  // on a CUDA device
-  Buffer y_f32;  // [max_tokens, O] f32 when y is bf16 (CPU)
+  std::unique_ptr<detail::MoeBackend> backend;
   MoeStats stats;
 };
 
@@ -45,26 +39,15 @@ void SimpleMoe::forward(const Tensor& x, const Tensor& y) {
   Impl& p = *impl_;
   detail::check_forward("SimpleMoe::forward", p.config, p.max_tokens, "max_tokens", x, y, p.device);
   p.stats = MoeStats();
-  if (p.on_device) {
-    p.on_device->forward(x, y, p.stats);
-    return;
-  }
-  float* acc = p.config.dtype == DType::f32 ? y.data<float>() : p.y_f32.data<float>();
-  p.moe->forward(x, acc, p.stats);
-  if (p.config.dtype != DType::f32) detail::rows_from_f32(acc, p.config.out_dim(), y);
+  p.backend->forward(x, y, p.stats);
 }
 
 const MoeConfig& SimpleMoe::config() const { return impl_->config; }
 Device SimpleMoe::device() const { return impl_->device; }
-size_t SimpleMoe::weight_bytes() const {
-  return impl_->on_device ? impl_->on_device->weight_bytes() : impl_->moe->weight_bytes();
-}
-size_t SimpleMoe::workspace_bytes() const {
-  if (impl_->on_device) return impl_->on_device->workspace_bytes();
-  return impl_->moe->workspace_bytes() + impl_->y_f32.nbytes();
-}
+size_t SimpleMoe::weight_bytes() const { return impl_->backend->weight_bytes(); }
+size_t SimpleMoe::workspace_bytes() const { return impl_->backend->workspace_bytes(); }
 const MoeStats& SimpleMoe::last_stats() const {
-  if (impl_->on_device) impl_->on_device->finish_stats(impl_->stats);
+  impl_->backend->finish_stats(impl_->stats);
   return impl_->stats;
 }
 

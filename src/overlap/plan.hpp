@@ -1,6 +1,7 @@
 // The pipeline of the overlap ops, as pure logic: how M is cut into pieces, in which order a
 // rank handles them, who sends what to whom, and the signal protocol. No memory is touched here,
-// so tests check it without threads.
+// so tests check it without threads. Both backends follow it: the CPU's
+// (src/cpu/all_gather_gemm.cpp, gemm_reduce_scatter.cpp) and the CUDA one (src/cuda/overlap).
 //
 // Rows of M:   | block 0 (rank 0) | block 1 (rank 1) | ... | block W-1 |, M/W rows each;
 //              each block cut into P = chunks / W pieces: | piece 0 | piece 1 | ... |

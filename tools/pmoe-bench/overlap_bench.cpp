@@ -35,7 +35,7 @@
 #include "bench_common.hpp"
 #include "core/device_runtime.hpp"
 #include "cpu/gemm.hpp"
-#include "cpu/overlap_plan.hpp"
+#include "overlap/plan.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/overlap.hpp"
 #include "pmoe/stream.hpp"

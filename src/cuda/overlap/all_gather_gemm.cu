@@ -26,13 +26,13 @@
 #include <vector>
 
 #include "core/device_runtime.hpp"
-#include "cpu/overlap_plan.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
 #include "cuda/overlap/cublas_gemm.hpp"
 #include "cuda/overlap/overlap_stream.hpp"
 #include "cuda/overlap/signals.cuh"
 #include "overlap/backend.hpp"
+#include "overlap/plan.hpp"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR {
 namespace {

@@ -33,7 +33,6 @@
 #include <memory>
 
 #include "core/device_runtime.hpp"
-#include "cpu/overlap_plan.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
 #include "cuda/overlap/cublas_gemm.hpp"
@@ -41,6 +40,7 @@
 #include "cuda/overlap/piece_sum.cuh"
 #include "cuda/overlap/signals.cuh"
 #include "overlap/backend.hpp"
+#include "overlap/plan.hpp"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR {
 namespace {
