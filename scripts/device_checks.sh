@@ -42,6 +42,11 @@
 #                      150 + 40 = 480 s, one call within CALL_LIMIT_S = 560), bench by name, and
 #                      a rerun without perf is bounded by 240 s
 # By name only:
+#   moe            60  pmoe-bench moe --device cuda, 1 rank, bf16, batch 1024, at the Mixtral-8x7B and
+#                      DeepSeek-V3 presets: the expert stage's TFLOP/s on the library grouped GEMM
+#                      (docs/grouped_gemm_library.md), then with PMOE_EXPERT_GEMM=own (pmoe's wmma
+#                      kernel) at Mixtral, the same shapes' torch._grouped_mm beside it
+#                      (tools/torch_grouped_mm.py; where torch has no CUDA it says why)
 #   overlap_cuda  140  test_cuda_overlap_gpu and test_cuda_graph_gpu, then pmoe-bench ag-gemm /
 #                      gemm-rs --device cuda, f16, 2 and 4 thread ranks sharing the GPU, pieces
 #                      moved by the copy engines and (--copy kernel) by a copy kernel (a default
@@ -87,7 +92,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-declare -A BUDGET=([tests]=150 [bench]=140 [static]=40 [overlap_cuda]=140 [python]=420
+declare -A BUDGET=([tests]=150 [bench]=140 [static]=40 [moe]=60 [overlap_cuda]=140 [python]=420
                    [python_build]=360 [overlap]=240 [gin]=300 [gin_wheel]=300 [perf]=240)
 DEFAULT_PARTS=(tests bench static)
 # The exchange's performance (a colleague's scripts/device_perf.sh), first where it exists: on a GPU
@@ -186,6 +191,24 @@ part_bench() {
     --device cuda --ep 2,4,8 --tokens 1,128 --out "$WORK/torch_ata_cuda" || status=1
   bounded 10 python3 tools/ata_ratios.py --pmoe "$WORK/cuda_all_to_all.json" \
     --torch "$WORK/torch_ata_cuda.json" --out "$WORK/all_to_all_ratios.json" || status=1
+  return "$status"
+}
+
+part_moe() {
+  local status=0 preset
+  for preset in mixtral-8x7b deepseek-v3; do
+    echo "--- pmoe-bench moe, $preset, batch 1024, the library grouped GEMM"
+    bounded 20 pmoe-bench moe --device cuda --ranks 1 --dtype bf16 --preset "$preset" \
+      --benchmark_type batch_size --values 1024 --warmup 3 --iters 10 \
+      --json "$WORK/moe_$preset.json" || status=1
+    echo "--- torch._grouped_mm, the same expert stage"
+    bounded 10 env LD_LIBRARY_PATH="${PMOE_MACHINE_LD_LIBRARY_PATH:-}" python3 \
+      tools/torch_grouped_mm.py --preset "$preset" --batch 1024 --json "$WORK/torch_gmm_$preset.json" ||
+      status=1
+  done
+  echo "--- pmoe-bench moe, mixtral-8x7b, batch 1024, pmoe's own wmma kernel"
+  bounded 15 env PMOE_EXPERT_GEMM=own pmoe-bench moe --device cuda --ranks 1 --dtype bf16 \
+    --preset mixtral-8x7b --benchmark_type batch_size --values 1024 --warmup 1 --iters 3 || status=1
   return "$status"
 }
 

@@ -8,6 +8,7 @@
 #     the kit nor on the lent machine (the `cmd` lines); for env and mpirun, the program they
 #     start is checked too;
 #   - a program of the kit is run by no part;
+#   - a Python script a part runs (tools/*.py: torch's baselines) is not in the tree;
 #   - the default parts' budgets and FIXED_S (unpacking, env.sh, nvidia-smi, packing the results)
 #     add up to more than CALL_LIMIT_S (one call), or, perf left out (it is measured once), to
 #     more than DEFAULT_LIMIT_S (a rerun in the same lease);
@@ -43,6 +44,12 @@ dry_check() {
     done
   fi
   check_program "${words[i]}"
+  local word
+  for word in "${words[@]}"; do
+    case "$word" in
+      *.py) [ -f "$word" ] || dry_fail "$PART runs $word, which is not in the tree" ;;
+    esac
+  done
   [ "$(basename "${words[i]}")" = mpirun ] || return 0
   i=$((i + 1))
   while [ "$i" -lt "${#words[@]}" ]; do

@@ -27,6 +27,10 @@ debian_packages=(
 # counts as missing, and pip installs the pinned one in its place.
 python_packages=(numpy pytest nanobind matplotlib torch transformers accelerate nvidia-nccl-cu13
                  nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)
+# nvidia-cutlass: CUTLASS's C++ headers (inside the wheel, cutlass_library/source/include), which
+# the GPU build's expert grouped GEMM is compiled with (docs/grouped_gemm_library.md). Only the
+# headers are used, so it goes in without its Python dependencies (cuda-python, scipy, ...).
+header_packages=(nvidia-cutlass)
 constraints=$(cd "$(dirname "$0")/.." && pwd)/python/constraints.txt
 
 missing=()
@@ -43,7 +47,8 @@ fi
 
 # One interpreter for every package: those not installed at the pinned version, one a line. A local
 # version label (torch's +cu132) is the same release.
-pending=$(python3 - "$constraints" "${python_packages[@]}" <<'PY'
+not_at_pin() {
+python3 - "$constraints" "$@" <<'PY'
 import re, sys
 from importlib.metadata import PackageNotFoundError, version
 pins = {}
@@ -63,10 +68,18 @@ for name in sys.argv[2:]:
     if installed != pinned:
         print(name)
 PY
-)
+}
+pending=$(not_at_pin "${python_packages[@]}")
 missing=()
 [ -z "$pending" ] || mapfile -t missing <<< "$pending"
 if ((${#missing[@]})); then
   echo "setup: installing Python packages at python/constraints.txt's versions: ${missing[*]}"
   python3 -m pip install -q -c "$constraints" "${missing[@]}"
+fi
+pending=$(not_at_pin "${header_packages[@]}")
+missing=()
+[ -z "$pending" ] || mapfile -t missing <<< "$pending"
+if ((${#missing[@]})); then
+  echo "setup: installing header wheels (no dependencies) at python/constraints.txt's versions: ${missing[*]}"
+  python3 -m pip install -q --no-deps -c "$constraints" "${missing[@]}"
 fi

@@ -3,24 +3,35 @@
 // live tiles only (the entries past them address memory that must stay untouched) and counting
 // the rows it issued; then DeviceExperts (device_experts.hpp) on the per-expert row counts of
 // Zipf 1.2 routing at the DeepSeek-V3 and Mixtral presets, where the rows issued must follow the
-// counts. Built for the emulated device and for a GPU (tests/cuda/cuda_test_flavor.hpp).
+// counts. Then the library grouped GEMM (src/cuda/moe/library_grouped_gemm.cuh: CUTLASS on a GPU,
+// its shim on the emulated device) against a plain loop, over groups of 0 rows, a partial
+// library tile, more rows than a group holds and whole tiles, in bf16 and f16; which operands it
+// serves; and the MoE layers (SimpleMoe, TpMoe at W = 2, EpMoe at W = 2 with 1 and 2
+// micro-batches) at widths it serves, against the CPU. Built for the emulated device and for a
+// GPU (tests/cuda/cuda_test_flavor.hpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_test_flavor.hpp"
 #include "cuda/moe/device_experts.hpp"
 #include "cuda/moe/expert_tiles.hpp"
 #include "cuda/moe/grouped_gemm.cuh"
+#include "cuda/moe/library_grouped_gemm.cuh"
+#include "cpu/gemm.hpp"
 #include "moe_cases.hpp"
+#include "pmoe/comm.hpp"
 #include "pmoe/error.hpp"
+#include "reference/moe_reference.hpp"
 
 namespace pmoe::testing {
 namespace {
@@ -207,6 +218,221 @@ TEST(GroupedGemm, IssuedRowsFollowTheCountsUnderZipfRoutingAtThePresets) {
   }
   EXPECT_GT(checked, 20);
   std::printf("issued / used, worst over %d ranks with >= 1024 rows in use: %.4f\n", checked, worst);
+}
+
+// ---- The library grouped GEMM (library_grouped_gemm.cuh) ----
+
+template <typename T>
+T to_input(float v);
+template <>
+__nv_bfloat16 to_input(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__half to_input(float v) {
+  return __float2half_rn(v);
+}
+float from_input(__nv_bfloat16 v) { return __bfloat162float(v); }
+float from_input(__half v) { return __half2float(v); }
+
+// The experts' call: `counts.size()` groups of C rows, counts[g] in use (at most C taken), A
+// [groups, C, lda], B [groups, k, n], D [groups, C, ldd] f32 holding a sentinel; PlanGroups
+// writes the arrays from the counts on the device, then the library runs. Small integer inputs:
+// the f32 sums are exact in any order, so D must equal the loop's, and nothing past a group's
+// rows in use or past n may change.
+template <typename T>
+void expect_library_groups(DType dtype, const std::vector<int32_t>& counts, int C, int n, int k) {
+  const std::string where = detail::cat(dtype_name(dtype), " C ", C, " n ", n, " k ", k);
+  const int groups = int(counts.size()), lda = k + 8, ldd = n + 4;
+  std::vector<T> A(size_t(groups) * C * lda), B(size_t(groups) * k * n);
+  for (size_t i = 0; i < A.size(); ++i) A[i] = to_input<T>(float(int(i * 7 % 11) - 5));
+  for (size_t i = 0; i < B.size(); ++i) B[i] = to_input<T>(float(int(i * 5 % 7) - 3));
+  const float kSentinel = -12345.0f;
+  std::vector<float> D(size_t(groups) * C * ldd, kSentinel);
+  T* a = device_copy(A);
+  T* b = device_copy(B);
+  float* d = device_copy(D);
+  int32_t* counts_dev = device_copy(counts);
+  int64_t* tally = device_copy(std::vector<int64_t>{-1, -1});
+  void* arrays = nullptr;
+  ASSERT_EQ(cudaMalloc(&arrays, cuda::group_arrays_bytes(groups)), cudaSuccess);
+  const cuda::GemmLibrary library = cuda::gemm_library_for(0);
+  const size_t workspace_bytes = cuda::library_workspace_bytes(library, groups, 0);
+  void* workspace = nullptr;
+  if (workspace_bytes > 0) ASSERT_EQ(cudaMalloc(&workspace, workspace_bytes), cudaSuccess);
+
+  cuda::LibraryOperands o;
+  o.a = a, o.lda = lda, o.a_step = int64_t(C) * lda * int64_t(sizeof(T));
+  o.b = b, o.ldb = n, o.b_step = int64_t(k) * n * int64_t(sizeof(T));
+  o.d = d, o.ldd = ldd, o.d_step = int64_t(C) * ldd * int64_t(sizeof(float));
+  o.n = n, o.k = k;
+  ASSERT_TRUE(cuda::library_can_serve(o, dtype)) << where;
+  cuda::PlanGroups p;
+  p.counts = counts_dev;
+  p.groups = groups;
+  p.gemms = 1;
+  p.group_rows = C;
+  p.gemm[0].operands = o;
+  p.gemm[0].arrays = cuda::group_arrays_at(arrays, groups);
+  p.tally = tally;
+  p.used = 0;
+  p.rows = 1;
+  cuda::launch_plan_groups(p, cudaStream_t{});
+  cuda::LibraryGroupedGemm g;
+  g.library = library;
+  g.inputs = dtype;
+  g.groups = groups;
+  g.n = n;
+  g.k = k;
+  g.arrays = p.gemm[0].arrays;
+  g.workspace = workspace;
+  g.workspace_bytes = workspace_bytes;
+  cuda::launch_library_grouped_gemm(g, cudaStream_t{});
+  ASSERT_EQ(cudaStreamSynchronize(cudaStream_t{}), cudaSuccess) << where;
+
+  const std::vector<float> got = host_copy(d, D.size());
+  int wrong = 0, touched = 0;
+  int64_t used = 0, rows = 0;
+  for (int grp = 0; grp < groups; ++grp) {
+    const int m = std::min(counts[size_t(grp)], C);
+    used += m;
+    rows += (m + cuda::kLibraryTileRows - 1) / cuda::kLibraryTileRows * cuda::kLibraryTileRows;
+    for (int r = 0; r < C; ++r)
+      for (int col = 0; col < ldd; ++col) {
+        const float v = got[(size_t(grp) * C + size_t(r)) * size_t(ldd) + size_t(col)];
+        if (r >= m || col >= n) {
+          touched += v != kSentinel;
+          continue;
+        }
+        float sum = 0;
+        for (int i = 0; i < k; ++i)
+          sum += from_input(A[(size_t(grp) * C + size_t(r)) * size_t(lda) + size_t(i)]) *
+                 from_input(B[(size_t(grp) * k + size_t(i)) * size_t(n) + size_t(col)]);
+        wrong += v != sum;
+      }
+  }
+  EXPECT_EQ(wrong, 0) << where;
+  EXPECT_EQ(touched, 0) << where << ": written past a group's rows in use or past n";
+  const std::vector<int64_t> t = host_copy(tally, 2);
+  EXPECT_EQ(t[0], used) << where;
+  EXPECT_EQ(t[1], rows) << where;
+  for (void* ptr : {(void*)a, (void*)b, (void*)d, (void*)counts_dev, (void*)tally, arrays, workspace})
+    (void)cudaFree(ptr);
+}
+
+TEST(LibraryGroupedGemm, ComputesEachGroupsRowsInUseOnly) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  if (cuda::gemm_library_for(0) == cuda::GemmLibrary::none)
+    GTEST_SKIP() << "no library grouped GEMM in this build (CUTLASS was not found at configure time)";
+  // An empty group, a partial tile, more rows than a group holds (only C taken), a whole tile
+  // and a tile and a bit; then f16 with an empty group last.
+  expect_library_groups<__nv_bfloat16>(DType::bf16, {0, 5, 300, 128, 131}, 200, 72, 88);
+  expect_library_groups<__half>(DType::f16, {17, 64, 0}, 64, 64, 64);
+}
+
+TEST(LibraryGroupedGemm, ServesSixteenByteAlignedOperandsAtLeastOneTileWide) {
+  auto at = [](uintptr_t address) { return reinterpret_cast<const void*>(address); };
+  cuda::LibraryOperands o;
+  o.a = at(0x10000), o.lda = 136, o.a_step = 64 * 136 * 2;
+  o.b = at(0x20000), o.ldb = 64, o.b_step = 128 * 64 * 2;
+  o.d = at(0x30000), o.ldd = 64, o.d_step = 64 * 64 * 4;
+  o.n = 64, o.k = 128;
+  EXPECT_TRUE(cuda::library_can_serve(o, DType::bf16));
+  EXPECT_TRUE(cuda::library_can_serve(o, DType::f16));
+  EXPECT_FALSE(cuda::library_can_serve(o, DType::f32));  // f32 layers keep cuBLAS
+  auto serves = [&](auto change, bool narrow_too = false) {
+    cuda::LibraryOperands c = o;
+    change(c);
+    return cuda::library_can_serve(c, DType::bf16, narrow_too);
+  };
+  EXPECT_FALSE(serves([&](auto& c) { c.a = at(0x10008); }));  // A 8 bytes off
+  EXPECT_FALSE(serves([&](auto& c) { c.d = at(0x30004); }));
+  EXPECT_FALSE(serves([&](auto& c) { c.lda = 132; }));  // 264-byte rows
+  EXPECT_FALSE(serves([&](auto& c) { c.a_step += 2; }));
+  EXPECT_FALSE(serves([&](auto& c) { c.n = 60; }));  // 120-byte rows of B
+  EXPECT_FALSE(serves([&](auto& c) { c.lda = 120; }));  // rows shorter than k
+  // Narrower than kLibraryMinWidth: pmoe's kernel, unless asked for (PMOE_EXPERT_GEMM=library).
+  EXPECT_FALSE(serves([&](auto& c) { c.n = 32; }));
+  EXPECT_TRUE(serves([&](auto& c) { c.n = 32; }, true));
+  EXPECT_FALSE(serves([&](auto& c) { c.k = 56, c.lda = 56; }));
+}
+
+TEST(LibraryGroupedGemm, RejectsWhatItCannotRun) {
+  cuda::LibraryGroupedGemm g;
+  g.groups = 1;
+  g.n = 64;
+  g.k = 64;
+  auto message = [&] {
+    try {
+      cuda::launch_library_grouped_gemm(g, cudaStream_t{});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(message().find("library grouped GEMM: no library for device 0"), std::string::npos)
+      << message();
+  g.library = cuda::GemmLibrary::cutlass_sm90;
+  g.inputs = DType::f32;
+  EXPECT_NE(message().find("f32 inputs, expected bf16 or f16"), std::string::npos) << message();
+}
+
+// The layers at widths the library serves (H 64, F 128, O 64: every operand 16-byte aligned),
+// bf16, device stats on, two calls: the outputs match the CPU's within bf16's tolerance, and
+// both expert GEMMs took the library: the rows issued are its tiles' rows (a multiple of 128),
+// equal to the live rows (no tile plan ran), at least the rows in use, which equal the CPU's.
+TEST(LibraryGroupedGemm, MoeLayersOnTheLibraryMatchTheCpu) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  if (cuda::gemm_library_for(0) == cuda::GemmLibrary::none)
+    GTEST_SKIP() << "no library grouped GEMM in this build (CUTLASS was not found at configure time)";
+  cpu::set_blas_threads(1);
+  struct Layer {
+    MoeVariant variant;
+    int world, micro_batches;
+  };
+  const Layer layers[] = {{MoeVariant::simple, 1, 1},
+                          {MoeVariant::tp, 2, 1},
+                          {MoeVariant::ep, 2, 1},
+                          {MoeVariant::ep, 2, 2}};
+  for (const Layer& l : layers)
+    for (Activation act : {Activation::relu, Activation::swiglu}) {
+      MoeCase c;
+      c.config = make_moe_config(64, 128, 4, 2, act, DType::bf16, 64);
+      c.config.device_stats = true;
+      c.variant = l.variant;
+      c.micro_batches = l.micro_batches;
+      c.batch = 40;
+      c.calls = 2;
+      auto run = [&](Device device) {
+        MoeCase on = c;
+        on.device = device;
+        std::vector<MoeCaseResult> results(size_t(l.world));
+        run_ranks(
+            l.world,
+            [&](Communicator& comm) { results[size_t(comm.rank())] = run_moe_case(comm, on); },
+            device);
+        return results;
+      };
+      const auto device = run(Device::cuda(0));
+      const auto cpu = run(Device::cpu());
+      for (int r = 0; r < l.world; ++r) {
+        const std::string where = detail::cat(describe(c, l.world), " rank ", r);
+        const MoeCaseResult &d = device[size_t(r)], &h = cpu[size_t(r)];
+        EXPECT_EQ(d.error, "") << where;
+        ASSERT_EQ(d.y.size(), h.y.size()) << where;
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < h.y.size(); ++i) {
+          worst = std::max(worst, double(std::abs(d.y[i] - h.y[i])));
+          scale = std::max(scale, double(std::abs(h.y[i])));
+        }
+        EXPECT_LE(worst, reference::moe_tolerance(DType::bf16) * scale) << where;
+        EXPECT_EQ(d.stats.expert_rows_used, h.stats.expert_rows) << where;
+        EXPECT_GT(d.stats.expert_rows_used, 0) << where;
+        EXPECT_EQ(d.stats.expert_rows % cuda::kLibraryTileRows, 0) << where;
+        EXPECT_EQ(d.stats.expert_rows, d.stats.expert_rows_live) << where;
+        EXPECT_GE(d.stats.expert_rows_live, d.stats.expert_rows_used) << where;
+      }
+    }
 }
 
 }  // namespace

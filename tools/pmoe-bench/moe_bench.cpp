@@ -172,6 +172,42 @@ nlohmann::json gemm_rate_json(const std::string& key, int value, const GemmRate&
           {"ratio", g.grouped_ms > 0 ? g.dense_ms / g.grouped_ms : 0.0}};
 }
 
+// Beside pmoe's expert stage on a device, torch._grouped_mm's on the same GPU, shapes and rows
+// (tools/torch_grouped_mm.py, one line a batch: its time and TFLOP/s, or why it did not run),
+// for the presets' batch sweeps (issue 41). Only where the script is found; its failure is
+// printed, not raised: it is a baseline, not pmoe's check.
+void print_torch_grouped_mm(const Options& o, const std::vector<nlohmann::json>& rows) {
+  if (o.preset.empty() || o.benchmark_type != "batch_size") return;
+  std::string script = std::string(PMOE_SOURCE_DIR) + "/tools/torch_grouped_mm.py";
+  if (std::FILE* f = std::fopen(script.c_str(), "r")) {
+    std::fclose(f);
+  } else {
+    script = "tools/torch_grouped_mm.py";  // a copy of the tree elsewhere (a lent GPU's)
+  }
+  std::printf("\nThe same expert stage, pmoe against torch._grouped_mm on this device\n\n");
+  int last_batch = -1;
+  for (const nlohmann::json& r : rows) {
+    const int batch = r.value("batch_size", 0);
+    std::printf("pmoe (%s), %s expert stage, batch %d: %.3f ms, %.1f TFLOP/s\n",
+                r.value("variant", std::string("?")).c_str(), o.preset.c_str(), batch,
+                r.value("experts_ms", 0.0), r.value("gemm_tflops", 0.0));
+    if (batch == last_batch) continue;  // torch's once a batch, after the first layer's line
+    last_batch = batch;
+    const std::string command = "python3 '" + script + "' --preset '" + o.preset +
+                                "' --batch " + std::to_string(batch) + " 2>&1";
+    std::string out;
+    if (std::FILE* pipe = popen(command.c_str(), "r")) {
+      char buffer[512];
+      while (std::fgets(buffer, sizeof buffer, pipe)) out += buffer;
+      const int status = pclose(pipe);
+      if (status != 0) out += "torch._grouped_mm: '" + command + "' failed\n";
+    } else {
+      out = "torch._grouped_mm: not run: cannot start '" + command + "'\n";
+    }
+    std::printf("%s", out.c_str());
+  }
+}
+
 void run(Options o, const CLI::App& cmd) {
   PMOE_CHECK(o.benchmark_type == "batch_size" || o.benchmark_type == "topk" ||
                  o.benchmark_type == "feature_dim",
@@ -331,6 +367,7 @@ void run(Options o, const CLI::App& cmd) {
          column("GFLOP/s", "dense_gflops", "%.2f"), column("ratio", "ratio", "%.3f")},
         rates);
   }
+  if (o.device == "cuda") print_torch_grouped_mm(o, rows);
   if (!o.json_path.empty()) write_json(o.json_path, config, rows, {{"gemm_rate", rates}});
   if (!o.csv_path.empty()) write_csv(o.csv_path, rows);
   if (!o.plot_path.empty()) {

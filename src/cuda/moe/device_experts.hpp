@@ -11,8 +11,15 @@
 //   W2      [count, F', O] D
 //   out     [count, C, O] f32        = act . W2 over the same tiles
 //
-// bf16 (and f16) layers: pmoe's grouped GEMM on tensor cores (grouped_gemm.cuh), which reads the
-// plan's live tile count on the device and computes those tiles only. f32 layers: one
+// bf16 (and f16) layers: a library's grouped GEMM (library_grouped_gemm.cuh: CUTLASS on a GPU, its
+// shim on the emulated device), one GEMM an expert, each expert's rows read by the library's
+// kernel from arrays a kernel writes from the counts (PlanGroups), wherever the library serves
+// the GEMM (16-byte aligned operands, n and k >= kLibraryMinWidth); elsewhere, and where the build
+// has no library for the device, pmoe's own grouped GEMM on tensor cores (grouped_gemm.cuh),
+// which reads the plan's live tile count on the device and computes those tiles only. Each of
+// the two GEMMs is decided on its own, on the host, per call (the pointers' alignment).
+// PMOE_EXPERT_GEMM=own keeps every 16-bit GEMM on pmoe's kernel, =library sends every one the
+// library can serve there, narrow ones too (to compare the two on a GPU). f32 layers: one
 // cublasGemmBatchedEx over a batch of tiles the host knows from a bound on the rows (at most
 // ceil(max_rows / T) + count), in f32 or on TF32 tensor cores (MoeConfig::tf32); tiles past the
 // live ones compute scratch rows there, since cuBLAS has no batch whose size the device sets
@@ -28,6 +35,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <initializer_list>
 #include <iterator>
 #include <vector>
@@ -37,6 +46,7 @@
 #include "cuda/moe/batched_gemm.hpp"
 #include "cuda/moe/expert_tiles.hpp"
 #include "cuda/moe/grouped_gemm.cuh"
+#include "cuda/moe/library_grouped_gemm.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/moe/moe_kernels.cuh"
 #include "moe/weights.hpp"
@@ -83,8 +93,20 @@ class DeviceExperts {
       int sms = 0;
       PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index));
       blocks_ = grid_blocks(sms);
+      const std::string_view choice = gemm_choice();
+      force_library_ = choice == "library";
+      if (choice != "own") library_ = gemm_library_for(device.index);
     }
+    if (library_ != GemmLibrary::none) {
+      const size_t arrays = group_arrays_bytes(count);
+      group_arrays_ = Buffer(DType::i64, {2, int64_t((arrays + 7) / 8)}, device);
+      workspace_bytes_ = library_workspace_bytes(library_, count, device.index);
+      if (workspace_bytes_ > 0)
+        library_workspace_ = Buffer(DType::i64, {int64_t((workspace_bytes_ + 7) / 8)}, device);
+    }
+    device_ = device.index;
     batch_rows_.assign(size_t(runs), 0);
+    paths_.assign(size_t(runs), Paths{});
     if (config.device_stats) {
       PMOE_CUDA_CHECK(cudaHostAlloc(&tally_, sizeof(int64_t) * tally_words() * size_t(runs),
                                     cudaHostAllocMapped));
@@ -109,12 +131,15 @@ class DeviceExperts {
   bool separate_act() const { return config_.dtype != DType::f32; }
   // The GEMMs run as pmoe's grouped GEMM on tensor cores (16-bit layers), not cuBLAS's batch.
   bool grouped() const { return config_.dtype != DType::f32; }
+  // The library this object's 16-bit GEMMs may take (none: pmoe's kernel for all of them).
+  GemmLibrary library() const { return library_; }
   int width() const { return width_; }
   int hidden_ld() const { return halves_ * width_; }
   size_t weight_bytes() const { return w1_.nbytes() + w2_.nbytes(); }
   size_t workspace_bytes() const {
     return first_tile_.nbytes() + tile_pointers_.nbytes() + dead_hidden_.nbytes() +
-           dead_act_.nbytes() + dead_out_.nbytes();
+           dead_act_.nbytes() + dead_out_.nbytes() + group_arrays_.nbytes() +
+           library_workspace_.nbytes();
   }
   double flops(int64_t rows) const {
     return 2.0 * double(rows) * width_ *
@@ -138,29 +163,79 @@ class DeviceExperts {
     const int act_ld = separate_act() ? width_ : ld1;
     if (!separate_act()) act = hidden;
     const void* const dead_act = separate_act() ? dead_act_.data<void>() : dead_hidden_.data<void>();
-    PlanTiles p;
-    p.counts = counts;
-    p.groups = count_;
-    p.tile = plan.tile;
-    p.max_tiles = plan.tiles;
-    p.group_rows = C;
-    p.first_tile = first_tile_.data<int32_t>();
-    const TileOperand operands[PlanTiles::kOperands] = {
-        {x, x_ld * elem, false, x, tiles(kX)},
-        {w1_.data<void>(), int64_t(H) * ld1 * elem, true, w1_.data<void>(), tiles(kW1)},
-        {hidden, ld1 * int64_t(sizeof(float)), false, dead_hidden_.data<void>(), tiles(kHidden)},
-        {act, act_ld * (separate_act() ? elem : int64_t(sizeof(float))), false, dead_act,
-         tiles(kAct)},
-        {w2_.data<void>(), int64_t(width_) * O * elem, true, w2_.data<void>(), tiles(kW2)},
-        {out, O * int64_t(sizeof(float)), false, dead_out_.data<void>(), tiles(kOut)}};
-    std::copy(std::begin(operands), std::end(operands), p.operands);
     int64_t* tally = tally_device_ ? tally_device_ + tally_words() * run : nullptr;
-    p.tally = tally;
-    launch_plan_tiles(p, stream);
+    // Which GEMMs the library takes: its operands, group g's at the step after group g - 1's.
+    const int64_t out_elem = int64_t(sizeof(float)), act_elem = separate_act() ? elem : out_elem;
+    LibraryOperands first, second;
+    first.a = x, first.lda = x_ld, first.a_step = C * x_ld * elem;
+    first.b = w1_.data<void>(), first.ldb = ld1, first.b_step = int64_t(H) * ld1 * elem;
+    first.d = hidden, first.ldd = ld1, first.d_step = C * ld1 * out_elem;
+    first.n = ld1, first.k = H;
+    second.a = act, second.lda = act_ld, second.a_step = C * act_ld * act_elem;
+    second.b = w2_.data<void>(), second.ldb = O, second.b_step = int64_t(width_) * O * elem;
+    second.d = out, second.ldd = O, second.d_step = C * O * out_elem;
+    second.n = O, second.k = width_;
+    Paths& paths = paths_[size_t(run)];
+    paths.library[0] = library_ != GemmLibrary::none &&
+                       library_can_serve(first, config_.dtype, force_library_);
+    paths.library[1] = library_ != GemmLibrary::none &&
+                       library_can_serve(second, config_.dtype, force_library_);
+    paths.tiles = !paths.library[0] || !paths.library[1];
+    const LibraryOperands* operands[2] = {&first, &second};
+    if (paths.tiles) {
+      PlanTiles p;
+      p.counts = counts;
+      p.groups = count_;
+      p.tile = plan.tile;
+      p.max_tiles = plan.tiles;
+      p.group_rows = C;
+      p.first_tile = first_tile_.data<int32_t>();
+      const TileOperand tile_operands[PlanTiles::kOperands] = {
+          {x, x_ld * elem, false, x, tiles(kX)},
+          {w1_.data<void>(), int64_t(H) * ld1 * elem, true, w1_.data<void>(), tiles(kW1)},
+          {hidden, ld1 * out_elem, false, dead_hidden_.data<void>(), tiles(kHidden)},
+          {act, act_ld * act_elem, false, dead_act, tiles(kAct)},
+          {w2_.data<void>(), int64_t(width_) * O * elem, true, w2_.data<void>(), tiles(kW2)},
+          {out, O * out_elem, false, dead_out_.data<void>(), tiles(kOut)}};
+      std::copy(std::begin(tile_operands), std::end(tile_operands), p.operands);
+      p.tally = tally;
+      launch_plan_tiles(p, stream);
+    }
+    if (paths.library[0] || paths.library[1]) {
+      PlanGroups p;
+      p.counts = counts;
+      p.groups = count_;
+      p.group_rows = C;
+      for (int i = 0; i < 2; ++i) {
+        if (!paths.library[i]) continue;
+        p.gemm[p.gemms].operands = *operands[i];
+        p.gemm[p.gemms].arrays = arrays(i);
+        ++p.gemms;
+      }
+      p.tally = tally;
+      p.used = paths.tiles ? -1 : 0;  // the tile plan counts them where it runs
+      p.rows = 2;
+      launch_plan_groups(p, stream);
+    }
     batch_rows_[size_t(run)] = plan.rows();
-    // C [tile rows, n] = A [tile rows, k] . B [k, n] for every planned tile: the grouped GEMM
-    // over the live tiles (16-bit layers), or cuBLAS over the whole batch (f32).
-    auto gemm = [&](Operand a, int lda, Operand b, Operand c, int n, int k, int64_t* issued) {
+    // C [rows, n] = A [rows, k] . B [k, n]: the library over each expert's rows in use, or pmoe's
+    // grouped GEMM over the live tiles (16-bit layers), or cuBLAS over the whole batch (f32).
+    auto gemm = [&](int i, Operand a, int lda, Operand b, Operand c, int n, int k,
+                    int64_t* issued) {
+      if (paths.library[i]) {
+        LibraryGroupedGemm g;
+        g.library = library_;
+        g.inputs = config_.dtype;
+        g.groups = count_;
+        g.n = n;
+        g.k = k;
+        g.arrays = arrays(i);
+        g.workspace = library_workspace_.data<void>();
+        g.workspace_bytes = workspace_bytes_;
+        g.device = device_;
+        launch_library_grouped_gemm(g, stream);
+        return;
+      }
       if (!grouped()) {
         gemm_arrays_row_major(handle, types_, plan.tile, n, k, tiles(a), lda, tiles(b), n,
                               outputs(c), n, plan.tiles);
@@ -181,7 +256,7 @@ class DeviceExperts {
       g.issued = issued;
       launch_grouped_gemm(g, config_.dtype, blocks_, stream);
     };
-    gemm(kX, x_ld, kW1, kHidden, ld1, H, tally ? tally + 2 : nullptr);
+    gemm(0, kX, x_ld, kW1, kHidden, ld1, H, tally ? tally + kOwnIssued : nullptr);
     Activate a;
     a.hidden = hidden;
     a.out = act;
@@ -192,13 +267,15 @@ class DeviceExperts {
     a.row_limits = counts;
     a.group_rows = C;
     launch_activate(a, config_.dtype, stream);
-    gemm(kAct, act_ld, kW2, kOut, O, width_, tally ? tally + 2 + blocks_ : nullptr);
+    gemm(1, kAct, act_ld, kW2, kOut, O, width_, tally ? tally + kOwnIssued + blocks_ : nullptr);
   }
 
   // With device stats, over the last forward's runs (the first `runs`): the rows in use and the
-  // live tiles' rows, as the plan kernels counted them, and the rows the GEMMs issued: on the
-  // grouped GEMM, what its blocks computed (the more of the two GEMMs'), on cuBLAS the batch
-  // launched. The caller has waited for them.
+  // live tiles' rows, as the plan kernels counted them, and the rows the GEMMs issued (the more
+  // of the two GEMMs'): on pmoe's grouped GEMM, what its blocks computed; on the library, its
+  // tiles' rows, 128 ceil(m / 128) an expert (PlanGroups counts them: the library does not);
+  // on cuBLAS the batch launched. Where both GEMMs take the library, no tile plan runs and the
+  // live rows are the library's tiles' rows. The caller has waited for them.
   struct RowTally {
     int64_t used = 0, live = 0, issued = 0;
   };
@@ -206,18 +283,22 @@ class DeviceExperts {
     RowTally t;
     for (int r = 0; tally_ && r < std::min(runs, runs_); ++r) {
       const int64_t* words = tally_ + tally_words() * r;
+      const Paths& paths = paths_[size_t(r)];
       t.used += words[0];
-      t.live += words[1];
+      t.live += paths.tiles ? words[1] : words[kLibraryRows];
       if (!grouped()) {
         t.issued += batch_rows_[size_t(r)];
         continue;
       }
-      int64_t first = 0, second = 0;
-      for (int b = 0; b < blocks_; ++b) {
-        first += words[2 + b];
-        second += words[2 + blocks_ + b];
+      int64_t issued[2] = {0, 0};
+      for (int i = 0; i < 2; ++i) {
+        if (paths.library[i]) {
+          issued[i] = words[kLibraryRows];
+          continue;
+        }
+        for (int b = 0; b < blocks_; ++b) issued[i] += words[kOwnIssued + i * blocks_ + b];
       }
-      t.issued += std::max(first, second);
+      t.issued += std::max(issued[0], issued[1]);
     }
     return t;
   }
@@ -238,9 +319,20 @@ class DeviceExperts {
     copy(out, Tensor(narrow.data(), DType::bf16, shape));
     return out;
   }
-  // A run's tally: rows used, live rows, then with the grouped GEMM each block's rows issued by
-  // the first GEMM and by the second.
-  int64_t tally_words() const { return 2 + 2 * int64_t(blocks_); }
+  // A run's tally: rows used, live rows (the tile plan's), the library's tiles' rows, then with
+  // pmoe's grouped GEMM each block's rows issued by the first GEMM and by the second.
+  static constexpr int kLibraryRows = 2, kOwnIssued = 3;
+  int64_t tally_words() const { return kOwnIssued + 2 * int64_t(blocks_); }
+  // PMOE_EXPERT_GEMM: "own", "library", or anything else (unset: "auto").
+  static std::string_view gemm_choice() {
+    const char* v = std::getenv("PMOE_EXPERT_GEMM");
+    return v ? std::string_view(v) : std::string_view("auto");
+  }
+  // GEMM i's (0: x . W1, 1: act . W2) library arrays.
+  GroupArrays arrays(int i) const {
+    return group_arrays_at(group_arrays_.data<char>() + size_t(i) * (group_arrays_.nbytes() / 2),
+                           count_);
+  }
   enum Operand { kX, kW1, kHidden, kAct, kW2, kOut };  // PlanTiles::operands' order
   int64_t* slots(Operand o) const { return tile_pointers_.data<int64_t>() + int64_t(o) * max_tiles_; }
   const void** tiles(Operand o) const { return reinterpret_cast<const void**>(slots(o)); }
@@ -252,6 +344,16 @@ class DeviceExperts {
   int count_, width_, halves_, runs_;
   int blocks_ = 0;                   // the grouped GEMM's grid (0: cuBLAS)
   mutable std::vector<int64_t> batch_rows_;  // per run: the rows the host's batch covers (cuBLAS issues)
+  struct Paths {
+    bool library[2] = {false, false};  // GEMM i on the library
+    bool tiles = true;                  // the tile plan ran
+  };
+  mutable std::vector<Paths> paths_;  // per run: which kernels the last call took
+  GemmLibrary library_ = GemmLibrary::none;
+  bool force_library_ = false;
+  int device_ = 0;
+  size_t workspace_bytes_ = 0;
+  Buffer group_arrays_, library_workspace_;  // [2][group_arrays_bytes] (GEMM i's), the library's
   Buffer w1_, w2_;
   int64_t max_tiles_ = 0;
   Buffer first_tile_, tile_pointers_, dead_hidden_, dead_act_, dead_out_;  // the plan's
