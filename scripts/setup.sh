@@ -13,6 +13,7 @@ debian_packages=(
   nlohmann-json3-dev
   libboost-context-dev  # fibers: the threads of a block on the emulated CUDA device
   clang libclang-rt-14-dev  # make fuzz: libFuzzer and the sanitizer runtimes for Clang
+  valgrind  # make test: the node splits under memcheck (tests/CMakeLists.txt)
 )
 # The Python module, its tests, --plot; torch for pmoe.torch and its torchrun tests (PyPI's wheel);
 # transformers (5.23 brought the expert-parallel registry pmoe.transformers extends) and
