@@ -23,8 +23,9 @@ float uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
 Routing parse_routing(std::string_view name) {
   if (name == "random") return Routing::random;
   if (name == "hot_expert") return Routing::hot_expert;
+  if (name == "hot_last_expert") return Routing::hot_last_expert;
   if (name == "dropped") return Routing::dropped;
-  throw Error(detail::cat("unknown routing '", name, "': expected random, hot_expert or dropped"));
+  throw Error(detail::cat("unknown routing '", name, "': expected random, hot_expert, hot_last_expert or dropped"));
 }
 
 AllToAllInputs make_inputs(const AllToAllConfig& config, int rank, int m, uint64_t seed,
@@ -64,6 +65,10 @@ AllToAllInputs make_inputs(const AllToAllConfig& config, int rank, int m, uint64
     std::iota(experts.begin(), experts.end(), 0);
     int first = 0;
     if (routing == Routing::hot_expert) first = 1;  // expert 0 stays in slot 0
+    if (routing == Routing::hot_last_expert) {        // expert E - 1 goes to slot 0 and stays
+      std::swap(experts[0], experts[size_t(E - 1)]);
+      first = 1;
+    }
     for (int j = first; j < k; ++j) {
       const int pick = j + int(hash64(base, kExpert, t, j) % uint64_t(E - j));
       std::swap(experts[size_t(j)], experts[size_t(pick)]);
