@@ -18,8 +18,10 @@ float uniform(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0);
 enum class Routing : uint8_t {
   random,      // k distinct experts per token, uniformly
   hot_expert,  // slot 0 of every token is expert 0; the other slots random
-  hot_last_expert,  // slot 0 of every token is the last expert, E - 1; the other slots random
   dropped,     // random, then each slot becomes -1 with probability 1/4
+  // Slot 0 of every token is the last expert, E - 1; the other slots random. Last, so that the
+  // values above keep their numbers (the fuzzer draws 0..2).
+  hot_last_expert,
 };
 Routing parse_routing(std::string_view name);
 
