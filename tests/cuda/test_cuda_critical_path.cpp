@@ -40,8 +40,9 @@ std::vector<KernelCounts> counted_case(int W, int tokens, bool split) {
   std::vector<std::string> errors(static_cast<size_t>(W));
   start_counting_kernels();
   run_ranks(
-      W, [&](Communicator& comm) { errors[size_t(comm.rank())] = run_all_to_all_case(comm, c).error; },
-            Device::cuda(0));
+      W,
+      [&](Communicator& comm) { errors[size_t(comm.rank())] = run_all_to_all_case(comm, c).error; },
+      Device::cuda(0));
   std::vector<KernelCounts> counts = stop_counting_kernels();
   for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
   return counts;
@@ -60,7 +61,8 @@ void expect_within(const std::vector<KernelCounts>& counts,
     auto it = budgets.find(k.kernel);
     if (it == budgets.end()) {
       // Made once, at construction (the remote path's signal baselines), not per call.
-      if (k.kernel != "read_signal_baselines") ADD_FAILURE() << where << ": no budget for " << k.kernel;
+      if (k.kernel != "read_signal_baselines")
+        ADD_FAILURE() << where << ": no budget for " << k.kernel;
       continue;
     }
     EXPECT_LE(k.barrier_rounds, it->second.barrier_rounds) << where << ": " << k.kernel;

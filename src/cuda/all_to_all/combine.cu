@@ -227,10 +227,13 @@ __global__ void __launch_bounds__(kBlockThreads) reduce_rows(const AllToAllParam
 
 template <typename In>
 void launch_reduce(const AllToAllParams& p, cudaStream_t stream, int blocks) {
+  constexpr const char* kName = "reduce_rows";
   switch (DType(p.out_dtype)) {
-    case DType::f32: launch_dependent("reduce_rows", reduce_rows<In, float>, blocks, stream, p); break;
-    case DType::bf16: launch_dependent("reduce_rows", reduce_rows<In, __nv_bfloat16>, blocks, stream, p); break;
-    case DType::f16: launch_dependent("reduce_rows", reduce_rows<In, __half>, blocks, stream, p); break;
+    case DType::f32: launch_dependent(kName, reduce_rows<In, float>, blocks, stream, p); break;
+    case DType::bf16:
+      launch_dependent(kName, reduce_rows<In, __nv_bfloat16>, blocks, stream, p);
+      break;
+    case DType::f16: launch_dependent(kName, reduce_rows<In, __half>, blocks, stream, p); break;
     default: throw Error("combine: y must be f32, bf16 or f16");
   }
 }

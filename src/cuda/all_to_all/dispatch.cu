@@ -289,7 +289,8 @@ __device__ void route_block(const AllToAllParams& p, int first, int last) {
   // No slot at any destination (or relay) until one is given below; the pass's first barrier
   // orders these before.
   for (int i = me; i < (last - first) * W; i += blockDim.x) p.send_slot[first * W + i] = -1;
-  for (int i = me; relay && i < (last - first) * N; i += blockDim.x) p.relay_slot[first * N + i] = -1;
+  for (int i = me; relay && i < (last - first) * N; i += blockDim.x)
+    p.relay_slot[first * N + i] = -1;
   for (int pass = 0; pass < E; pass += kExpertsPerPass) {
     const int keys = min(kExpertsPerPass, E - pass);
     const bool first_pass = pass == 0;
@@ -347,7 +348,7 @@ __device__ void route_block(const AllToAllParams& p, int first, int last) {
 // totals are cleared for the next call. A collective of the block.
 __device__ void finish_send(const AllToAllParams& p, bool& sent) {
   const AllToAllLayout& lay = p.layout;
-  const int W = p.world_size, L = p.num_local_experts, k = p.top_k, E = L * W;
+  const int W = p.world_size, L = p.num_local_experts, E = L * W;
   const int tokens = tokens_this_call(p), requested = requested_tokens(p);
   const bool relay = lay.hierarchical;
   const int R = relay ? lay.ranks_per_node : W, N = lay.nodes, my_node = p.rank / R;
@@ -375,7 +376,10 @@ __device__ void finish_send(const AllToAllParams& p, bool& sent) {
     for (int i = 0; i < W; ++i) {
       const int dest = (p.rank + 1 + i) % W;
       if (via_relay(dest)) continue;  // its head travels in the relay block's
-      std::byte* region = p.regions[dest] ? p.regions[dest] : p.regions[p.rank] + lay.dispatch_stage(dest) - lay.count_offset(p.rank);
+      // As if it were dest's region: a remote peer's block is built in this rank's staging.
+      std::byte* region = p.regions[dest] ? p.regions[dest]
+                                          : p.regions[p.rank] + lay.dispatch_stage(dest) -
+                                                lay.count_offset(p.rank);
       for (int e = threadIdx.x; e < L; e += blockDim.x)
         store_to_peer(reinterpret_cast<int32_t*>(region + lay.expert_count_offset(p.rank, e)),
                       p.send_expert_count[dest * L + e]);
@@ -395,7 +399,8 @@ __device__ void finish_send(const AllToAllParams& p, bool& sent) {
         if (e < 0)
           store_to_peer(head + lay.relay_head_count(r), p.send_count[dest]);
         else
-          store_to_peer(head + lay.relay_head_expert_count(r, e), p.send_expert_count[dest * L + e]);
+          store_to_peer(head + lay.relay_head_expert_count(r, e),
+                        p.send_expert_count[dest * L + e]);
       }
     }
     count_serial_steps((long long)(W + N) * ((L + 1 + blockDim.x - 1) / blockDim.x + 1));
@@ -441,7 +446,6 @@ __device__ void finish_send(const AllToAllParams& p, bool& sent) {
     p.block_counters[kSendAborted] = 0;
   }
   count_serial_steps((long long)(E + blockDim.x - 1) / blockDim.x);
-  (void)k;
 }
 
 __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParams p) {

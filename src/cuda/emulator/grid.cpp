@@ -340,8 +340,9 @@ class Device {
       const cuda_api::dim3& g = launch.grid;
       const cuda_api::uint3 block_idx{index % g.x, (index / g.x) % g.y, index / (g.x * g.y)};
       BlockCounts counts;
-      std::exception_ptr failure = runner.run(launch.grid, launch.block, block_idx, *launch.body,
-                                              block_seed(launch.number, index), launch.held, counts);
+      std::exception_ptr failure =
+          runner.run(launch.grid, launch.block, block_idx, *launch.body,
+                     block_seed(launch.number, index), launch.held, counts);
       lock.lock();
       launch.counts.add(counts);
       if (failure && !launch.failure) launch.failure = failure;
