@@ -17,6 +17,7 @@
 
 #include "all_to_all_cases.hpp"
 #include "cuda/cuda_test_flavor.hpp"
+#include "cuda/launch.cuh"
 #include "pmoe/comm.hpp"
 #include "pmoe/kernel_counts.hpp"
 
@@ -78,11 +79,11 @@ constexpr int64_t kRowSteps = 4;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The grid of pmoe's grid kernels on this device: 2 blocks per SM (src/cuda/launch.cuh).
+// The grid of pmoe's grid kernels on this device (src/cuda/launch.cuh's rule).
 int grid_blocks() {
   int sms = 0;
   EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  return 2 * sms;
+  return cuda::grid_blocks(sms);
 }
 
 // W ranks, `tokens` tokens each, top-8 of 256 experts.

@@ -124,9 +124,6 @@ __device__ __forceinline__ void copy_to_each(int n, Include include, Dest dest,
   }
   const size_t words = bytes / 16, stride = size_t(blockDim.x) * kCopyUnroll;
   const auto* from = reinterpret_cast<const int4*>(src);
-  int included = 0;
-  for (int i = 0; i < n; ++i) included += include(i) ? 1 : 0;
-  count_serial_steps((long long)((words + stride - 1) / stride) * kCopyUnroll * included);
   for (size_t base = threadIdx.x; base < words; base += stride) {
     int4 v[kCopyUnroll];
     for (int u = 0; u < kCopyUnroll; ++u) {
@@ -135,6 +132,7 @@ __device__ __forceinline__ void copy_to_each(int n, Include include, Dest dest,
     }
     for (int i = 0; i < n; ++i) {
       if (!include(i)) continue;
+      count_serial_steps(kCopyUnroll);
       auto* to = reinterpret_cast<int4*>(dest(i));
       for (int u = 0; u < kCopyUnroll; ++u) {
         const size_t w = base + size_t(u) * blockDim.x;

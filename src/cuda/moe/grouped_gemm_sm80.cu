@@ -23,6 +23,7 @@
 #include <cutlass/half.h>
 
 #include "cuda/check.hpp"
+#include "cuda/moe/cutlass_launch.cuh"
 #include "pmoe/error.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR::cutlass_sm80 {
@@ -62,27 +63,9 @@ struct Sm80Gemm {
     auto** d = reinterpret_cast<float**>(g.arrays.d);
     typename Gemm::Arguments args(shapes, g.groups, blocks(sms), epilogue, a, b, d, d,
                                   g.arrays.lda, g.arrays.ldb, g.arrays.ldd, g.arrays.ldd);
-    Gemm gemm;
-    const size_t need = gemm.get_workspace_size(args);
-    PMOE_CHECK(g.workspace_bytes >= need, "CUTLASS 2 GemmGrouped: workspace of ",
-               g.workspace_bytes, " bytes, it needs ", need);
-    cutlass::Status status = gemm.can_implement(args);
-    PMOE_CHECK(status == cutlass::Status::kSuccess, "CUTLASS 2 GemmGrouped: cannot implement ",
-               g.groups, " groups of n ", g.n, ", k ", g.k, ": ", cutlassGetStatusString(status));
-    status = gemm.initialize(args, g.workspace, stream);
-    PMOE_CHECK(status == cutlass::Status::kSuccess, "CUTLASS 2 GemmGrouped: initialize: ",
-               cutlassGetStatusString(status));
-    status = gemm.run(stream);
-    PMOE_CHECK(status == cutlass::Status::kSuccess, "CUTLASS 2 GemmGrouped: launch: ",
-               cutlassGetStatusString(status), " (", cudaGetErrorString(cudaGetLastError()), ")");
+    run_cutlass<Gemm>("CUTLASS 2 GemmGrouped", args, g, stream);
   }
 };
-
-int multiprocessors(int device) {
-  int sms = 0;
-  PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
 
 }  // namespace
 

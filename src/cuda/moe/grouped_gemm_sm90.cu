@@ -30,6 +30,7 @@
 #include <cutlass/kernel_hardware_info.hpp>
 
 #include "cuda/check.hpp"
+#include "cuda/moe/cutlass_launch.cuh"
 #include "pmoe/error.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR::cutlass_sm90 {
@@ -115,28 +116,9 @@ struct Sm90Gemm {
   static void run(const LibraryGroupedGemm& g, int sms, cudaStream_t stream) {
     check_layouts();
     const typename Adapter::Arguments args = arguments(g, sms);
-    Adapter gemm;
-    const size_t need = Adapter::get_workspace_size(args);
-    PMOE_CHECK(g.workspace_bytes >= need, "CUTLASS 3 grouped GEMM: workspace of ",
-               g.workspace_bytes, " bytes, it needs ", need);
-    cutlass::Status status = gemm.can_implement(args);
-    PMOE_CHECK(status == cutlass::Status::kSuccess, "CUTLASS 3 grouped GEMM: cannot implement ",
-               g.groups, " groups of n ", g.n, ", k ", g.k, ": ",
-               cutlassGetStatusString(status));
-    status = gemm.initialize(args, g.workspace, stream);
-    PMOE_CHECK(status == cutlass::Status::kSuccess, "CUTLASS 3 grouped GEMM: initialize: ",
-               cutlassGetStatusString(status));
-    status = gemm.run(stream);
-    PMOE_CHECK(status == cutlass::Status::kSuccess, "CUTLASS 3 grouped GEMM: launch: ",
-               cutlassGetStatusString(status), " (", cudaGetErrorString(cudaGetLastError()), ")");
+    run_cutlass<Adapter>("CUTLASS 3 grouped GEMM", args, g, stream);
   }
 };
-
-int multiprocessors(int device) {
-  int sms = 0;
-  PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
 
 }  // namespace
 
