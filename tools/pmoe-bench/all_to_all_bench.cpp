@@ -47,6 +47,7 @@
 #include "all_to_all_cuda.hpp"
 #include "bench_common.hpp"
 #include "core/device_runtime.hpp"
+#include "kernel_model.hpp"
 #include "pmoe/all_to_all.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/kernel_counts.hpp"
@@ -73,6 +74,8 @@ struct Options {
   std::string device = "cpu";  // or "cuda": ranks share GPU 0
   int ranks_per_node = 0;       // 0: one node; else the ranks as nodes of this many
   std::string mode = "direct";  // how tokens cross nodes: direct or hierarchical (CUDA only)
+  bool in_place = true;    // --device cuda: the op's in-place buffers (--no-in-place: the caller's)
+  std::string gpu;         // --device cuda on the emulated device: the kernel model's GPU, or none
   std::string json_path, csv_path, plot_path;
   bool ranks_given = false;  // --ranks on the command line (under mpirun it must match)
 };
@@ -205,25 +208,79 @@ detail::TrafficMode traffic_mode(const std::string& mode) {
 // Per rank and link: the network as measured by the remote path (remote_traffic() around one
 // call), and count_traffic's counts of every link for the same routing. matches: the measured
 // network equals the count.
-// The emulated device's counts of each kernel's critical path over one configuration's calls
-// (include/pmoe/kernel_counts.hpp): printed, since the emulated device cannot time anything, and
-// kept in the JSON rows. The budgets they are held to are docs/gpu-all-to-all.md's.
-json print_kernel_counts(const std::vector<KernelCounts>& counts, int ranks, int tokens) {
-  std::printf("\nCritical path on the emulated device, %d rank(s), %d tokens per rank (the most "
-              "of any launch, block or thread):\n\n", ranks, tokens);
-  std::printf("| kernel | launches | grid | barrier rounds | blocks waiting on own grid | "
-              "blocks that spun | serial steps |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-  json out = json::array();
-  for (const KernelCounts& k : counts) {
-    std::printf("| %s | %d | %u | %d | %d | %d | %lld |\n", k.kernel.c_str(), k.launches, k.blocks,
-                k.barrier_rounds, k.blocks_waiting_on_own_grid, k.blocks_that_spun,
-                (long long)k.serial_steps);
-    out.push_back({{"kernel", k.kernel}, {"launches", k.launches}, {"grid", k.blocks},
-                   {"barrier_rounds", k.barrier_rounds},
-                   {"blocks_waiting_on_own_grid", k.blocks_waiting_on_own_grid},
-                   {"blocks_that_spun", k.blocks_that_spun}, {"serial_steps", k.serial_steps}});
+// The emulated device's counts of one call of an op on every rank (include/pmoe/kernel_counts.hpp),
+// printed since the emulated device cannot time anything, with the bytes the op moved (read +
+// written, every rank's kernels) beside the minimum it must move (`min_bytes`, every rank's), and,
+// where --gpu names one, the kernel model's µs for that GPU (kernel_model.hpp). Kept in the JSON
+// rows. The budgets the counts are held to are docs/gpu-all-to-all.md's.
+// "a,b" -> {"a", "b"}; "" -> {}.
+std::vector<std::string> split_names(const std::string& list) {
+  std::vector<std::string> names;
+  for (size_t at = 0; at < list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    if (comma > at) names.push_back(list.substr(at, comma - at));
+    at = comma + 1;
   }
-  std::printf("\n");
+  return names;
+}
+
+json print_op_counts(const char* op, const std::vector<KernelCounts>& counts, int ranks,
+                     int tokens, double min_bytes, const std::string& gpus) {
+  std::printf("\n%s, %d rank(s), %d tokens per rank: one call on every rank, counted on the emulated "
+              "device (critical path: the most of any launch, block or thread; bytes: every "
+              "rank's launches)\n\n", op, ranks, tokens);
+  std::printf("| kernel | launches | grid | barrier rounds | blocks waiting on own grid | "
+              "blocks that spun | serial steps | bytes read | bytes written | system fences |\n"
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  json kernels = json::array();
+  int64_t moved = 0;
+  for (const KernelCounts& k : counts) {
+    std::printf("| %s | %d | %u | %d | %d | %d | %lld | %lld | %lld | %d |\n", k.kernel.c_str(),
+                k.launches, k.blocks, k.barrier_rounds, k.blocks_waiting_on_own_grid,
+                k.blocks_that_spun, (long long)k.serial_steps, (long long)k.total_bytes_read,
+                (long long)k.total_bytes_written, k.system_fences);
+    moved += k.total_bytes_read + k.total_bytes_written;
+    kernels.push_back({{"kernel", k.kernel}, {"launches", k.launches}, {"grid", k.blocks},
+                       {"barrier_rounds", k.barrier_rounds},
+                       {"blocks_waiting_on_own_grid", k.blocks_waiting_on_own_grid},
+                       {"blocks_that_spun", k.blocks_that_spun}, {"serial_steps", k.serial_steps},
+                       {"bytes_read", k.bytes_read}, {"bytes_written", k.bytes_written},
+                       {"total_bytes_read", k.total_bytes_read},
+                       {"total_bytes_written", k.total_bytes_written},
+                       {"system_fences", k.system_fences}});
+  }
+  const double ratio = min_bytes > 0 ? double(moved) / min_bytes : 0.0;
+  std::printf("\n%s moved %lld bytes (read + written, all ranks) against the %.0f it must move: "
+              "%.2fx the minimum\n", op, (long long)moved, min_bytes, ratio);
+  json out = {{"kernels", kernels}, {"bytes_moved", moved}, {"bytes_min", min_bytes},
+              {"bytes_over_min", ratio}};
+  for (const std::string& name : split_names(gpus)) {
+    const GpuSpec& g = find_gpu(name);
+    const OpPrediction p = predict_op(g, counts, ranks);
+    std::printf("\nKernel model (tools/pmoe-bench/kernel_model.hpp), %s, the %d rank(s) sharing it: "
+                "µs per call\n\n| kernel | launches a rank | waves | launch | rounds | steps | "
+                "bytes | fences | peer wait | total |\n"
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+                g.description.c_str(), ranks);
+    json predicted = json::array();
+    for (const KernelPrediction& k : p.kernels) {
+      std::printf("| %s | %.0f | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+                  k.kernel.c_str(), k.launches_per_call, k.waves, k.launch_us, k.rounds_us,
+                  k.steps_us, k.bytes_us, k.fences_us, k.wait_us, k.total_us);
+      predicted.push_back({{"kernel", k.kernel}, {"launches_per_call", k.launches_per_call},
+                           {"waves", k.waves}, {"launch_us", k.launch_us},
+                           {"rounds_us", k.rounds_us}, {"steps_us", k.steps_us},
+                           {"bytes_us", k.bytes_us}, {"fences_us", k.fences_us},
+                           {"wait_us", k.wait_us}, {"total_us", k.total_us}});
+    }
+    const double copy = copy_us(g, min_bytes / 2);  // a copy moving the op's minimum, read + written
+    std::printf("\n%s predicted on %s: %.1f µs of kernels (a graph replay), %.1f µs with the host's "
+                "launches; a copy of its minimum bytes: %.1f µs (fraction of a copy %.2f)\n", op,
+                g.name.c_str(), p.kernel_us, p.host_us, copy, copy / p.kernel_us);
+    out["predicted"][g.name] = {{"kernel_us", p.kernel_us}, {"host_us", p.host_us},
+                                {"copy_us", copy}, {"copy_fraction", copy / p.kernel_us},
+                                {"kernels", predicted}};
+  }
   return out;
 }
 
@@ -379,9 +436,18 @@ void print_tables(const Options& o, const json& rows) {
       "%d timed iterations after %d warm-ups; an iteration's time is the slowest rank's. %s\n",
       o.iters, o.warmup,
       o.device == "cuda"
-          ? "dispatch/combine use the caller's device buffers (timed with events on each "
-            "rank's stream); dispatch_combine is the round trip, and nccl_alltoallv "
-            "NCCL's all-to-all-v of the same rows, also a round trip."
+          ? (std::string(o.in_place ? "dispatch/combine run on the op's in-place buffers "
+                                      "(AllToAll::input_buffer(), expert_output_buffer()), as an "
+                                      "MoE layer runs them"
+                                    : "dispatch/combine run on the caller's own device buffers "
+                                      "(--no-in-place)") +
+             ". Times: dispatch and combine are the kernels' time, events around a replay of "
+             "the op captured once per rank in a CUDA graph; dispatch_host and combine_host are "
+             "events recorded before the host's launches (with ranks sharing a GPU the slowest "
+             "rank's then includes the other ranks' launches); dispatch_send/recv and "
+             "combine_send/recv the split phases, from the host. dispatch_combine is the round "
+             "trip (graph replays), and nccl_alltoallv NCCL's all-to-all-v of the same rows, "
+             "also a round trip.").c_str()
           : "dispatch/combine use the op's in-place buffers; *_staged the caller's own; "
             "dispatch_combine, alltoallv and dense_padded are round trips.");
   std::vector<int> rank_counts, token_counts;
@@ -516,6 +582,10 @@ void run(const Options& o) {
   json rows = json::array();
   PMOE_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got ",
              o.device);
+  if (!o.gpu.empty()) {
+    for (const std::string& name : split_names(o.gpu)) find_gpu(name);  // refused before any work
+    PMOE_CHECK(o.device == "cuda", "--gpu models the CUDA kernels' counts: add --device cuda");
+  }
   if (o.device == "cuda") {
     if (cuda_emulated() && is_printing_rank())
       std::printf("CUDA runtime: the emulated device (no GPU visible, or PMOE_CUDA_EMULATE=1). "
@@ -525,30 +595,33 @@ void run(const Options& o) {
     auto run_cuda = [&](Communicator& comm) {
       for (int tokens : token_counts) {
         AllToAllConfig cfg = config_for(o, tokens);
-        cfg.in_place_buffers = false;  // not on the CUDA backend yet
-        const bool counting = cuda_emulated();  // the critical path, counted where not timed
-        if (counting) {
-          comm.barrier();
-          if (comm.rank() == 0) start_counting_kernels();
-          comm.barrier();
-        }
+        cfg.in_place_buffers = o.in_place;
         const CudaAllToAllResult r = run_all_to_all_cuda(comm, cfg, tokens, o.seed, o.warmup,
                                                          o.iters, traffic_mode(o.mode));
-        json kernel_counts;
-        if (counting) {
-          comm.barrier();  // every rank's kernels have ended (run_all_to_all_cuda synchronises)
-          if (comm.rank() == 0)
-            kernel_counts = print_kernel_counts(stop_counting_kernels(), comm.size(), tokens);
+        json dispatch_counts, combine_counts;  // the emulated device's, printed by rank 0
+        if (comm.rank() == 0 && !r.dispatch_counts.empty()) {
+          std::lock_guard lock(mutex);
+          const double W = comm.size();
+          dispatch_counts = print_op_counts("dispatch", r.dispatch_counts, comm.size(), tokens,
+                                            r.dispatch_bytes * W, o.gpu);
+          combine_counts = print_op_counts("combine", r.combine_counts, comm.size(), tokens,
+                                           r.combine_bytes * W, o.gpu);
         }
         Context ctx{o, comm.size(), tokens, r.copy_gbps};
         ctx.add("dispatch", r.dispatch_us, r.dispatch_bytes, r.workspace_bytes);
         ctx.rows.back()["network_bytes_per_rank"] = r.dispatch_network.bytes;
         ctx.rows.back()["network_transfers_per_rank"] = r.dispatch_network.transfers;
         ctx.rows.back()["per_rank"] = links_json(r.dispatch_links);
+        if (!dispatch_counts.is_null()) ctx.rows.back()["kernel_counts"] = dispatch_counts;
         ctx.add("combine", r.combine_us, r.combine_bytes, r.workspace_bytes);
         ctx.rows.back()["network_bytes_per_rank"] = r.combine_network.bytes;
         ctx.rows.back()["network_transfers_per_rank"] = r.combine_network.transfers;
         ctx.rows.back()["per_rank"] = links_json(r.combine_links);
+        if (!combine_counts.is_null()) ctx.rows.back()["kernel_counts"] = combine_counts;
+        // The same ops timed from before the host's launches (the time all rows had before
+        // graph replays).
+        ctx.add("dispatch_host", r.dispatch_host_us, r.dispatch_bytes, r.workspace_bytes);
+        ctx.add("combine_host", r.combine_host_us, r.combine_bytes, r.workspace_bytes);
         ctx.add("dispatch_combine", sum_of(r.dispatch_us, r.combine_us),
                 r.dispatch_bytes + r.combine_bytes, r.workspace_bytes);
         ctx.add("dispatch_send", r.dispatch_send_us, 0, r.workspace_bytes);
@@ -566,7 +639,7 @@ void run(const Options& o) {
           row["ranks_per_node"] = per_node;
           row["split"] = detail::cat(comm.size() / per_node, "x", per_node);
           row["mode"] = o.mode;
-          if (!kernel_counts.is_null()) row["kernel_counts"] = kernel_counts;
+          row["in_place"] = r.in_place;
         }
         if (o.ranks_per_node > 0 && comm.rank() == 0)
           std::printf("ranks=%d split=%dx%d tokens=%d mode=%s: network bytes per rank (rank 0) "
@@ -669,6 +742,16 @@ void add_all_to_all_command(CLI::App& app) {
   cmd->add_option("--warmup", o->warmup, "untimed warm-up iterations")->capture_default_str();
   cmd->add_option("--seed", o->seed, "routing and data seed")->capture_default_str();
   cmd->add_flag("!--no-staged", o->staged, "skip the rows with the caller's own buffers");
+  cmd->add_flag("--in-place,!--no-in-place", o->in_place,
+                "--device cuda: run dispatch/combine on the op's in-place buffers "
+                "(AllToAll::input_buffer(), expert_output_buffer()), as an MoE layer does "
+                "(default); --no-in-place: on the caller's own device buffers")
+      ->capture_default_str();
+  cmd->add_option("--gpu", o->gpu,
+                  "--device cuda on the emulated device: print the kernel model's µs for these "
+                  "GPUs (comma-separated: h100-sxm, h200) beside the counts of each kernel and op "
+                  "(tools/pmoe-bench/kernel_model.hpp); PMOE_EMU_SMS=132 gives the emulated "
+                  "device the grid of an H100/H200");
   cmd->add_option("--device", o->device,
                   "cpu, or cuda: threads sharing GPU 0 (under mpirun: one process per GPU of "
                   "the node), timed with CUDA events; roofline: every rank copying into the next "

@@ -10,6 +10,8 @@
 
 #include "all_to_all_bytes.hpp"
 #include "core/device_runtime.hpp"
+#include "graph_replay.hpp"
+#include "pmoe/kernel_counts.hpp"
 #include "nccl_all_to_all_v.hpp"
 #include "pmoe/error.hpp"
 #include "reference/all_to_all_reference.hpp"
@@ -201,6 +203,7 @@ CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig&
   const auto& in = all[size_t(rank)];
 
   AllToAll a2a(comm, cfg);
+  result.in_place = cfg.in_place_buffers;
   result.workspace_bytes = a2a.workspace_bytes();
   Buffer x = Buffer::like(in.x, gpu), indices = Buffer::like(in.indices, gpu),
          weights = Buffer::like(in.weights, gpu);
@@ -215,9 +218,21 @@ CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig&
   }
   Buffer counts(DType::i32, {L}, gpu), expert_x(cfg.in_dtype, {L, capacity, H}, gpu),
       expert_y(DType::bf16, {L, capacity, H}, gpu), y(cfg.out_dtype, {tokens, H}, gpu);
-  const Tensor xs = f8 ? x_scale.tensor() : Tensor(), exs = f8 ? expert_x_scale.tensor() : Tensor();
-  auto dispatch = [&](Phase p) { a2a.dispatch(x, xs, indices, counts, expert_x, exs, p); };
-  auto combine = [&](Phase p) { a2a.combine(expert_y, indices, weights, y, p); };
+  Tensor x_arg = x.tensor(), xs = f8 ? x_scale.tensor() : Tensor(), y_in = expert_y.tensor();
+  const Tensor exs = f8 ? expert_x_scale.tensor() : Tensor();
+  if (cfg.in_place_buffers) {  // as an MoE layer runs it: the op's own buffers, peers read them
+    x_arg = a2a.input_buffer();
+    PMOE_CHECK(x_arg.size(0) == tokens, "the bench runs max_num_tokens tokens, got ",
+               x_arg.shape_str(), " for ", tokens);
+    copy(x_arg, in.x);
+    if (f8) {
+      xs = a2a.input_scale_buffer();
+      copy(xs, in.x_scale);
+    }
+    y_in = a2a.expert_output_buffer();
+  }
+  auto dispatch = [&](Phase p) { a2a.dispatch(x_arg, xs, indices, counts, expert_x, exs, p); };
+  auto combine = [&](Phase p) { a2a.combine(y_in, indices, weights, y, p); };
 
   // The check: one call, outputs copied back and compared with the reference.
   Buffer host_counts(DType::i32, {L}), host_x(cfg.in_dtype, {L, capacity, H});
@@ -239,7 +254,7 @@ CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig&
                                                   host_counts, host_x, host_scales_arg, 0xA5);
   Buffer host_y_in(DType::bf16, {L, capacity, H}), host_y(cfg.out_dtype, {tokens, H});
   reference::run_fake_experts(cfg, W, rank, host_counts, host_x, host_scales_arg, host_y_in);
-  copy(expert_y, host_y_in);
+  copy(y_in, host_y_in);
   combine(Phase::both);
   synchronize(comm.stream());
   a2a.check_errors();
@@ -274,10 +289,44 @@ CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig&
   // The roofline, in the same run. None on the emulated device, whose copies are host memcpys.
   if (!cuda_emulated()) measure_roofline(comm, warmup, iters, result);
 
+  // One dispatch and one combine of every rank counted on the emulated device (rank 0 starts and
+  // stops the count of every rank's kernels).
+  if (cuda_emulated()) {
+    auto count_one = [&](const std::function<void()>& call) {
+      synchronize(comm.stream());
+      comm.barrier();
+      if (rank == 0) start_counting_kernels();
+      comm.barrier();
+      call();
+      synchronize(comm.stream());
+      comm.barrier();
+      std::vector<KernelCounts> counted;
+      if (rank == 0) counted = stop_counting_kernels();
+      comm.barrier();
+      return counted;
+    };
+    result.dispatch_counts = count_one([&] { dispatch(Phase::both); });
+    result.combine_counts = count_one([&] { combine(Phase::both); });
+  }
+
+  // The kernels' time: each op captured once per rank into a CUDA graph, events around each
+  // replay. Then the host-inclusive time: events recorded before the host's own launches.
+  {
+    synchronize(comm.stream());
+    comm.barrier();
+    GraphReplay dispatch_graph(comm.stream(), [&] { dispatch(Phase::both); });
+    GraphReplay combine_graph(comm.stream(), [&] { combine(Phase::both); });
+    const auto replays = time_on_stream(comm, warmup, iters, {[&] { dispatch_graph.replay(); },
+                                                              [&] { combine_graph.replay(); }});
+    result.dispatch_us = replays[0];
+    result.combine_us = replays[1];
+    synchronize(comm.stream());
+    a2a.check_errors();
+  }
   const auto both = time_on_stream(comm, warmup, iters, {[&] { dispatch(Phase::both); },
                                                          [&] { combine(Phase::both); }});
-  result.dispatch_us = both[0];
-  result.combine_us = both[1];
+  result.dispatch_host_us = both[0];
+  result.combine_host_us = both[1];
   const auto halves = time_on_stream(
       comm, warmup, iters,
       {[&] { dispatch(Phase::send); }, [&] { dispatch(Phase::recv); },

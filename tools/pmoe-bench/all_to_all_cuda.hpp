@@ -1,7 +1,12 @@
 // The GPU side of `pmoe-bench all-to-all --device cuda`: ranks are threads sharing one GPU
 // (run_ranks with Device::cuda), or MPI processes spread over the node's GPUs; pmoe's dispatch
 // and combine are checked against the reference, then timed with CUDA events on each rank's
-// stream. The roofline, timed the same way in the same run, is every rank copying into the next
+// stream, twice: events around a replay of the op captured in a CUDA graph (the kernels' time),
+// and events recorded before the host's launches (the host-inclusive time; with ranks sharing a
+// GPU the slowest rank's includes the other ranks' launches). With config.in_place_buffers, x is
+// a view of AllToAll::input_buffer() and expert_y is expert_output_buffer(), as an MoE layer
+// passes them; else the caller's own buffers. On the emulated device one dispatch and one combine are also
+// counted (every rank's kernels), with the bytes they moved beside the minimum. The roofline, timed the same way in the same run, is every rank copying into the next
 // rank's memory at once: the peer (NVLink) copy rate where ranks sit on different GPUs, a local
 // device-to-device copy where they share one, named by copy_kind (left out on the emulated
 // device: copy_gbps stays 0). Beside them, in the same run, NCCL's all-to-all-v of the same rows
@@ -16,16 +21,24 @@
 
 #include "all_to_all/traffic.hpp"
 #include "pmoe/all_to_all.hpp"
+#include "pmoe/kernel_counts.hpp"
 
 namespace pmoe::bench {
 
 struct CudaAllToAllResult {
-  std::vector<double> dispatch_us, combine_us;                   // per iteration, slowest rank
+  // Per iteration, slowest rank: events around a graph replay of the op (the kernels' time).
+  std::vector<double> dispatch_us, combine_us;
+  // Per iteration, slowest rank: the start event recorded before the host's launches.
+  std::vector<double> dispatch_host_us, combine_host_us;
   std::vector<double> dispatch_send_us, dispatch_recv_us, combine_send_us, combine_recv_us;
   double copy_gbps = 0;       // per rank, all ranks copying at once: (read + written) / time
   std::string copy_kind = "none (emulated device)";  // what copy_gbps measured
   double dispatch_bytes = 0;  // what dispatch must read and write per rank (mean over ranks)
   double combine_bytes = 0;
+  bool in_place = false;  // which buffers the op ran on (see run_all_to_all_cuda)
+  // The emulated device only (empty on a GPU): every rank's kernels of one dispatch and of one
+  // combine (Phase::both), counted.
+  std::vector<KernelCounts> dispatch_counts, combine_counts;
   size_t workspace_bytes = 0;
   // What one dispatch / one combine sent to peers on other nodes (config.ranks_per_node), this
   // rank: bytes put and transfers (puts and lone signals), from AllToAll::remote_traffic().
