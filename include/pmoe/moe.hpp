@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "pmoe/comm.hpp"
@@ -107,6 +108,9 @@ struct MoeStats {
   double experts_s = 0;   // the expert stage: gathers, GEMMs, activations
   double combine_s = 0;   // EpMoe: AllToAll combine; SimpleMoe and TpMoe: the weighted sum
   double reduce_s = 0;    // TpMoe: the all-reduce
+  // A device layer's expert GEMMs, in words: the library's grouped GEMM (CUTLASS sm90 or sm80),
+  // pmoe's own grouped GEMM, or cuBLAS's batch; both GEMMs' where they differ. "" on the CPU.
+  std::string expert_gemm;
 };
 
 // The split of `rows` tokens over `world_size` ranks that EpMoe's callers use: rank r gets

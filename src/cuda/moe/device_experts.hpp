@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 #include <initializer_list>
 #include <iterator>
@@ -268,6 +269,21 @@ class DeviceExperts {
     a.group_rows = C;
     launch_activate(a, config_.dtype, stream);
     gemm(1, kAct, act_ld, kW2, kOut, O, width_, tally ? tally + kOwnIssued + blocks_ : nullptr);
+  }
+
+  // The kernels the last call's GEMMs took (run `run`), for reports: the library's grouped GEMM,
+  // pmoe's own, or cuBLAS's batch; "x.W1: a, act.W2: b" where the two differ. Decided on the
+  // host before the call's kernels were enqueued, so no wait.
+  std::string gemm_path(int run = 0) const {
+    auto name = [&](int i) -> std::string {
+      if (!grouped())
+        return config_.tf32 ? "cuBLAS batched GEMM (TF32)" : "cuBLAS batched GEMM (f32)";
+      if (!paths_[size_t(run)].library[i]) return "pmoe grouped GEMM (wmma)";
+      return library_ == GemmLibrary::cutlass_sm80 ? "CUTLASS sm80 grouped GEMM"
+                                                   : "CUTLASS sm90 grouped GEMM";
+    };
+    const std::string first = name(0), second = name(1);
+    return first == second ? first : "x.W1: " + first + ", act.W2: " + second;
   }
 
   // With device stats, over the last forward's runs (the first `runs`): the rows in use and the

@@ -177,6 +177,7 @@ class DeviceEpMoe final : public MoeBackend {
       combine(b, Phase::recv);
     }
 
+    stats.expert_gemm = experts_.gemm_path();
     if (O < wire_ && m > 0) {
       CopyRows c;
       c.src = y_wire_.data<void>();

@@ -99,6 +99,7 @@ class DeviceLocalMoe {
     experts_.run(cublas_, stream_, m, int64_t(m) * k, int64_t(m) * k, gathered_.data<void>(), H,
                  hidden_.data<float>(), act_.data<void>(), out_.data<float>(),
                  counts_.data<int32_t>());
+    stats.expert_gemm = experts_.gemm_path();
     if (tallied_) {  // device stats: the plan kernel's tally, read by finish_stats()
       PMOE_CUDA_CHECK(cudaEventRecord(tallied_, stream_));
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;

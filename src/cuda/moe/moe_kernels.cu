@@ -1,5 +1,4 @@
-// The MoE layers' small kernels (moe_kernels.cuh). Element-wise ones run one thread an element,
-// grid-stride; the router and the grouping one thread a token or an expert.
+// The MoE layers' small kernels (moe_kernels.cuh).
 //
 //   router:   logits [m, E] f32 --top_k_softmax--> indices [m, k] i32, weights [m, k] f32
 //   grouping: indices --group_pairs--> counts [E], token_of_row [E, C], row_of_pair [m, k]
@@ -9,13 +8,25 @@
 //   gating:   out [E, C, O] f32, row_of_pair, weights --weighted_sum--> y [m, O] dtype
 //
 // T is the layer's dtype (f32 or bf16), the expert GEMMs' input type. C is a capacity (the
-// call's m for the local layers, W * tokens per micro-batch for EP): these kernels skip the rows
-// past an expert's count.
+// call's m for the local layers, W * tokens per micro-batch for EP), and most of it is unused:
+// m k rows in use of E m for the local layers. So the row kernels (widen, narrow, gather,
+// activate) walk the rows in use only (for_each_live_row): each block scans the groups' counts
+// (one word a group, 256 groups at a time, a block scan in shared memory), and the grid's
+// warp-sized teams take the live rows in turn, team t the rows t, t + teams, ...; a team's
+// threads step through the row in 16-byte words where the pointers and widths allow (8
+// elements a step), one element otherwise. No division per element: the row comes from a
+// binary search over the block's scan, the columns from the lane. They run on a full grid
+// (grid_blocks: two blocks an SM), however few rows are live.
+//
+// Every load and store of row data, and the counts these kernels read, go through
+// load_global / store_global (memory_ops.cuh), so the emulated device counts the bytes each
+// kernel moves; the index words of a row (token_of_row) are plain loads.
 #include "cuda/moe/moe_kernels.cuh"
 
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cuda/atomic>
 
 #include "cuda/check.hpp"
@@ -28,11 +39,19 @@
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
 
-constexpr int kMaxBlocks = 64;  // element-wise kernels: enough blocks to fill a device
+constexpr int kMaxBlocks = 64;  // the token kernels (router, gating, TP sum): a grid-stride loop
 
 int blocks_for(int64_t elements) {
   return int(std::max<int64_t>(
       1, std::min<int64_t>(kMaxBlocks, (elements + kBlockThreads - 1) / kBlockThreads)));
+}
+
+// The grid of the kernels that spread rows or experts over the current device.
+int full_grid() {
+  int device = 0, sms = 0;
+  PMOE_CUDA_CHECK(cudaGetDevice(&device));
+  PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return grid_blocks(sms);
 }
 
 __device__ __forceinline__ int64_t first_index() {
@@ -53,29 +72,145 @@ __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-__device__ __forceinline__ bool row_in_use(const int32_t* limits, int64_t group_rows, int64_t r) {
-  return limits == nullptr || r % group_rows < limits[r / group_rows];
-}
+// Elements a step of a row kernel's thread: 8 (16-byte words: one of bf16, two of f32) where
+// every row the kernel touches starts 16-byte aligned and its widths are multiples of 8, else 1.
+constexpr int kWide = 8;
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16(int64_t bytes) { return bytes % 16 == 0; }
 
-template <typename T>
-__global__ void __launch_bounds__(kBlockThreads) widen_rows_kernel(const WidenRows w) {
-  const T* src = static_cast<const T*>(w.src);
-  for (int64_t e = first_index(); e < w.rows * w.cols; e += grid_step()) {
-    const int64_t r = e / w.cols, c = e % w.cols;
-    if (!row_in_use(w.row_limits, w.group_rows, r)) continue;
-    store_to_peer(w.dst + r * w.dst_ld + c, widen(src[r * w.src_ld + c]));
+// v[0, K) = p[0, K) widened to f32: K = 8 in 16-byte words (p 16-byte aligned), K = 1 in one.
+template <typename T, int K>
+__device__ __forceinline__ void load_chunk(const T* p, float (&v)[K]) {
+  if constexpr (K == 1) {
+    v[0] = widen(load_global(p));
+  } else {
+    static_assert(K * sizeof(T) % sizeof(int4) == 0, "a chunk is whole 16-byte words");
+    constexpr int kWords = int(K * sizeof(T) / sizeof(int4));
+    int4 words[kWords];
+    PMOE_UNROLL
+    for (int w = 0; w < kWords; ++w) words[w] = load_global(reinterpret_cast<const int4*>(p) + w);
+    T t[K];
+    memcpy(t, words, sizeof t);
+    PMOE_UNROLL
+    for (int i = 0; i < K; ++i) v[i] = widen(t[i]);
+  }
+}
+// p[0, K) = v[0, K) rounded to T, as load_chunk reads.
+template <typename T, int K>
+__device__ __forceinline__ void store_chunk(T* p, const float (&v)[K]) {
+  if constexpr (K == 1) {
+    store_global(p, narrow<T>(v[0]));
+  } else {
+    constexpr int kWords = int(K * sizeof(T) / sizeof(int4));
+    T t[K];
+    PMOE_UNROLL
+    for (int i = 0; i < K; ++i) t[i] = narrow<T>(v[i]);
+    int4 words[kWords];
+    memcpy(words, t, sizeof t);
+    PMOE_UNROLL
+    for (int w = 0; w < kWords; ++w) store_global(reinterpret_cast<int4*>(p) + w, words[w]);
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kBlockThreads) narrow_rows_kernel(const NarrowRows n) {
+// After it, scan[i] = v_0 + ... + v_i over the block's threads (v_i: thread i's `v`). Hillis and
+// Steele in shared memory: 2 log2(256) + 1 barriers. Every thread of the block calls it.
+template <typename I>
+__device__ __forceinline__ void block_inclusive_scan(I* scan, I v) {
+  scan[threadIdx.x] = v;
+  __syncthreads();
+  for (int step = 1; step < kBlockThreads; step *= 2) {
+    const I add = int(threadIdx.x) >= step ? scan[threadIdx.x - step] : I(0);
+    __syncthreads();  // every thread has read before any writes
+    scan[threadIdx.x] += add;
+    __syncthreads();
+  }
+}
+
+// The rows in use of `groups` groups of `group_rows` rows: group g's first min(counts[g],
+// group_rows) (every row where counts is null).
+struct LiveRows {
+  const int32_t* counts = nullptr;
+  int groups = 0;
+  int64_t group_rows = 0;
+};
+LiveRows live_rows(int64_t rows, const int32_t* limits, int64_t group_rows) {
+  if (limits == nullptr) return {nullptr, 1, rows};
+  PMOE_CHECK(group_rows > 0 && rows % group_rows == 0, "MoE row kernel: ", rows,
+             " rows are not whole groups of ", group_rows);
+  return {limits, int(rows / group_rows), group_rows};
+}
+
+constexpr int kTeam = 32;  // threads that walk one row together: a warp
+constexpr int kTeamsPerBlock = kBlockThreads / kTeam;
+
+// body(row, lane) for every live row (row = g group_rows + i), by the kTeam threads of one team
+// (lane 0..31). The block scans the counts 256 groups at a time; team t of the grid takes the
+// chunk's live rows t, t + teams, ... (numbered across chunks, so the grid stays balanced), each
+// found by a binary search over the scan. Every thread of every block calls it; body must not
+// synchronise.
+template <typename Body>
+__device__ __forceinline__ void for_each_live_row(const LiveRows& live, Body body) {
+  __shared__ int64_t ends[kBlockThreads];  // the chunk's groups' live rows, inclusive scan
+  const int lane = int(threadIdx.x) % kTeam;
+  const int64_t teams = int64_t(gridDim.x) * kTeamsPerBlock;
+  int64_t j = int64_t(blockIdx.x) * kTeamsPerBlock + int(threadIdx.x) / kTeam;  // next live row
+  int64_t before = 0;  // live rows of the chunks before this one
+  for (int first = 0; first < live.groups; first += kBlockThreads) {
+    const int g = first + int(threadIdx.x);
+    int64_t rows = 0;
+    if (g < live.groups) {
+      rows = live.group_rows;
+      if (live.counts != nullptr) {
+        const int64_t count = load_global(live.counts + g);
+        if (count < rows) rows = count;
+      }
+    }
+    block_inclusive_scan(ends, rows);
+    const int in_chunk = min(live.groups - first, kBlockThreads);
+    const int64_t chunk_end = before + ends[in_chunk - 1];
+    for (; j < chunk_end; j += teams) {
+      const int64_t local = j - before;
+      int lo = 0, hi = in_chunk - 1;  // the first group whose scan passes `local`
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (ends[mid] > local)
+          hi = mid;
+        else
+          lo = mid + 1;
+      }
+      const int64_t i = local - (lo > 0 ? ends[lo - 1] : 0);
+      body(int64_t(first + lo) * live.group_rows + i, lane);
+    }
+    before = chunk_end;
+    __syncthreads();  // every team is done with `ends` before the next chunk's scan
+  }
+}
+
+template <typename T, int K>
+__global__ void __launch_bounds__(kBlockThreads) widen_rows_kernel(const WidenRows w,
+                                                                  const LiveRows live) {
+  const T* src = static_cast<const T*>(w.src);
+  for_each_live_row(live, [&](int64_t r, int lane) {
+    for (int64_t c = int64_t(lane) * K; c < w.cols; c += kTeam * K) {
+      float v[K];
+      load_chunk<T, K>(src + r * w.src_ld + c, v);
+      store_chunk<float, K>(w.dst + r * w.dst_ld + c, v);
+    }
+  });
+}
+
+template <typename T, int K>
+__global__ void __launch_bounds__(kBlockThreads) narrow_rows_kernel(const NarrowRows n,
+                                                                   const LiveRows live) {
   T* dst = static_cast<T*>(n.dst);
   const int64_t width = n.pad_to > n.cols ? n.pad_to : n.cols;
-  for (int64_t e = first_index(); e < n.rows * width; e += grid_step()) {
-    const int64_t r = e / width, c = e % width;
-    if (!row_in_use(n.row_limits, n.group_rows, r)) continue;
-    store_to_peer(dst + r * n.dst_ld + c, narrow<T>(c < n.cols ? n.src[r * n.src_ld + c] : 0.0f));
-  }
+  for_each_live_row(live, [&](int64_t r, int lane) {
+    for (int64_t c = int64_t(lane) * K; c < width; c += kTeam * K) {
+      float v[K] = {};
+      if (c < n.cols) load_chunk<float, K>(n.src + r * n.src_ld + c, v);  // K divides cols
+      store_chunk<T, K>(dst + r * n.dst_ld + c, v);
+    }
+  });
 }
 
 template <typename T>
@@ -114,17 +249,36 @@ __global__ void __launch_bounds__(kBlockThreads) top_k_softmax_kernel(const TopK
   }
 }
 
+// A block an expert (grid-stride over the experts): thread i takes the i-th 256th of the pairs,
+// in pair order; it counts its pairs of the expert, a block scan places its first row after the
+// threads before it, and a second pass writes them. So the rows keep pair (token) order, as the
+// one-thread-an-expert walk did, and each thread reads 2 ceil(m k / 256) indices an expert.
 __global__ void __launch_bounds__(kBlockThreads) group_pairs_kernel(const GroupPairs g) {
+  __shared__ int32_t ends[kBlockThreads];
   const int pairs = g.m * g.top_k;
-  for (int64_t e = first_index(); e < g.num_experts; e += grid_step()) {
-    int32_t count = 0;
-    for (int p = 0; p < pairs; ++p) {
-      if (g.indices[p] != e) continue;
-      const int32_t row = int32_t(e) * g.capacity + count++;
-      store_to_peer(g.token_of_row + row, int32_t(p / g.top_k));
-      store_to_peer(g.row_of_pair + p, row);
+  const int share = (pairs + kBlockThreads - 1) / kBlockThreads;
+  const int begin = min(pairs, int(threadIdx.x) * share), end = min(pairs, begin + share);
+  for (int e = int(blockIdx.x); e < g.num_experts; e += int(gridDim.x)) {
+    int32_t mine = 0;
+    for (int p = begin; p < end; ++p) mine += g.indices[p] == e ? 1 : 0;
+    count_serial_steps(end - begin);
+    block_inclusive_scan(ends, mine);
+    int32_t row = int32_t(e) * g.capacity + ends[threadIdx.x] - mine;
+    int token = begin / g.top_k, slot = begin - token * g.top_k;
+    for (int p = begin; p < end; ++p) {
+      if (g.indices[p] == e) {
+        store_global(g.token_of_row + row, int32_t(token));
+        store_global(g.row_of_pair + p, row);
+        ++row;
+      }
+      if (++slot == g.top_k) {
+        slot = 0;
+        ++token;
+      }
     }
-    store_to_peer(g.counts + e, count);
+    count_serial_steps(end - begin);
+    if (threadIdx.x == kBlockThreads - 1) store_global(g.counts + e, ends[threadIdx.x]);
+    __syncthreads();  // `ends` is read above before the next expert's scan writes it
   }
 }
 
@@ -162,16 +316,17 @@ __global__ void __launch_bounds__(kBlockThreads) plan_tiles_kernel(const PlanTil
     for (const TileOperand& o : p.operands) store_to_peer(o.tiles + t, o.dead);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kBlockThreads) gather_rows_kernel(const GatherRows g) {
-  const T* x = static_cast<const T*>(g.x);
-  T* gathered = static_cast<T*>(g.gathered);
-  const int64_t rows = int64_t(g.num_experts) * g.capacity;
-  for (int64_t e = first_index(); e < rows * g.H; e += grid_step()) {
-    const int64_t row = e / g.H, c = e % g.H;
-    if (row % g.capacity >= g.counts[row / g.capacity]) continue;
-    store_to_peer(gathered + e, x[int64_t(g.token_of_row[row]) * g.H + c]);
-  }
+// W: a 16-byte word where rows and pointers allow, else the element.
+template <typename W>
+__global__ void __launch_bounds__(kBlockThreads) gather_rows_kernel(const GatherRows g,
+                                                                   const int64_t row_words) {
+  const W* x = static_cast<const W*>(g.x);
+  W* gathered = static_cast<W*>(g.gathered);
+  for_each_live_row({g.counts, g.num_experts, g.capacity}, [&](int64_t row, int lane) {
+    const W* from = x + int64_t(g.token_of_row[row]) * row_words;
+    W* to = gathered + row * row_words;
+    for (int64_t w = lane; w < row_words; w += kTeam) store_global(to + w, load_global(from + w));
+  });
 }
 
 __device__ __forceinline__ float gelu(float v) {
@@ -179,35 +334,50 @@ __device__ __forceinline__ float gelu(float v) {
 }
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
-template <typename T>
-__global__ void __launch_bounds__(kBlockThreads) activate_kernel(const Activate a) {
+template <typename T, int K>
+__global__ void __launch_bounds__(kBlockThreads) activate_kernel(const Activate a,
+                                                                const LiveRows live) {
   const bool swiglu = a.act == int(Activation::swiglu);
   const int64_t ld = swiglu ? 2 * a.width : a.width;
   T* out = static_cast<T*>(a.out);
-  for (int64_t e = first_index(); e < a.rows * a.width; e += grid_step()) {
-    const int64_t r = e / a.width, c = e % a.width;
-    if (!row_in_use(a.row_limits, a.group_rows, r)) continue;
+  for_each_live_row(live, [&](int64_t r, int lane) {
     const float* h = a.hidden + r * ld;
-    const float v = h[c];
-    const float y = a.act == int(Activation::relu) ? (v > 0.0f ? v : 0.0f)
-                    : swiglu                       ? silu(v) * h[a.width + c]
-                                                   : gelu(v);
-    store_to_peer(out + r * a.out_ld + c, narrow<T>(y));
-  }
+    for (int64_t c = int64_t(lane) * K; c < a.width; c += kTeam * K) {
+      float v[K], y[K];
+      load_chunk<float, K>(h + c, v);  // read before this thread writes them (f32 in place)
+      if (swiglu) {
+        float linear[K];
+        load_chunk<float, K>(h + a.width + c, linear);
+        PMOE_UNROLL
+        for (int i = 0; i < K; ++i) y[i] = silu(v[i]) * linear[i];
+      } else {
+        PMOE_UNROLL
+        for (int i = 0; i < K; ++i)
+          y[i] = a.act == int(Activation::relu) ? (v[i] > 0.0f ? v[i] : 0.0f) : gelu(v[i]);
+      }
+      store_chunk<T, K>(out + r * a.out_ld + c, y);
+    }
+  });
 }
 
-template <typename T>
+// A team a token, as the row kernels (its k rows are the pairs' rows, wherever they are).
+template <typename T, int K>
 __global__ void __launch_bounds__(kBlockThreads) weighted_sum_kernel(const WeightedSum w) {
   T* y = static_cast<T*>(w.y);
-  for (int64_t e = first_index(); e < int64_t(w.m) * w.O; e += grid_step()) {
-    const int64_t t = e / w.O, o = e % w.O;
-    float acc = 0.0f;
-    for (int j = 0; j < w.top_k; ++j) {
-      const int64_t p = t * w.top_k + j;
-      acc += w.weights[p] * w.rows[int64_t(w.row_of_pair[p]) * w.O + o];
+  for_each_live_row({nullptr, 1, w.m}, [&](int64_t t, int lane) {
+    for (int64_t o = int64_t(lane) * K; o < w.O; o += kTeam * K) {
+      float acc[K] = {};
+      for (int j = 0; j < w.top_k; ++j) {
+        const int64_t p = t * w.top_k + j;
+        const float weight = w.weights[p];
+        float v[K];
+        load_chunk<float, K>(w.rows + int64_t(w.row_of_pair[p]) * w.O + o, v);
+        PMOE_UNROLL
+        for (int i = 0; i < K; ++i) acc[i] += weight * v[i];
+      }
+      store_chunk<T, K>(y + t * w.O + o, acc);
     }
-    store_to_peer(y + e, narrow<T>(acc));
-  }
+  });
 }
 
 __global__ void publish_count_kernel(uint64_t* word, int64_t n) { store_to_peer(word, uint64_t(n)); }
@@ -266,22 +436,22 @@ void launch_typed(const char* what, DType dtype, int blocks, cudaStream_t stream
   }
 }
 
-template <typename T>
-struct Widen {
-  static constexpr auto fn = widen_rows_kernel<T>;
-};
-template <typename T>
-struct Narrow {
-  static constexpr auto fn = narrow_rows_kernel<T>;
-};
-template <typename T>
-struct Weighted {
-  static constexpr auto fn = weighted_sum_kernel<T>;
-};
-template <typename T>
-struct Act {
-  static constexpr auto fn = activate_kernel<T>;
-};
+// f(T{}) with T the element type of `dtype`, f32 or bf16 (the row kernels' second parameter,
+// the chunk, is picked inside from the pointers).
+template <typename F>
+void for_dtype(const char* what, DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32:
+      f(float{});
+      return;
+    case DType::bf16:
+      f(__nv_bfloat16{});
+      return;
+    default:
+      throw Error(detail::cat(what, ": no kernel for ", dtype_name(dtype)));
+  }
+}
+
 template <typename T>
 struct SumParts {
   static constexpr auto fn = sum_partials_kernel<T>;
@@ -291,7 +461,16 @@ struct SumParts {
 
 void launch_widen_rows(const WidenRows& w, DType dtype, cudaStream_t stream) {
   if (w.rows * w.cols == 0) return;
-  launch_typed<Widen>("MoE widen_rows", dtype, blocks_for(w.rows * w.cols), stream, w);
+  const LiveRows live = live_rows(w.rows, w.row_limits, w.group_rows);
+  for_dtype("MoE widen_rows", dtype, [&](auto t) {
+    using T = decltype(t);
+    const int64_t elem = int64_t(sizeof(T));
+    if (w.cols % kWide == 0 && aligned16(w.src) && aligned16(w.dst) &&
+        aligned16(w.src_ld * elem) && aligned16(w.dst_ld * int64_t(sizeof(float))))
+      launch("moe_widen_rows", widen_rows_kernel<T, kWide>, full_grid(), stream, w, live);
+    else
+      launch("moe_widen_rows", widen_rows_kernel<T, 1>, full_grid(), stream, w, live);
+  });
 }
 
 const float* rows_as_f32(const void* x, DType dtype, int64_t m, int64_t H, float* scratch,
@@ -309,9 +488,18 @@ const float* rows_as_f32(const void* x, DType dtype, int64_t m, int64_t H, float
 }
 
 void launch_narrow_rows(const NarrowRows& n, DType dtype, cudaStream_t stream) {
-  const int64_t elements = n.rows * std::max(n.cols, n.pad_to);
-  if (elements == 0) return;
-  launch_typed<Narrow>("MoE narrow_rows", dtype, blocks_for(elements), stream, n);
+  const int64_t width = std::max(n.cols, n.pad_to);
+  if (n.rows * width == 0) return;
+  const LiveRows live = live_rows(n.rows, n.row_limits, n.group_rows);
+  for_dtype("MoE narrow_rows", dtype, [&](auto t) {
+    using T = decltype(t);
+    const int64_t elem = int64_t(sizeof(T));
+    if (n.cols % kWide == 0 && width % kWide == 0 && aligned16(n.src) && aligned16(n.dst) &&
+        aligned16(n.src_ld * int64_t(sizeof(float))) && aligned16(n.dst_ld * elem))
+      launch("moe_narrow_rows", narrow_rows_kernel<T, kWide>, full_grid(), stream, n, live);
+    else
+      launch("moe_narrow_rows", narrow_rows_kernel<T, 1>, full_grid(), stream, n, live);
+  });
 }
 
 void launch_copy_rows(const CopyRows& c, int elem, cudaStream_t stream) {
@@ -335,7 +523,8 @@ void launch_top_k_softmax(const TopKSoftmax& t, cudaStream_t stream) {
 }
 
 void launch_group_pairs(const GroupPairs& g, cudaStream_t stream) {
-  launch(group_pairs_kernel, blocks_for(g.num_experts), stream, g);
+  if (g.num_experts == 0) return;
+  launch("moe_group_pairs", group_pairs_kernel, std::min(g.num_experts, full_grid()), stream, g);
 }
 
 void launch_plan_tiles(const PlanTiles& p, cudaStream_t stream) {
@@ -344,14 +533,21 @@ void launch_plan_tiles(const PlanTiles& p, cudaStream_t stream) {
 }
 
 void launch_gather_rows(const GatherRows& g, int elem, cudaStream_t stream) {
-  const int64_t elements = int64_t(g.num_experts) * g.capacity * g.H;
-  if (elements == 0) return;
+  if (int64_t(g.num_experts) * g.capacity * g.H == 0) return;
+  const int64_t row_bytes = int64_t(g.H) * elem;
+  if (aligned16(row_bytes) && aligned16(g.x) && aligned16(g.gathered)) {
+    launch("moe_gather_rows", gather_rows_kernel<int4>, full_grid(), stream, g,
+           row_bytes / int64_t(sizeof(int4)));
+    return;
+  }
   switch (elem) {
     case 4:
-      launch(gather_rows_kernel<uint32_t>, blocks_for(elements), stream, g);
+      launch("moe_gather_rows", gather_rows_kernel<uint32_t>, full_grid(), stream, g,
+             int64_t(g.H));
       return;
     case 2:
-      launch(gather_rows_kernel<uint16_t>, blocks_for(elements), stream, g);
+      launch("moe_gather_rows", gather_rows_kernel<uint16_t>, full_grid(), stream, g,
+             int64_t(g.H));
       return;
     default:
       throw Error(detail::cat("MoE gather_rows: no kernel for ", elem, "-byte elements"));
@@ -360,12 +556,27 @@ void launch_gather_rows(const GatherRows& g, int elem, cudaStream_t stream) {
 
 void launch_activate(const Activate& a, DType dtype, cudaStream_t stream) {
   if (a.rows * a.width == 0) return;
-  launch_typed<Act>("MoE activate", dtype, blocks_for(a.rows * a.width), stream, a);
+  const LiveRows live = live_rows(a.rows, a.row_limits, a.group_rows);
+  const int64_t ld = a.act == int(Activation::swiglu) ? 2 * a.width : a.width;
+  for_dtype("MoE activate", dtype, [&](auto t) {
+    using T = decltype(t);
+    if (a.width % kWide == 0 && aligned16(a.hidden) && aligned16(a.out) &&
+        aligned16(ld * int64_t(sizeof(float))) && aligned16(a.out_ld * int64_t(sizeof(T))))
+      launch("moe_activate", activate_kernel<T, kWide>, full_grid(), stream, a, live);
+    else
+      launch("moe_activate", activate_kernel<T, 1>, full_grid(), stream, a, live);
+  });
 }
 
 void launch_weighted_sum(const WeightedSum& w, DType dtype, cudaStream_t stream) {
   if (int64_t(w.m) * w.O == 0) return;
-  launch_typed<Weighted>("MoE weighted_sum", dtype, blocks_for(int64_t(w.m) * w.O), stream, w);
+  for_dtype("MoE weighted_sum", dtype, [&](auto t) {
+    using T = decltype(t);
+    if (w.O % kWide == 0 && aligned16(w.rows) && aligned16(w.y))
+      launch("moe_weighted_sum", weighted_sum_kernel<T, kWide>, full_grid(), stream, w);
+    else
+      launch("moe_weighted_sum", weighted_sum_kernel<T, 1>, full_grid(), stream, w);
+  });
 }
 
 void launch_count_ep_rows(const CountEpRows& c, cudaStream_t stream) {

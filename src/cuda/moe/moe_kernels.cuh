@@ -15,7 +15,9 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
 // Rows of `dtype` (f32 or bf16) widened to f32: dst[r, c] = src[r, c] for c < cols. With
 // `row_limits` (per group of `group_rows` rows, the rows in use), rows past a group's limit are
-// skipped.
+// skipped: not read, not written, not walked (the row kernels of moe_kernels.cu visit the rows
+// in use only, on a full grid, in 16-byte words where the pointers, strides and widths are
+// multiples of 16 bytes and 8 elements).
 struct WidenRows {
   const void* src = nullptr;
   int64_t src_ld = 0;
@@ -66,8 +68,9 @@ struct TopKSoftmax {
 };
 void launch_top_k_softmax(const TopKSoftmax& t, cudaStream_t stream);
 
-// Groups a call's (token, slot) pairs by expert into fixed-capacity slots, one thread per
-// expert scanning the pairs in token order, so each expert's rows keep token order (as the CPU):
+// Groups a call's (token, slot) pairs by expert into fixed-capacity slots, a block an expert
+// (the pairs split over its threads in order, placed by a block scan), so each expert's rows
+// keep token order (as the CPU):
 //   counts[e]              rows of expert e (<= capacity)
 //   token_of_row[e * capacity + i]   the token of expert e's i-th row
 //   row_of_pair[t * k + j]           where pair (t, j)'s row is: e * capacity + i
@@ -111,7 +114,8 @@ struct PlanTiles {
 void launch_plan_tiles(const PlanTiles& p, cudaStream_t stream);
 
 // gathered[e * capacity + i, :] = x[token_of_row[e * capacity + i], :] for i < counts[e], in
-// elements of `elem` bytes (the layer's dtype: the expert GEMMs read it as it came).
+// elements of `elem` bytes (the layer's dtype: the expert GEMMs read it as it came). The rows
+// past a count are not walked; rows are copied in 16-byte words where H elem is a multiple of 16.
 struct GatherRows {
   const void* x = nullptr;  // [m, H]
   const int32_t* counts = nullptr;
@@ -125,7 +129,7 @@ void launch_gather_rows(const GatherRows& g, int elem, cudaStream_t stream);
 // written rounded to `dtype` (f32 or bf16, the second GEMM's input) into out [rows, out_ld]:
 // relu / gelu of column c, or swiglu's silu(gate c) * linear c. out may be hidden itself (f32,
 // out_ld = its ld: each element is read before the thread writes it). Rows past a group's limit
-// are skipped (row_limits as WidenRows; may be null).
+// are skipped and not walked (row_limits as WidenRows; may be null).
 struct Activate {
   const float* hidden = nullptr;
   void* out = nullptr;
@@ -138,7 +142,8 @@ struct Activate {
 void launch_activate(const Activate& a, DType dtype, cudaStream_t stream);
 
 // The gating: y[t, o] = sum over j of weights[t, j] * rows[row_of_pair[t * k + j], o], in f32,
-// in slot order, rounded once to `dtype` (f32 or bf16) into y [m, O] contiguous.
+// in slot order, rounded once to `dtype` (f32 or bf16) into y [m, O] contiguous. A warp a token,
+// as the row kernels.
 struct WeightedSum {
   const float* rows = nullptr;  // [*, O]
   const int32_t* row_of_pair = nullptr;
