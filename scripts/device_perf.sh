@@ -27,7 +27,10 @@
 #              duration (SpeedOfLight) and stall reasons (WarpStateStats), with the NCCL row
 #              switched off (PMOE_NCCL_LIBRARY names no file); durations alone where that fails
 #   report     tools/device_perf_report.py: the targets beside the results, pmoe/torch and
-#              pmoe/copy, the kernels' top stalls
+#              pmoe/copy, the kernels' top stalls, and beside every time the kernel model's
+#              prediction for this GPU (tools/pmoe-bench/kernel_model.hpp) from the emulated
+#              device's counts committed in PREDICTED (pmoe-bench all-to-all --gpu), so every
+#              run checks the model
 # Results ($OUT, named with the GPU's model as nvidia-smi gives it, e.g. NVIDIA_H200): perf_GPU.md
 # (the report; also printed last), perf_GPU.json, and perf_GPU_raw.tar.gz (every JSON, CSV, log
 # and ncu report). Three files: device_checks.sh's four beside them stay within the device tool's
@@ -53,6 +56,12 @@ NCU_RUNS=("1 12" "128 13" "1024 25")  # "TOKENS SECONDS", at EP 1
 KILL_AFTER_S=5
 KERNELS='send_tokens|route_rows|land_rows|return_rows|await_owners|reduce_rows|dispatch|combine|route|count'
 SHAPE=(--experts 256 --topk 8 --hidden 7168 --dtype bf16)
+# The kernel model's predictions for the bench's cases: pmoe-bench JSONs of the emulated device
+# with an H100/H200's grid, made here by the command in each file's .md (docs/gpu-all-to-all.md,
+# "Predicted against measured"). Regenerate them when the kernels change.
+PREDICTED=(bench/results/2026-11-28_cpu-2core_emulated_kernel_model_ep1.json
+           bench/results/2026-11-28_cpu-2core_emulated_kernel_model_ep8.json)
+MODEL_GPUS=h100-sxm,h200
 
 dry_run=0 archive=.devkit/kit.tar.gz kit_dir="" bench="" out_dir=""
 while [ $# -gt 0 ]; do
@@ -131,7 +140,7 @@ bounded() {
 # variables above; the dry run shrinks only them (tokens, iterations), never a flag.
 bench_command() {  # RANKS TOKENS ITERS WARMUP NAME
   echo "$BENCH" all-to-all --device cuda --ranks "$1" --tokens "$2" "${SHAPE[@]}" --iters "$3" \
-    --warmup "$4" --json "$WORK/$5.json" --csv "$WORK/$5.csv"
+    --warmup "$4" --gpu "$MODEL_GPUS" --json "$WORK/$5.json" --csv "$WORK/$5.csv"
 }
 torch_command() {  # ITERS DEVICE PMOE_JSON...
   local iters=$1 device=$2
@@ -247,13 +256,28 @@ sys.path.insert(0, "tools")
 import device_perf_report as r
 open(sys.argv[1], "w").write(r.SELF_TEST_CSV)
 PY
+  # The committed predictions the lease's report reads: each has both GPUs' predictions.
+  python3 - "${PREDICTED[@]}" <<'PY' || fail "the committed kernel-model predictions (above)"
+import json, sys
+for path in sys.argv[1:]:
+    rows = [r for r in json.load(open(path))["rows"] if r["op"] in ("dispatch", "combine")]
+    have = [r for r in rows if {"h100-sxm", "h200"} <= set(r["kernel_counts"]["predicted"])]
+    assert rows and len(have) == len(rows), f"{path}: rows without both GPUs' predictions"
+print(f"predictions: {len(sys.argv) - 1} files, every op row predicted for h100-sxm and h200")
+PY
   local report_args=(--gpu "emulated CUDA device" --out "$OUT/perf_$(gpu_tag "emulated CUDA device")"
-                     --ncu "1=$WORK/ncu_ep1_1.csv")
-  for json in "${jsons[@]}"; do report_args+=(--pmoe "$json"); done
+                     --ncu "1=$WORK/ncu_ep1_1.csv" --model-gpu h200)
+  for json in "${jsons[@]}"; do report_args+=(--pmoe "$json" --predicted "$json"); done
   [ -e "$WORK/torch_local.json" ] && report_args+=(--torch "$WORK/torch_local.json")
   if python3 tools/device_perf_report.py "${report_args[@]}" > "$WORK/report.log" 2>&1; then
     grep -q '^### Targets' "$OUT"/perf_*.md && grep -q '^| EP' "$OUT"/perf_*.md ||
       fail "the report lacks its tables"
+    python3 - "$OUT/perf_$(gpu_tag "emulated CUDA device").json" <<'PY' ||
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+assert rows and all(r["predicted_us"] and r["predicted_host_us"] for r in rows), rows
+PY
+      fail "the report printed no prediction beside a measurement"
   else
     cat "$WORK/report.log"
     fail "the report"
@@ -350,6 +374,7 @@ fi
 
 echo "=== report ($(($(date +%s) - started)) s so far)"
 report_args=(--gpu "$GPU" --out "$OUT/perf_$TAG" "${ncu_csvs[@]}")
+for json in "${PREDICTED[@]}"; do report_args+=(--predicted "$json"); done
 for json in "${pmoe_jsons[@]}"; do report_args+=(--pmoe "$json"); done
 [ -e "$WORK/torch_local.json" ] && report_args+=(--torch "$WORK/torch_local.json")
 timeout 10 env LD_LIBRARY_PATH="$MACHINE_LD" python3 tools/device_perf_report.py "${report_args[@]}" \

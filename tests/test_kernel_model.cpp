@@ -38,7 +38,7 @@ TEST(KernelModel, EachTermByHand) {
   c.serial_steps = 100;
   c.total_bytes_read = 3'000'000;  // 4.8 MB in all at 4.8 TB/s: 1 µs
   c.total_bytes_written = 1'800'000;
-  c.system_fences = 264;  // one a block: one fence on the path, 1 µs
+  c.system_fences = 264;   // one a block: one fence on the path, 1 µs
   c.blocks_that_spun = 1;  // a peer wait: 2 x 400 cycles
   const KernelPrediction p = predict_kernel(h200, c, 1);
   EXPECT_EQ(p.waves, 1);  // 264 blocks fill 132 SMs at 2 each
@@ -61,7 +61,7 @@ TEST(KernelModel, RanksSharingTheGpuTakeTurnsAndShareItsBandwidth) {
   c.total_bytes_read = 24 * 480'000;  // each rank's launch reads 0.48 MB
   const KernelPrediction p = predict_kernel(h200, c, 8, 3);
   EXPECT_DOUBLE_EQ(p.launches_per_call, 1.0);
-  EXPECT_EQ(p.waves, 8);                              // 8 x 264 blocks, 264 at a time
+  EXPECT_EQ(p.waves, 8);  // 8 x 264 blocks, 264 at a time
   EXPECT_NEAR(p.steps_us, 8 * 10 * kL2Us, 1e-12);
   EXPECT_NEAR(p.bytes_us, 8 * 0.48e6 / 4.8e6, 1e-12);  // the 8 launches at once: 0.8 µs
   // A one-block kernel of 8 ranks fits one wave.
@@ -91,9 +91,9 @@ TEST(KernelModel, ACopyAndTheNames) {
   EXPECT_EQ(gpu_names(), (std::vector<std::string>{"h100-sxm", "h200"}));
   for (const std::string& name : gpu_names()) {
     const GpuSpec& g = find_gpu(name);
-    for (const GpuFigure* f : {&g.sms, &g.clock_ghz, &g.hbm_gbps, &g.l2_latency_cycles,
-                               &g.barrier_cycles, &g.launch_us, &g.host_launch_us,
-                               &g.system_fence_us, &g.peer_wait_us, &g.nvlink_gbps}) {
+    for (const GpuFigure* f :
+         {&g.sms, &g.clock_ghz, &g.hbm_gbps, &g.l2_latency_cycles, &g.barrier_cycles, &g.launch_us,
+          &g.host_launch_us, &g.system_fence_us, &g.peer_wait_us, &g.nvlink_gbps}) {
       EXPECT_GT(f->value, 0) << name;
       EXPECT_GT(std::string(f->source).size(), 20u) << name << ": every figure says its source";
     }

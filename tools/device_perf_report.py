@@ -3,14 +3,19 @@ the same bytes, the issue's targets beside the results, and each exchange kernel
 stall reasons as ncu measured them at EP1.
 
     python3 tools/device_perf_report.py --gpu NAME --pmoe BENCH.json [--pmoe MORE.json]
-        [--torch TORCH.json] [--ncu TOKENS=RAW.csv ...] --out OUT
+        [--torch TORCH.json] [--ncu TOKENS=RAW.csv ...] [--predicted EMULATED.json ...]
+        [--model-gpu h100-sxm|h200] --out OUT
         writes OUT.md (printed too) and OUT.json
     python3 tools/device_perf_report.py --self-test
         parses a small ncu CSV written here in ncu's raw-page layout (the dry run's check)
 
 Inputs: pmoe-bench all-to-all --device cuda's JSON (rows dispatch, combine, dispatch_combine and
 nccl_alltoallv, times of the slowest rank, ranks sharing the GPU); tools/torch_local_exchange.py's
-JSON; `ncu --import REPORT --csv --page raw --print-units base` of runs at EP1. Missing inputs are
+JSON; `ncu --import REPORT --csv --page raw --print-units base` of runs at EP1; and the kernel
+model's predictions: pmoe-bench JSONs of runs on the emulated device with --gpu (each op row's
+kernel_counts.predicted[GPU]: kernel_us for a graph replay, host_us with the host's launches, each
+kernel's µs), printed beside every measurement of the model's GPU (--model-gpu, else named from
+--gpu: H200 -> h200, H100 -> h100-sxm), so every run checks the model. Missing inputs are
 reported as not measured. The exit status is 0 whether targets are met or not (they are printed,
 met or NOT met); 2 where an input cannot be read.
 """
@@ -136,6 +141,43 @@ def load_torch(path):
     return {(r["ep"], r["tokens"], r["op"]): r for r in doc["rows"]}
 
 
+def model_gpu_for(name):
+    """The kernel model's GPU for nvidia-smi's name, or None."""
+    upper = (name or "").upper()
+    return "h200" if "H200" in upper else "h100-sxm" if "H100" in upper else None
+
+
+def load_predicted(paths, gpu):
+    """(W, m, op) -> {kernel_us, host_us, copy_fraction, kernels: {name: µs}, commit} for `gpu`,
+    from pmoe-bench JSONs of the emulated device run with --gpu."""
+    out = {}
+    for path in paths or []:
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"device_perf_report: {path}: {e}; no predictions from it", file=sys.stderr)
+            continue
+        commit = doc.get("commit")
+        for r in doc["rows"]:
+            p = ((r.get("kernel_counts") or {}).get("predicted") or {}).get(gpu)
+            if p:
+                out[(r["ranks"], r["tokens"], r["op"])] = {
+                    "kernel_us": p["kernel_us"], "host_us": p["host_us"],
+                    "copy_fraction": p.get("copy_fraction"), "commit": commit,
+                    "kernels": {k["kernel"]: k["total_us"] for k in p["kernels"]}}
+    return out
+
+
+def kernel_base(name):
+    """ncu's kernel name without template arguments or parameters: reduce_rows<...> -> reduce_rows."""
+    return re.split(r"[<(]", name, maxsplit=1)[0].split("::")[-1].strip()
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
 def fmt(v, spec=".1f"):
     return "–" if v is None else format(v, spec)
 
@@ -143,13 +185,18 @@ def fmt(v, spec=".1f"):
 def build(args):
     pmoe, machine = load_pmoe(args.pmoe)
     torch = load_torch(args.torch)
+    model_gpu = args.model_gpu or model_gpu_for(args.gpu)
+    predicted = load_predicted(args.predicted, model_gpu) if model_gpu else {}
     configs = sorted({(W, m) for (W, m, op) in pmoe if op in ("dispatch", "combine")})
     rows = []
     for W, m in configs:
         for op in ("dispatch", "combine"):
             p = pmoe.get((W, m, op))
             t = torch.get((W, m, op))
+            h = pmoe.get((W, m, op + "_host"))
+            pred = predicted.get((W, m, op)) or {}
             pm = p.get("median_us") if p else None
+            hm = h.get("median_us") if h else None
             tm = t["torch"]["median_us"] if t else None
             cm = t["copy"]["median_us"] if t else None
             rows.append({
@@ -161,6 +208,11 @@ def build(args):
                 "pmoe_over_copy": pm / cm if pm and cm else None,
                 "copy_fraction": cm / pm if pm and cm else None,
                 "bench_copy_fraction": p.get("copy_fraction") if p else None,
+                "pmoe_host_median_us": hm,
+                "predicted_us": pred.get("kernel_us"), "predicted_host_us": pred.get("host_us"),
+                "predicted_copy_fraction": pred.get("copy_fraction"),
+                "measured_over_predicted": ratio(pm, pred.get("kernel_us")),
+                "host_measured_over_predicted": ratio(hm, pred.get("host_us")),
             })
     nccl = []
     for W, m in configs:
@@ -182,7 +234,9 @@ def build(args):
             met = None if value is None else value >= goal
             goal_text = f">= {goal:g}"
         targets.append({"target": label, "goal": goal_text, "value": value, "met": met,
-                        "pmoe_mean_us": r["pmoe_mean_us"] if r else None})
+                        "pmoe_mean_us": r["pmoe_mean_us"] if r else None,
+                        "predicted": (r["predicted_us"] if kind == "us"
+                                      else r["predicted_copy_fraction"]) if r else None})
     ncu = {}
     for spec in args.ncu or []:
         tokens, _, path = spec.partition("=")
@@ -191,8 +245,16 @@ def build(args):
                 ncu[tokens] = parse_ncu(f.read())
         except (OSError, ValueError) as e:
             ncu[tokens] = {"error": f"{path}: {e}"}
+    for tokens, kernels in ncu.items():
+        pred = (predicted.get((1, int(tokens), "dispatch")) or {}).get("kernels", {}).copy()
+        pred.update((predicted.get((1, int(tokens), "combine")) or {}).get("kernels", {}))
+        for name, k in kernels.items():
+            if name != "error":
+                k["predicted_us"] = pred.get(kernel_base(name))
+    commits = sorted({p["commit"] for p in predicted.values() if p.get("commit")})
     return {"gpu": args.gpu, "machine": machine, "targets": targets, "rows": rows,
-            "nccl": nccl, "ncu_ep1": ncu}
+            "nccl": nccl, "ncu_ep1": ncu, "model_gpu": model_gpu,
+            "predicted_from": {"files": args.predicted or [], "commits": commits}}
 
 
 def markdown(doc):
@@ -201,23 +263,35 @@ def markdown(doc):
            "the GPU, median (mean) of the slowest rank's times; torch: one process exchanging the "
            "same rows (EP x tokens of them) with index_select / index_add_ in f32; copy: one "
            "device-to-device copy of the bytes pmoe-bench counts for the op on all ranks "
-           "(tools/torch_local_exchange.py).", "",
-           "### Targets", "", "| target | goal | measured | met |", "|---|---|---|---|"]
+           "(tools/torch_local_exchange.py). pmoe µs: events around a replay of the op captured "
+           "in a CUDA graph (the kernels' time); host µs: events recorded before the host's "
+           "launches. predicted: the kernel model (tools/pmoe-bench/kernel_model.hpp) for "
+           f"{doc['model_gpu'] or 'no GPU it knows'}, from the counts of the emulated device "
+           f"({', '.join(doc['predicted_from']['files']) or 'none given'}; commit "
+           f"{', '.join(doc['predicted_from']['commits']) or '?'}): measured/predicted within "
+           "0.5..2 is the model holding.", "",
+           "### Targets", "", "| target | goal | measured | predicted | met |",
+           "|---|---|---|---|---|"]
     for t in doc["targets"]:
         value = "not measured" if t["value"] is None else (
             f"{t['value']:.1f} µs (mean {fmt(t['pmoe_mean_us'])})" if "µs" in t["goal"]
             else f"{t['value']:.2f}")
         met = {None: "not measured", True: "met", False: "NOT met"}[t["met"]]
-        out.append(f"| {t['target']} | {t['goal']} | {value} | {met} |")
+        spec = ".1f" if "µs" in t["goal"] else ".2f"
+        out.append(f"| {t['target']} | {t['goal']} | {value} | {fmt(t['predicted'], spec)} | {met} |")
     met = sum(t["met"] is True for t in doc["targets"])
     measured = sum(t["met"] is not None for t in doc["targets"])
     out += ["", f"{met} of {len(doc['targets'])} targets met ({measured} measured).", "",
             "### pmoe, torch and a copy of the same bytes", "",
-            "| EP | tokens/rank | op | pmoe µs | torch µs | copy µs | pmoe/torch | pmoe/copy | "
-            "copy/pmoe | pmoe-bench's copy_fraction |",
-            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "| EP | tokens/rank | op | pmoe µs | predicted µs | measured/predicted | host µs | "
+            "predicted host µs | measured/predicted | torch µs | copy µs | pmoe/torch | "
+            "pmoe/copy | copy/pmoe | pmoe-bench's copy_fraction |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in doc["rows"]:
         out.append(f"| {r['ep']} | {r['tokens']} | {r['op']} | {fmt(r['pmoe_median_us'])} | "
+                   f"{fmt(r['predicted_us'])} | {fmt(r['measured_over_predicted'], '.2f')} | "
+                   f"{fmt(r['pmoe_host_median_us'])} | {fmt(r['predicted_host_us'])} | "
+                   f"{fmt(r['host_measured_over_predicted'], '.2f')} | "
                    f"{fmt(r['torch_median_us'])} | {fmt(r['copy_median_us'])} | "
                    f"{fmt(r['pmoe_over_torch'], '.2f')} | {fmt(r['pmoe_over_copy'], '.2f')} | "
                    f"{fmt(r['copy_fraction'], '.2f')} | {fmt(r['bench_copy_fraction'], '.2f')} |")
@@ -240,11 +314,13 @@ def markdown(doc):
         if not kernels:
             out.append("ncu profiled no kernel whose name the filter matches.")
             continue
-        out += ["| kernel | launches | µs (median) | grid x block | regs | DRAM % of peak | "
-                "top stalls (warp cycles per issued instruction) |", "|---|---:|---:|---|---:|---:|---|"]
+        out += ["| kernel | launches | µs (median) | predicted µs (a call's launches) | grid x block | "
+                "regs | DRAM % of peak | top stalls (warp cycles per issued instruction) |",
+                "|---|---:|---:|---:|---|---:|---:|---|"]
         for name, k in sorted(kernels.items(), key=lambda kv: -(kv[1]["duration_us"] or 0)):
             stalls = ", ".join(f"{reason} {v:.1f}" for reason, v in k["stalls"][:3]) or "–"
             out.append(f"| {name} | {k['launches']} | {fmt(k['duration_us'], '.2f')} | "
+                       f"{fmt(k.get('predicted_us'), '.2f')} | "
                        f"{k['grid']} x {k['block']} | {fmt(k['registers'], '.0f')} | "
                        f"{fmt(k['dram_pct'])} | {stalls} |")
     return "\n".join(out) + "\n"
@@ -275,6 +351,9 @@ def main():
     parser.add_argument("--pmoe", action="append", default=[])
     parser.add_argument("--torch")
     parser.add_argument("--ncu", action="append", help="TOKENS=CSV, ncu's raw page at EP1")
+    parser.add_argument("--predicted", action="append", default=[],
+                        help="pmoe-bench JSON of the emulated device run with --gpu")
+    parser.add_argument("--model-gpu", help="the kernel model's GPU (default: from --gpu)")
     parser.add_argument("--out", help="write OUT.md and OUT.json")
     parser.add_argument("--self-test", action="store_true")
     args = parser.parse_args()

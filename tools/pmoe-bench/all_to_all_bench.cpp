@@ -224,14 +224,17 @@ std::vector<std::string> split_names(const std::string& list) {
   return names;
 }
 
-json print_op_counts(const char* op, const std::vector<KernelCounts>& counts, int ranks,
-                     int tokens, double min_bytes, const std::string& gpus) {
-  std::printf("\n%s, %d rank(s), %d tokens per rank: one call on every rank, counted on the emulated "
-              "device (critical path: the most of any launch, block or thread; bytes: every "
-              "rank's launches)\n\n", op, ranks, tokens);
-  std::printf("| kernel | launches | grid | barrier rounds | blocks waiting on own grid | "
-              "blocks that spun | serial steps | bytes read | bytes written | system fences |\n"
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+json print_op_counts(const char* op, const std::vector<KernelCounts>& counts, int ranks, int tokens,
+                     double min_bytes, const std::string& gpus) {
+  std::printf(
+      "\n%s, %d rank(s), %d tokens per rank: one call on every rank, counted on the "
+      "emulated device (critical path: the most of any launch, block or thread; bytes: every "
+      "rank's launches)\n\n",
+      op, ranks, tokens);
+  std::printf(
+      "| kernel | launches | grid | barrier rounds | blocks waiting on own grid | "
+      "blocks that spun | serial steps | bytes read | bytes written | system fences |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   json kernels = json::array();
   int64_t moved = 0;
   for (const KernelCounts& k : counts) {
@@ -240,45 +243,62 @@ json print_op_counts(const char* op, const std::vector<KernelCounts>& counts, in
                 k.blocks_that_spun, (long long)k.serial_steps, (long long)k.total_bytes_read,
                 (long long)k.total_bytes_written, k.system_fences);
     moved += k.total_bytes_read + k.total_bytes_written;
-    kernels.push_back({{"kernel", k.kernel}, {"launches", k.launches}, {"grid", k.blocks},
+    kernels.push_back({{"kernel", k.kernel},
+                       {"launches", k.launches},
+                       {"grid", k.blocks},
                        {"barrier_rounds", k.barrier_rounds},
                        {"blocks_waiting_on_own_grid", k.blocks_waiting_on_own_grid},
-                       {"blocks_that_spun", k.blocks_that_spun}, {"serial_steps", k.serial_steps},
-                       {"bytes_read", k.bytes_read}, {"bytes_written", k.bytes_written},
+                       {"blocks_that_spun", k.blocks_that_spun},
+                       {"serial_steps", k.serial_steps},
+                       {"bytes_read", k.bytes_read},
+                       {"bytes_written", k.bytes_written},
                        {"total_bytes_read", k.total_bytes_read},
                        {"total_bytes_written", k.total_bytes_written},
                        {"system_fences", k.system_fences}});
   }
   const double ratio = min_bytes > 0 ? double(moved) / min_bytes : 0.0;
-  std::printf("\n%s moved %lld bytes (read + written, all ranks) against the %.0f it must move: "
-              "%.2fx the minimum\n", op, (long long)moved, min_bytes, ratio);
-  json out = {{"kernels", kernels}, {"bytes_moved", moved}, {"bytes_min", min_bytes},
+  std::printf(
+      "\n%s moved %lld bytes (read + written, all ranks) against the %.0f it must move: "
+      "%.2fx the minimum\n",
+      op, (long long)moved, min_bytes, ratio);
+  json out = {{"kernels", kernels},
+              {"bytes_moved", moved},
+              {"bytes_min", min_bytes},
               {"bytes_over_min", ratio}};
   for (const std::string& name : split_names(gpus)) {
     const GpuSpec& g = find_gpu(name);
     const OpPrediction p = predict_op(g, counts, ranks);
-    std::printf("\nKernel model (tools/pmoe-bench/kernel_model.hpp), %s, the %d rank(s) sharing it: "
-                "µs per call\n\n| kernel | launches a rank | waves | launch | rounds | steps | "
-                "bytes | fences | peer wait | total |\n"
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-                g.description.c_str(), ranks);
+    std::printf(
+        "\nKernel model (tools/pmoe-bench/kernel_model.hpp), %s, the %d rank(s) sharing "
+        "it: µs per call\n\n| kernel | launches a rank | waves | launch | rounds | steps | "
+        "bytes | fences | peer wait | total |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        g.description.c_str(), ranks);
     json predicted = json::array();
     for (const KernelPrediction& k : p.kernels) {
       std::printf("| %s | %.0f | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
                   k.kernel.c_str(), k.launches_per_call, k.waves, k.launch_us, k.rounds_us,
                   k.steps_us, k.bytes_us, k.fences_us, k.wait_us, k.total_us);
-      predicted.push_back({{"kernel", k.kernel}, {"launches_per_call", k.launches_per_call},
-                           {"waves", k.waves}, {"launch_us", k.launch_us},
-                           {"rounds_us", k.rounds_us}, {"steps_us", k.steps_us},
-                           {"bytes_us", k.bytes_us}, {"fences_us", k.fences_us},
-                           {"wait_us", k.wait_us}, {"total_us", k.total_us}});
+      predicted.push_back({{"kernel", k.kernel},
+                           {"launches_per_call", k.launches_per_call},
+                           {"waves", k.waves},
+                           {"launch_us", k.launch_us},
+                           {"rounds_us", k.rounds_us},
+                           {"steps_us", k.steps_us},
+                           {"bytes_us", k.bytes_us},
+                           {"fences_us", k.fences_us},
+                           {"wait_us", k.wait_us},
+                           {"total_us", k.total_us}});
     }
-    const double copy = copy_us(g, min_bytes / 2);  // a copy moving the op's minimum, read + written
-    std::printf("\n%s predicted on %s: %.1f µs of kernels (a graph replay), %.1f µs with the host's "
-                "launches; a copy of its minimum bytes: %.1f µs (fraction of a copy %.2f)\n", op,
-                g.name.c_str(), p.kernel_us, p.host_us, copy, copy / p.kernel_us);
-    out["predicted"][g.name] = {{"kernel_us", p.kernel_us}, {"host_us", p.host_us},
-                                {"copy_us", copy}, {"copy_fraction", copy / p.kernel_us},
+    const double copy = copy_us(g, min_bytes / 2);  // a copy moving the op's minimum (r + w)
+    std::printf(
+        "\n%s predicted on %s: %.1f µs of kernels (a graph replay), %.1f µs with the "
+        "host's launches; a copy of its minimum bytes: %.1f µs (fraction of a copy %.2f)\n",
+        op, g.name.c_str(), p.kernel_us, p.host_us, copy, copy / p.kernel_us);
+    out["predicted"][g.name] = {{"kernel_us", p.kernel_us},
+                                {"host_us", p.host_us},
+                                {"copy_us", copy},
+                                {"copy_fraction", copy / p.kernel_us},
                                 {"kernels", predicted}};
   }
   return out;

@@ -41,8 +41,7 @@ constexpr const char* kNvlinkSource =
     "NVIDIA H100 / H200 datasheets: NVLink 900 GB/s bidirectional, 450 GB/s a direction; not "
     "used while the ranks share one GPU (every measurement so far)";
 
-GpuSpec hopper(std::string name, std::string description, double hbm_gbps,
-               const char* hbm_source) {
+GpuSpec hopper(std::string name, std::string description, double hbm_gbps, const char* hbm_source) {
   GpuSpec g;
   g.name = std::move(name);
   g.description = std::move(description);
@@ -88,8 +87,8 @@ const GpuSpec& find_gpu(const std::string& name) {
 }
 
 KernelPrediction predict_kernel(const GpuSpec& gpu, const KernelCounts& c, int ranks, int calls) {
-  PMOE_CHECK(ranks >= 1 && calls >= 1, "predict_kernel: ranks and calls must be >= 1, got ",
-             ranks, " and ", calls);
+  PMOE_CHECK(ranks >= 1 && calls >= 1, "predict_kernel: ranks and calls must be >= 1, got ", ranks,
+             " and ", calls);
   KernelPrediction p;
   p.kernel = c.kernel;
   const double per_rank_launches = double(c.launches) / ranks;  // over all calls
@@ -106,8 +105,8 @@ KernelPrediction predict_kernel(const GpuSpec& gpu, const KernelCounts& c, int r
   p.steps_us = p.waves * double(c.serial_steps) * l2_us;
   const double bytes = double(c.total_bytes_read + c.total_bytes_written) / per_rank_launches;
   p.bytes_us = bytes / (gpu.hbm_gbps.value * 1e3);  // GB/s = 1e3 bytes per µs
-  p.fences_us = std::ceil(double(c.system_fences) / std::max(1u, c.blocks)) *
-                gpu.system_fence_us.value;
+  p.fences_us =
+      std::ceil(double(c.system_fences) / std::max(1u, c.blocks)) * gpu.system_fence_us.value;
   p.wait_us = c.blocks_that_spun > 0 ? gpu.peer_wait_us.value : 0.0;
   const double one = p.launch_us + p.rounds_us + p.steps_us + p.bytes_us + p.fences_us + p.wait_us;
   p.launch_us *= p.launches_per_call;
