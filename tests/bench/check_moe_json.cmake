@@ -1,7 +1,8 @@
 # Checks the JSON of pmoe-bench moe --device cuda (bench.moe_cuda.columns in tests/CMakeLists.txt):
 # every row has the phase times its layer runs, its device memory, its expert GEMMs' rate and rows
 # issued / rows in use and, for EP, its traffic, all above 0 (on a device they were 0 before the
-# layers timed their phases and counted their bytes, and stay 0 without MoeConfig::device_stats).
+# layers timed their phases and counted their bytes, and stay 0 without MoeConfig::device_stats),
+# and names the kernels its expert GEMMs took.
 #   cmake -DJSON=<file written by --json> -P check_moe_json.cmake
 file(READ "${JSON}" text)
 string(JSON rows GET "${text}" rows)
@@ -24,5 +25,11 @@ foreach(i RANGE ${last})
       message(FATAL_ERROR "${JSON}: row ${i} (${variant}): ${field} = ${value}, expected > 0")
     endif()
   endforeach()
+  # Which kernels the expert GEMMs took, as the layer reported it ("-" where it said nothing).
+  string(JSON gemm GET "${rows}" ${i} expert_gemm)
+  if(gemm STREQUAL "" OR gemm STREQUAL "-")
+    message(FATAL_ERROR "${JSON}: row ${i} (${variant}): expert_gemm not reported")
+  endif()
 endforeach()
-message(STATUS "${count} rows: phase times, device memory, GEMM rate and rows, EP traffic > 0")
+message(STATUS "${count} rows: phase times, device memory, GEMM rate and rows, EP traffic > 0, "
+               "expert GEMM path named")

@@ -10,12 +10,14 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "moe_bench.hpp"
 #include "pmoe/error.hpp"
+#include "pmoe/moe.hpp"
 #include "report.hpp"
 #include "subcommands.hpp"
 
@@ -128,6 +130,25 @@ std::vector<int> rows_to_check(const MoeConfig& c, int batch, int ranks) {
   return rows;
 }
 
+// Each expert's rows when the layer's router routes x: the CPU Router, which picks as the
+// device's does (the same f32 logits up to summation order, ties to the lower expert), so
+// torch's baseline gets the groups pmoe's expert stage gets, not an even split.
+std::vector<int64_t> routed_group_sizes(const MoeConfig& c, const Tensor& x) {
+  const int m = int(x.size(0));
+  Buffer indices(DType::i32, {m, c.top_k}), weights(DType::f32, {m, c.top_k});
+  Router(c).route(x, indices, weights);
+  std::vector<int64_t> sizes(size_t(c.num_experts), 0);
+  const int32_t* picked = indices.data<int32_t>();
+  for (int64_t i = 0; i < int64_t(m) * c.top_k; ++i) ++sizes[size_t(picked[i])];
+  return sizes;
+}
+
+std::string joined(const std::vector<int64_t>& values) {
+  std::string out;
+  for (int64_t v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
+  return out;
+}
+
 nlohmann::json row_json(const std::string& variant, const MoeConfig& c, int batch,
                         const std::string& key, int value, const MoeRunResult& r) {
   return {{"variant", variant},
@@ -156,7 +177,8 @@ nlohmann::json row_json(const std::string& variant, const MoeConfig& c, int batc
           {"ranks", r.ranks},
           {"blas_threads", r.blas_threads},
           {"check_max_rel_error", r.check_error},
-          {"checked_rows", r.checked_rows}};
+          {"checked_rows", r.checked_rows},
+          {"expert_gemm", r.expert_gemm.empty() ? std::string("-") : r.expert_gemm}};
 }
 
 nlohmann::json gemm_rate_json(const std::string& key, int value, const GemmRate& g) {
@@ -172,11 +194,13 @@ nlohmann::json gemm_rate_json(const std::string& key, int value, const GemmRate&
           {"ratio", g.grouped_ms > 0 ? g.dense_ms / g.grouped_ms : 0.0}};
 }
 
-// Beside pmoe's expert stage on a device, torch._grouped_mm's on the same GPU, shapes and rows
-// (tools/torch_grouped_mm.py, one line a batch: its time and TFLOP/s, or why it did not run),
-// for the presets' batch sweeps (issue 41). Only where the script is found; its failure is
+// Beside pmoe's expert stage on a device (and the kernels its GEMMs took), torch._grouped_mm's
+// on the same GPU, shapes and rows, each expert's group as pmoe's router made it
+// (tools/torch_grouped_mm.py --group-sizes; one line a batch: its time and TFLOP/s, or why it
+// did not run), for the presets' batch sweeps. Only where the script is found; its failure is
 // printed, not raised: it is a baseline, not pmoe's check.
-void print_torch_grouped_mm(const Options& o, const std::vector<nlohmann::json>& rows) {
+void print_torch_grouped_mm(const Options& o, const std::vector<nlohmann::json>& rows,
+                            const std::map<int, std::vector<int64_t>>& group_sizes) {
   if (o.preset.empty() || o.benchmark_type != "batch_size") return;
   std::string script = std::string(PMOE_SOURCE_DIR) + "/tools/torch_grouped_mm.py";
   if (std::FILE* f = std::fopen(script.c_str(), "r")) {
@@ -188,13 +212,18 @@ void print_torch_grouped_mm(const Options& o, const std::vector<nlohmann::json>&
   int last_batch = -1;
   for (const nlohmann::json& r : rows) {
     const int batch = r.value("batch_size", 0);
-    std::printf("pmoe (%s), %s expert stage, batch %d: %.3f ms, %.1f TFLOP/s\n",
+    std::printf("pmoe (%s), %s expert stage, batch %d: %.3f ms, %.1f TFLOP/s, expert GEMMs: %s\n",
                 r.value("variant", std::string("?")).c_str(), o.preset.c_str(), batch,
-                r.value("experts_ms", 0.0), r.value("gemm_tflops", 0.0));
+                r.value("experts_ms", 0.0), r.value("gemm_tflops", 0.0),
+                r.value("expert_gemm", std::string("?")).c_str());
     if (batch == last_batch) continue;  // torch's once a batch, after the first layer's line
     last_batch = batch;
-    const std::string command = "python3 '" + script + "' --preset '" + o.preset +
-                                "' --batch " + std::to_string(batch) + " 2>&1";
+    std::string command = "python3 '" + script + "' --preset '" + o.preset + "' --batch " +
+                          std::to_string(batch);
+    if (const auto sizes = group_sizes.find(batch); sizes != group_sizes.end())
+      command += " --experts " + std::to_string(sizes->second.size()) + " --group-sizes " +
+                 joined(sizes->second);
+    command += " 2>&1";
     std::string out;
     if (std::FILE* pipe = popen(command.c_str(), "r")) {
       char buffer[512];
@@ -244,6 +273,7 @@ void run(Options o, const CLI::App& cmd) {
                         : "CUDA GPU";
   nlohmann::json rows = nlohmann::json::array(), rates = nlohmann::json::array();
   std::vector<std::pair<int, MoeRunResult>> ep_results;
+  std::map<int, std::vector<int64_t>> group_sizes;  // batch -> each expert's rows (torch's groups)
   for (int value : values) {
     MoeConfig c;
     c.feature_dim = o.benchmark_type == "feature_dim" ? value : o.feature;
@@ -259,6 +289,9 @@ void run(Options o, const CLI::App& cmd) {
     const int batch = o.benchmark_type == "batch_size" ? value : o.batch;
     const Buffer x = reference::make_moe_input(c, batch, o.seed + 1);
     const auto expected = reference::reference_moe(c, x, rows_to_check(c, batch, o.ranks));
+    if (o.device == "cuda" && !o.preset.empty() && o.benchmark_type == "batch_size" &&
+        is_printing_rank())
+      group_sizes[batch] = routed_group_sizes(c, x);
     for (MoeVariantKind v : variants) {
       MoeRunSpec spec;
       spec.variant = v;
@@ -325,12 +358,13 @@ void run(Options o, const CLI::App& cmd) {
                         : "cudaMemGetInfo sampled after building and after timing");
   std::printf("\n");
   const std::string key = o.benchmark_type;
-  print_markdown({column("variant", "variant"), column(key, key),
-                  column("Min Duration (ms)", "min_ms", "%.3f"),
-                  column("Median Duration (ms)", "median_ms", "%.3f"),
-                  column("Max Duration (ms)", "max_ms", "%.3f"),
-                  column("Max Memory (MB)", "max_mem_mb", "%.2f")},
-                 rows);
+  std::vector<Column> times = {column("variant", "variant"), column(key, key),
+                               column("Min Duration (ms)", "min_ms", "%.3f"),
+                               column("Median Duration (ms)", "median_ms", "%.3f"),
+                               column("Max Duration (ms)", "max_ms", "%.3f"),
+                               column("Max Memory (MB)", "max_mem_mb", "%.2f")};
+  if (o.device == "cuda") times.push_back(column("expert GEMMs", "expert_gemm"));
+  print_markdown(times, rows);
   std::printf(
       "\nPer rank (max over ranks): work, traffic, memory, and the median time of each "
       "phase of a forward; over all ranks: the expert GEMMs' rate (FLOPs of the rows in use per "
@@ -367,7 +401,7 @@ void run(Options o, const CLI::App& cmd) {
          column("GFLOP/s", "dense_gflops", "%.2f"), column("ratio", "ratio", "%.3f")},
         rates);
   }
-  if (o.device == "cuda") print_torch_grouped_mm(o, rows);
+  if (o.device == "cuda") print_torch_grouped_mm(o, rows, group_sizes);
   if (!o.json_path.empty()) write_json(o.json_path, config, rows, {{"gemm_rate", rates}});
   if (!o.csv_path.empty()) write_csv(o.csv_path, rows);
   if (!o.plot_path.empty()) {

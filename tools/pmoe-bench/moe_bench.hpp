@@ -61,6 +61,9 @@ struct MoeRunResult {
   // stage (median), in TFLOP/s.
   double issued_per_used = 0, gemm_tflops = 0;
   std::vector<GemmRate> gemm_rates;  // EP with gemm_rate
+  // Which kernels ran the expert GEMMs (rank 0's last forward, MoeStats::expert_gemm): "" on
+  // the CPU.
+  std::string expert_gemm;
 };
 
 // Builds the layer on its ranks, checks one forward against `expected` (throws pmoe::Error on a

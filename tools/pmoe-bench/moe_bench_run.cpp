@@ -154,7 +154,7 @@ class DeviceMemoryPeak {
 
 void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
               const reference::MoeExpected& expected, std::vector<RankReport>& reports,
-              std::vector<double>& iteration_ms) {
+              std::vector<double>& iteration_ms, std::string& expert_gemm) {
   const MoeConfig& c = spec.config;
   const int W = comm.size(), rank = comm.rank();
   const bool ep = spec.variant == MoeVariantKind::ep;
@@ -248,6 +248,7 @@ void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
       return median_of(v);
     };
     const MoeStats& last = timed.back();
+    expert_gemm = last.expert_gemm;
     report.weight_bytes = double(layer.weight_bytes());
     report.workspace_bytes = double(layer.workspace_bytes());
     report.gflop = (last.expert_flops + last.router_flops) / 1e9;
@@ -292,11 +293,13 @@ MoeRunResult run_moe_variant(const MoeRunSpec& spec, const Tensor& x,
   auto body = [&](Communicator& comm) {
     std::vector<RankReport> reports;
     std::vector<double> iteration_ms;
-    run_rank(comm, spec, x, expected, reports, iteration_ms);
+    std::string expert_gemm;
+    run_rank(comm, spec, x, expected, reports, iteration_ms, expert_gemm);
     if (comm.rank() != 0) return;
     std::lock_guard lock(mutex);
     result.ms = summarize(iteration_ms);
     result.ranks = comm.size();
+    result.expert_gemm = expert_gemm;
     result.blas_threads = cpu::blas_threads();
     const int E_local = spec.config.num_experts / comm.size();
     double issued = 0, used = 0, used_flops = 0;

@@ -213,14 +213,19 @@ __global__ void __launch_bounds__(kBlockThreads) narrow_rows_kernel(const Narrow
   });
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kBlockThreads) copy_rows_kernel(const CopyRows c) {
-  const T* src = static_cast<const T*>(c.src);
-  T* dst = static_cast<T*>(c.dst);
-  for (int64_t e = first_index(); e < c.rows * c.dst_cols; e += grid_step()) {
-    const int64_t r = e / c.dst_cols, col = e % c.dst_cols;
-    store_to_peer(dst + r * c.dst_ld + col, col < c.copy_cols ? src[r * c.src_ld + col] : T(0));
-  }
+// W: a 16-byte word where every width, stride and pointer allows, else the element; the sizes
+// in W's.
+template <typename W>
+__global__ void __launch_bounds__(kBlockThreads) copy_rows_kernel(const CopyRows c,
+                                                                 const int64_t words_per_elem) {
+  const W* src = static_cast<const W*>(c.src);
+  W* dst = static_cast<W*>(c.dst);
+  const int64_t copy = c.copy_cols / words_per_elem, width = c.dst_cols / words_per_elem;
+  const int64_t src_ld = c.src_ld / words_per_elem, dst_ld = c.dst_ld / words_per_elem;
+  for_each_live_row({nullptr, 1, c.rows}, [&](int64_t r, int lane) {
+    for (int64_t w = lane; w < width; w += kTeam)
+      store_global(dst + r * dst_ld + w, w < copy ? load_global(src + r * src_ld + w) : W{});
+  });
 }
 
 __global__ void __launch_bounds__(kBlockThreads) top_k_softmax_kernel(const TopKSoftmax t) {
@@ -503,14 +508,21 @@ void launch_narrow_rows(const NarrowRows& n, DType dtype, cudaStream_t stream) {
 }
 
 void launch_copy_rows(const CopyRows& c, int elem, cudaStream_t stream) {
-  const int64_t elements = c.rows * c.dst_cols;
-  if (elements == 0) return;
+  if (c.rows * c.dst_cols == 0) return;
+  // Elements a 16-byte word, where every width and stride is whole words.
+  const int64_t per_word = int64_t(sizeof(int4)) / std::max(elem, 1);
+  if (elem > 0 && c.copy_cols % per_word == 0 && c.dst_cols % per_word == 0 &&
+      c.src_ld % per_word == 0 && c.dst_ld % per_word == 0 && aligned16(c.src) &&
+      aligned16(c.dst)) {
+    launch("moe_copy_rows", copy_rows_kernel<int4>, full_grid(), stream, c, per_word);
+    return;
+  }
   switch (elem) {
     case 4:
-      launch(copy_rows_kernel<uint32_t>, blocks_for(elements), stream, c);
+      launch("moe_copy_rows", copy_rows_kernel<uint32_t>, full_grid(), stream, c, int64_t(1));
       return;
     case 2:
-      launch(copy_rows_kernel<uint16_t>, blocks_for(elements), stream, c);
+      launch("moe_copy_rows", copy_rows_kernel<uint16_t>, full_grid(), stream, c, int64_t(1));
       return;
     default:
       throw Error(detail::cat("MoE copy_rows: no kernel for ", elem, "-byte elements"));

@@ -47,7 +47,8 @@ struct NarrowRows {
 void launch_narrow_rows(const NarrowRows& n, DType dtype, cudaStream_t stream);
 
 // Rows of one dtype copied into rows of another width: dst[r, c] = src[r, c] for c < copy_cols,
-// 0 for c in [copy_cols, dst_cols). Element bytes `elem`.
+// 0 for c in [copy_cols, dst_cols). Element bytes `elem`. A warp a row, in 16-byte words where
+// every width, stride and pointer is whole words.
 struct CopyRows {
   const void* src = nullptr;
   int64_t src_ld = 0;
