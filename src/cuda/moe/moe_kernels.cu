@@ -72,6 +72,8 @@ __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// The kernels launched on full_grid() say so in __launch_bounds__ (kBlocksPerSm blocks an SM):
+// with the block size alone, ptxas spilled a few registers of the row walk at 40 registers.
 // Elements a step of a row kernel's thread: 8 (16-byte words: one of bf16, two of f32) where
 // every row the kernel touches starts 16-byte aligned and its widths are multiples of 8, else 1.
 constexpr int kWide = 8;
@@ -187,10 +189,10 @@ __device__ __forceinline__ void for_each_live_row(const LiveRows& live, Body bod
 }
 
 template <typename T, int K>
-__global__ void __launch_bounds__(kBlockThreads) widen_rows_kernel(const WidenRows w,
+__global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) widen_rows_kernel(const WidenRows w,
                                                                   const LiveRows live) {
   const T* src = static_cast<const T*>(w.src);
-  for_each_live_row(live, [&](int64_t r, int lane) {
+  for_each_live_row(live, [=](int64_t r, int lane) {
     for (int64_t c = int64_t(lane) * K; c < w.cols; c += kTeam * K) {
       float v[K];
       load_chunk<T, K>(src + r * w.src_ld + c, v);
@@ -200,11 +202,11 @@ __global__ void __launch_bounds__(kBlockThreads) widen_rows_kernel(const WidenRo
 }
 
 template <typename T, int K>
-__global__ void __launch_bounds__(kBlockThreads) narrow_rows_kernel(const NarrowRows n,
+__global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) narrow_rows_kernel(const NarrowRows n,
                                                                    const LiveRows live) {
   T* dst = static_cast<T*>(n.dst);
   const int64_t width = n.pad_to > n.cols ? n.pad_to : n.cols;
-  for_each_live_row(live, [&](int64_t r, int lane) {
+  for_each_live_row(live, [=](int64_t r, int lane) {
     for (int64_t c = int64_t(lane) * K; c < width; c += kTeam * K) {
       float v[K] = {};
       if (c < n.cols) load_chunk<float, K>(n.src + r * n.src_ld + c, v);  // K divides cols
@@ -216,13 +218,13 @@ __global__ void __launch_bounds__(kBlockThreads) narrow_rows_kernel(const Narrow
 // W: a 16-byte word where every width, stride and pointer allows, else the element; the sizes
 // in W's.
 template <typename W>
-__global__ void __launch_bounds__(kBlockThreads) copy_rows_kernel(const CopyRows c,
+__global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) copy_rows_kernel(const CopyRows c,
                                                                  const int64_t words_per_elem) {
   const W* src = static_cast<const W*>(c.src);
   W* dst = static_cast<W*>(c.dst);
   const int64_t copy = c.copy_cols / words_per_elem, width = c.dst_cols / words_per_elem;
   const int64_t src_ld = c.src_ld / words_per_elem, dst_ld = c.dst_ld / words_per_elem;
-  for_each_live_row({nullptr, 1, c.rows}, [&](int64_t r, int lane) {
+  for_each_live_row({nullptr, 1, c.rows}, [=](int64_t r, int lane) {
     for (int64_t w = lane; w < width; w += kTeam)
       store_global(dst + r * dst_ld + w, w < copy ? load_global(src + r * src_ld + w) : W{});
   });
@@ -258,7 +260,7 @@ __global__ void __launch_bounds__(kBlockThreads) top_k_softmax_kernel(const TopK
 // in pair order; it counts its pairs of the expert, a block scan places its first row after the
 // threads before it, and a second pass writes them. So the rows keep pair (token) order, as the
 // one-thread-an-expert walk did, and each thread reads 2 ceil(m k / 256) indices an expert.
-__global__ void __launch_bounds__(kBlockThreads) group_pairs_kernel(const GroupPairs g) {
+__global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) group_pairs_kernel(const GroupPairs g) {
   __shared__ int32_t ends[kBlockThreads];
   const int pairs = g.m * g.top_k;
   const int share = (pairs + kBlockThreads - 1) / kBlockThreads;
@@ -323,11 +325,11 @@ __global__ void __launch_bounds__(kBlockThreads) plan_tiles_kernel(const PlanTil
 
 // W: a 16-byte word where rows and pointers allow, else the element.
 template <typename W>
-__global__ void __launch_bounds__(kBlockThreads) gather_rows_kernel(const GatherRows g,
+__global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gather_rows_kernel(const GatherRows g,
                                                                    const int64_t row_words) {
   const W* x = static_cast<const W*>(g.x);
   W* gathered = static_cast<W*>(g.gathered);
-  for_each_live_row({g.counts, g.num_experts, g.capacity}, [&](int64_t row, int lane) {
+  for_each_live_row({g.counts, g.num_experts, g.capacity}, [=](int64_t row, int lane) {
     const W* from = x + int64_t(g.token_of_row[row]) * row_words;
     W* to = gathered + row * row_words;
     for (int64_t w = lane; w < row_words; w += kTeam) store_global(to + w, load_global(from + w));
@@ -340,12 +342,12 @@ __device__ __forceinline__ float gelu(float v) {
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
 template <typename T, int K>
-__global__ void __launch_bounds__(kBlockThreads) activate_kernel(const Activate a,
+__global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) activate_kernel(const Activate a,
                                                                 const LiveRows live) {
   const bool swiglu = a.act == int(Activation::swiglu);
   const int64_t ld = swiglu ? 2 * a.width : a.width;
   T* out = static_cast<T*>(a.out);
-  for_each_live_row(live, [&](int64_t r, int lane) {
+  for_each_live_row(live, [=](int64_t r, int lane) {
     const float* h = a.hidden + r * ld;
     for (int64_t c = int64_t(lane) * K; c < a.width; c += kTeam * K) {
       float v[K], y[K];
@@ -367,9 +369,9 @@ __global__ void __launch_bounds__(kBlockThreads) activate_kernel(const Activate 
 
 // A team a token, as the row kernels (its k rows are the pairs' rows, wherever they are).
 template <typename T, int K>
-__global__ void __launch_bounds__(kBlockThreads) weighted_sum_kernel(const WeightedSum w) {
+__global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) weighted_sum_kernel(const WeightedSum w) {
   T* y = static_cast<T*>(w.y);
-  for_each_live_row({nullptr, 1, w.m}, [&](int64_t t, int lane) {
+  for_each_live_row({nullptr, 1, w.m}, [=](int64_t t, int lane) {
     for (int64_t o = int64_t(lane) * K; o < w.O; o += kTeam * K) {
       float acc[K] = {};
       for (int j = 0; j < w.top_k; ++j) {
