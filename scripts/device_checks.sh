@@ -195,16 +195,21 @@ part_bench() {
 }
 
 part_moe() {
-  local status=0 preset
+  local status=0 preset sizes
   for preset in mixtral-8x7b deepseek-v3; do
     echo "--- pmoe-bench moe, $preset, batch 1024, the library grouped GEMM"
     bounded 20 pmoe-bench moe --device cuda --ranks 1 --dtype bf16 --preset "$preset" \
       --benchmark_type batch_size --values 1024 --warmup 3 --iters 10 \
       --json "$WORK/moe_$preset.json" || status=1
-    echo "--- torch._grouped_mm, the same expert stage"
+    # The bench printed torch's line beside its own already; this call keeps torch's JSON, with the
+    # groups pmoe's router made (the bench's JSON has them), not an even split.
+    echo "--- torch._grouped_mm, the same expert stage and groups"
+    sizes=$(python3 -c 'import json, sys
+print(",".join(map(str, json.load(open(sys.argv[1]))["rows"][0]["group_sizes"])))' \
+      "$WORK/moe_$preset.json" 2>/dev/null) || sizes=""
     bounded 10 env LD_LIBRARY_PATH="${PMOE_MACHINE_LD_LIBRARY_PATH:-}" python3 \
-      tools/torch_grouped_mm.py --preset "$preset" --batch 1024 --json "$WORK/torch_gmm_$preset.json" ||
-      status=1
+      tools/torch_grouped_mm.py --preset "$preset" --batch 1024 ${sizes:+--group-sizes "$sizes"} \
+      --json "$WORK/torch_gmm_$preset.json" || status=1
   done
   echo "--- pmoe-bench moe, mixtral-8x7b, batch 1024, pmoe's own wmma kernel"
   bounded 15 env PMOE_EXPERT_GEMM=own pmoe-bench moe --device cuda --ranks 1 --dtype bf16 \

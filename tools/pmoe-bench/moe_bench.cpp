@@ -306,6 +306,8 @@ void run(Options o, const CLI::App& cmd) {
       spec.device = o.device == "cuda" ? Device::cuda(0) : Device::cpu();
       const MoeRunResult r = run_moe_variant(spec, x, expected);
       rows.push_back(row_json(variant_key(v), c, batch, o.benchmark_type, value, r));
+      if (const auto sizes = group_sizes.find(batch); sizes != group_sizes.end())
+        rows.back()["group_sizes"] = sizes->second;  // each expert's rows, as torch gets them
       for (const GemmRate& g : r.gemm_rates)
         rates.push_back(gemm_rate_json(o.benchmark_type, value, g));
       if (is_printing_rank())
