@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "pmoe/error.hpp"
+#include "all_to_all/layout.hpp"
+#include "all_to_all/route.hpp"
 #include "reference/all_to_all_reference.hpp"
 
 namespace pmoe::testing {
@@ -181,14 +183,19 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
   Buffer expert_x(cfg.in_dtype, {E_local, rows, H});
   Buffer expert_x_scale = f8 ? Buffer(DType::f32, {E_local, rows, S}) : Buffer();
   const Tensor expert_x_scale_arg = f8 ? expert_x_scale.tensor() : Tensor();
-  Buffer own_expert_y = c.in_place ? Buffer() : Buffer(c.expert_y_dtype, {E_local, rows, H});
-  const Tensor expert_y = c.in_place ? a2a.expert_output_buffer() : own_expert_y.tensor();
+  OpMemory op(comm);
+  // In place on a device, the expert outputs are made on the host and copied into the op's
+  // buffer; on the CPU they are made in it.
+  const bool made_in_place = c.in_place && op.on_host();
+  Buffer own_expert_y =
+      made_in_place ? Buffer()
+                    : Buffer(c.in_place ? cfg.out_dtype : c.expert_y_dtype, {E_local, rows, H});
+  const Tensor expert_y = made_in_place ? a2a.expert_output_buffer() : own_expert_y.tensor();
   const DType expert_y_dtype = expert_y.dtype();
 
   CaseResult result;
   result.digest = 0xcbf29ce484222325ull;
   float work_sink = 0;
-  OpMemory op(comm);
   const int64_t M = cfg.max_num_tokens;
   for (int call = 0; call < c.calls; ++call) {
     op.next_call();
@@ -197,6 +204,20 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
     for (int r = 0; r < W; ++r)
       all.push_back(reference::make_inputs(cfg, r, tokens_for(c, r, call), seed, c.routing));
     const AllToAllInputs& mine = all[size_t(rank)];
+    {
+      const int k = cfg.experts_per_token, E = cfg.num_experts;
+      const uint64_t token_bytes = detail::AllToAllLayout(cfg, W).payload_bytes +
+                                   detail::AllToAllLayout(cfg, W).scale_bytes;
+      const int32_t* indices = mine.indices.data<int32_t>();
+      for (int t = 0; t < mine.m; ++t)
+        for (int j = 0; j < k; ++j) {
+          if (!detail::first_in_group(indices + size_t(t) * k, j, E, 1)) continue;
+          const bool new_rank = detail::first_in_group(indices + size_t(t) * k, j, E, E_local);
+          result.least_dispatch_bytes += token_bytes * (new_rank ? 2 : 1);
+          result.least_combine_bytes += uint64_t(H) * dtype_size(expert_y_dtype);
+        }
+      result.least_combine_bytes += uint64_t(mine.m) * H * dtype_size(cfg.out_dtype);
+    }
 
     std::memset(expert_x.data<void>(), kSentinel, expert_x.nbytes());
     if (f8) std::memset(expert_x_scale.data<void>(), kSentinel, expert_x_scale.nbytes());
@@ -206,11 +227,11 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
     // previous combine(recv) has returned).
     Tensor x = mine.x, x_scale = mine.x_scale_or_empty();
     if (c.in_place) {
-      x = Tensor(a2a.input_buffer().data(), cfg.in_dtype, {mine.m, H});
-      std::memcpy(x.data(), mine.x.data<void>(), mine.x.nbytes());
+      x = Tensor(a2a.input_buffer().data(), cfg.in_dtype, {mine.m, H}, comm.device());
+      copy(x, mine.x);
       if (f8) {
-        x_scale = Tensor(a2a.input_scale_buffer().data(), DType::f32, {mine.m, S});
-        std::memcpy(x_scale.data(), mine.x_scale.data<void>(), mine.x_scale.nbytes());
+        x_scale = Tensor(a2a.input_scale_buffer().data(), DType::f32, {mine.m, S}, comm.device());
+        copy(x_scale, mine.x_scale);
       }
     }
 
@@ -224,7 +245,9 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
     Buffer wide_indices(DType::i64, {mine.m, cfg.experts_per_token});
     for (int64_t i = 0; i < int64_t(mine.m) * cfg.experts_per_token; ++i)
       wide_indices.data<int64_t>()[i] = mine.indices.data<int32_t>()[i];
-    const Tensor op_x = op.in(x, M), op_x_scale = op.in(x_scale, M),
+    // The op's own input buffer is passed as it is, wherever it lives.
+    const Tensor op_x = c.in_place ? x : op.in(x, M),
+                 op_x_scale = c.in_place ? x_scale : op.in(x_scale, M),
                  op_indices = c.i64_indices ? op.in(wide_indices, M) : op.in(mine.indices, M),
                  op_counts = op.in(expert_num_tokens), op_expert_x = op.in(expert_x),
                  op_expert_x_scale = op.in(expert_x_scale_arg);
@@ -244,7 +267,12 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
     std::memset(expert_y.data(), 0xff, expert_y.nbytes());
     reference::run_fake_experts(cfg, W, rank, expert_num_tokens, expert_x, expert_x_scale_arg,
                                 expert_y);
-    const Tensor op_expert_y = op.in(expert_y), op_weights = op.in(mine.weights, M),
+    Tensor op_expert_y = op.in(expert_y);
+    if (c.in_place && !made_in_place) {
+      op_expert_y = a2a.expert_output_buffer();
+      copy(op_expert_y, expert_y);
+    }
+    const Tensor op_weights = op.in(mine.weights, M),
                  op_y = op.in(y, M);
     run_phase([&](Phase phase) { a2a.combine(op_expert_y, op_indices, op_weights, op_y, phase); });
     op.out(y, op_y);

@@ -42,6 +42,10 @@ struct CaseResult {
   std::string error;    // "" when every call matched the reference
   uint64_t digest = 0;  // a hash of every output byte, to compare runs
   uint64_t remote_bytes = 0;  // what this rank sent to peers on other nodes (a split world)
+  // The fewest bytes of global memory this rank's tokens make the exchange move, over every
+  // call: dispatch reads each token once per rank it goes to and writes one row per chosen
+  // expert (payload and scales); combine reads one expert_y row per chosen expert and writes y.
+  uint64_t least_dispatch_bytes = 0, least_combine_bytes = 0;
 };
 
 // Runs c.calls dispatch + combine calls on `comm` (collective), reusing one AllToAll and one set

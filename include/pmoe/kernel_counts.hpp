@@ -24,6 +24,17 @@ struct KernelCounts {
   // ranks: the iterations that the kernel counts with count_serial_steps (src/cuda/launch.cuh),
   // e.g. a token walked, an expert summed, a 16-byte word copied to one destination.
   int64_t serial_steps = 0;
+  // Global-memory bytes one launch read and wrote (all its blocks), the most of any launch, and
+  // the sums over every launch (every rank's). Counted where kernels load and store: the row
+  // copies, the vector loads of sums, every store another block, kernel or rank reads
+  // (src/cuda/memory_ops.cuh). A few words of private scratch per token (slots, positions) are
+  // not counted.
+  int64_t bytes_read = 0, bytes_written = 0;
+  int64_t total_bytes_read = 0, total_bytes_written = 0;
+  // The most fences and release operations of system scope in one launch (all its threads):
+  // what a kernel pays when a peer may be another GPU or the host. None is needed when every
+  // peer shares the kernel's GPU.
+  int system_fences = 0;
 };
 
 // Starts counting every kernel that runs on the emulated device, from any thread, clearing the

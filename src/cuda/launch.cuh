@@ -115,6 +115,9 @@ __device__ __forceinline__ int4 load_streaming(const int4* p) {
                : "l"(p));
   return v;
 #else
+#if !defined(__CUDACC__)
+  ::pmoe::emu::count_bytes_read(sizeof(int4));  // the emulated device counts what kernels read
+#endif
   return *p;
 #endif
 }

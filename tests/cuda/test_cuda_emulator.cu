@@ -330,11 +330,13 @@ TEST(EmulatedDevice, LateStoresShowTheHostARelaxedFlagInHostMappedMemoryBeforeIt
 }
 
 // Every block stores its word for the last one; cuda::last_block promises that block sees every
-// earlier write of every block (the others fence, then count in with a relaxed atomicAdd; the
-// last one fences after its own count: the acquire). More blocks than the device holds at once.
+// earlier write of every block (after a barrier, thread 0 alone fences for the block, then counts
+// in with a relaxed atomicAdd; the last one fences after its own count: the acquire). The word
+// is stored by thread 1, so only the barrier makes thread 0's fence cover it. More blocks than
+// the device holds at once.
 __global__ void sum_in_the_last_block(int* words, uint32_t* counter, int* sum) {
   if (threadIdx.x == 1) cuda::store_to_peer(words + blockIdx.x, int(blockIdx.x) + 1);
-  if (!cuda::last_block(counter)) return;
+  if (!cuda::last_block(counter, /*device_scope=*/true)) return;
   int total = 0;
   for (unsigned b = 0; b < gridDim.x; ++b) total += *reinterpret_cast<volatile int*>(words + b);
   *sum = total;
@@ -360,6 +362,63 @@ TEST(EmulatedDevice, LastBlockSeesEveryBlocksWrites) {
   cudaFree(words);
   cudaFree(sum);
   cudaFree(counter);
+}
+
+// Each thread's inclusive scan within its warp by __shfl_up_sync, its warp's sum by
+// __shfl_xor_sync, lane 0's value by __shfl_sync and its right neighbour's by __shfl_down_sync;
+// then the block-wide exclusive sum of AllToAll's kernels (one barrier).
+__global__ void shuffle_everything(const int* in, int* scan, int* warp_sum, int* from_lane0,
+                                   int* from_next, int* exclusive, int* total) {
+  const int t = threadIdx.x, lane = t % 32;
+  const int v = in[t];
+  int inclusive = v;
+  for (int step = 1; step < 32; step *= 2) {
+    const int before = __shfl_up_sync(0xffffffffu, inclusive, step);
+    if (lane >= step) inclusive += before;
+  }
+  scan[t] = inclusive;
+  int sum = v;
+  for (int mask = 16; mask > 0; mask /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, mask);
+  warp_sum[t] = sum;
+  from_lane0[t] = __shfl_sync(0xffffffffu, v, 0);
+  from_next[t] = __shfl_down_sync(0xffffffffu, v, 1);
+  int all = 0;
+  exclusive[t] = cuda::block_exclusive_sum(v, all);
+  if (t == 0) *total = all;
+}
+
+TEST(EmulatedDevice, WarpShufflesAndTheBlockScanMatchTheHost) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  constexpr int kThreads = cuda::kBlockThreads;
+  std::vector<int> in(kThreads);
+  for (int t = 0; t < kThreads; ++t) in[t] = (t * 37 + 11) % 23 - 7;
+  int* device = nullptr;  // in, then six outputs of kThreads words each
+  expect_ok(cudaMalloc(&device, 7 * kThreads * sizeof(int)), "cudaMalloc");
+  expect_ok(cudaMemcpy(device, in.data(), kThreads * sizeof(int), cudaMemcpyHostToDevice),
+            "copy in");
+  int* out = device + kThreads;
+  cuda::launch_shaped(shuffle_everything, 1u, unsigned(kThreads), nullptr,
+                      static_cast<const int*>(device), out, out + kThreads, out + 2 * kThreads,
+                      out + 3 * kThreads, out + 4 * kThreads, out + 5 * kThreads);
+  std::vector<int> got(6 * kThreads);
+  expect_ok(cudaMemcpy(got.data(), out, got.size() * sizeof(int), cudaMemcpyDeviceToHost),
+            "copy back");
+  int running = 0, block_total = 0;
+  for (int t = 0; t < kThreads; ++t) block_total += in[t];
+  for (int t = 0; t < kThreads; ++t) {
+    const int first = t / 32 * 32;
+    int inclusive = 0, warp = 0;
+    for (int i = first; i <= t; ++i) inclusive += in[i];
+    for (int i = first; i < first + 32; ++i) warp += in[i];
+    EXPECT_EQ(got[t], inclusive) << "scan, thread " << t;
+    EXPECT_EQ(got[kThreads + t], warp) << "warp sum, thread " << t;
+    EXPECT_EQ(got[2 * kThreads + t], in[first]) << "lane 0's value, thread " << t;
+    EXPECT_EQ(got[3 * kThreads + t], t % 32 == 31 ? in[t] : in[t + 1]) << "next, thread " << t;
+    EXPECT_EQ(got[4 * kThreads + t], running) << "block exclusive sum, thread " << t;
+    running += in[t];
+  }
+  EXPECT_EQ(got[5 * kThreads], block_total);
+  cudaFree(device);
 }
 
 }  // namespace

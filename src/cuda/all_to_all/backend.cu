@@ -11,6 +11,8 @@
 #include <string>
 #include <utility>
 
+#include <unistd.h>
+
 #include <cuda/atomic>
 
 #include "all_to_all/backend.hpp"
@@ -39,8 +41,6 @@ class CudaAllToAll final : public AllToAllBackend {
         stream_(static_cast<cudaStream_t>(comm.stream().handle)) {
     PMOE_CHECK(comm.size() <= cuda::kMaxRanks, "AllToAll on CUDA: at most ", cuda::kMaxRanks,
                " ranks, got ", comm.size());
-    PMOE_CHECK(!config.in_place_buffers, "AllToAll on CUDA: in_place_buffers is not supported "
-               "on this backend yet; pass your own buffers");
     PMOE_CHECK(!config.packed_expert_rows, "AllToAll on CUDA: packed_expert_rows is a layout of "
                "the CPU backend; on CUDA the rows of expert e are rows [0, expert_num_tokens[e]) "
                "of its own block");
@@ -76,6 +76,8 @@ class CudaAllToAll final : public AllToAllBackend {
     p.in_elem_bytes = dtype_size(config.in_dtype);
     p.out_dtype = int(config.out_dtype);
     p.layout = layout_;
+    // Node sums return rows through relays, never in place.
+    p.row_refs = config.in_place_buffers && !layout_.node_sum;
     for (int r = 0; r < W; ++r) {
       p.regions[r] = memory_->peer(r);  // null for a peer on another node
       p.signals[r] = p.regions[r] ? memory_->signal_word(r, 0) : nullptr;
@@ -98,6 +100,7 @@ class CudaAllToAll final : public AllToAllBackend {
     }
     t.local_signals = memory_->signal_word(p.rank, 0);
     t.signal_stride = int(AllToAllLayout::kSignalWords);
+    t.same_device = every_peer_on_this_device(comm);
     t.remote = remote_->path();
     t.remote_baseline = remote_->baseline();
     // Private scratch, one allocation.
@@ -189,9 +192,22 @@ class CudaAllToAll final : public AllToAllBackend {
     return layout_.total_bytes + size_t(layout_.signal_slots()) * SymmetricMemory::kSignalBytes +
            scratch_bytes_;
   }
-  Tensor input_buffer() const override { return {}; }
-  Tensor input_scale_buffer() const override { return {}; }
-  Tensor expert_output_buffer() const override { return {}; }
+  Tensor input_buffer() const override {
+    if (!config_.in_place_buffers) return {};
+    return Tensor(region() + layout_.input_offset, config_.in_dtype,
+                  {config_.max_num_tokens, config_.hidden_dim}, device_);
+  }
+  Tensor input_scale_buffer() const override {
+    if (!config_.in_place_buffers || config_.in_dtype != DType::f8e4m3) return {};
+    return Tensor(region() + layout_.input_scale_offset, DType::f32,
+                  {config_.max_num_tokens, config_.scales_per_token()}, device_);
+  }
+  Tensor expert_output_buffer() const override {
+    if (!config_.in_place_buffers) return {};
+    return Tensor(region() + layout_.expert_output_offset, config_.out_dtype,
+                  {params_.num_local_experts, params_.rows_per_expert, config_.hidden_dim},
+                  device_);
+  }
 
   // A fatal error (a peer that never arrived, a dtype mismatch) stays: the protocol is broken
   // and the op is retired. A non-fatal one (a bad index or bound_m, which every rank got past) is
@@ -221,7 +237,8 @@ class CudaAllToAll final : public AllToAllBackend {
   void dispatch_recv(const DispatchArgs& a) override {
     enter();
     const bool waited = std::exchange(recv_waited_, false);
-    cuda::launch_dispatch_recv(with_dispatch(a), stream_, blocks_, waited);
+    // land_rows takes a slot a block: no more blocks than slots can arrive.
+    cuda::launch_dispatch_recv(with_dispatch(a), stream_, grid_for(most_slots(a.m)), waited);
   }
   void combine_send(const CombineArgs& a) override {
     enter();
@@ -229,7 +246,13 @@ class CudaAllToAll final : public AllToAllBackend {
     AllToAllParams p = with_combine(a);
     p.fuse_recv = a.recv_follows;
     narrow_if_wide(a.indices, combine_indices_);
-    cuda::launch_combine_send(p, stream_, blocks_);
+    // return_rows copies a route a block, or, in place with every source direct, writes a row
+    // ref a thread: no more blocks than that work.
+    const int64_t routes = most_slots(a.m) * layout_.max_pairs;
+    const bool refs_only = p.y_in_place && every_peer_direct();
+    cuda::launch_combine_send(
+        p, stream_, grid_for(refs_only ? (routes + cuda::kBlockThreads - 1) / cuda::kBlockThreads
+                                       : routes));
     recv_waited_ = a.recv_follows;
   }
   void combine_recv(const CombineArgs& a) override {
@@ -336,6 +359,10 @@ class CudaAllToAll final : public AllToAllBackend {
     p.expert_x_scale = a.expert_x_scale.data<float>();
     p.m = a.m;
     p.bound_m = a.bound_m.data<int32_t>();
+    p.x_in_place = config_.in_place_buffers && p.x == region() + layout_.input_offset &&
+                   (!layout_.scale_bytes ||
+                    reinterpret_cast<const std::byte*>(p.x_scale) ==
+                        region() + layout_.input_scale_offset);
     return p;
   }
   AllToAllParams with_combine(const CombineArgs& a) const {
@@ -348,7 +375,37 @@ class CudaAllToAll final : public AllToAllBackend {
     p.y = static_cast<std::byte*>(a.y.data());
     p.m = a.m;
     p.bound_m = a.bound_m.data<int32_t>();
+    p.y_in_place = p.row_refs && a.expert_y.dtype() == config_.out_dtype &&
+                   p.expert_y == region() + layout_.expert_output_offset;
     return p;
+  }
+  // The most token slots this rank can receive in a call: every rank's bound, or this rank's m
+  // when it is the only one.
+  int64_t most_slots(int64_t m) const {
+    return comm_.size() == 1 ? m : int64_t(comm_.size()) * config_.max_num_tokens;
+  }
+  int grid_for(int64_t work) const { return int(std::clamp<int64_t>(work, 1, blocks_)); }
+  bool every_peer_direct() const {
+    for (int r = 0; r < comm_.size(); ++r)
+      if (!params_.regions[r]) return false;
+    return true;
+  }
+  // This rank's symmetric region (device memory).
+  std::byte* region() const { return params_.regions[params_.rank]; }
+
+  // True when every rank is a thread of this process on this rank's device and none is behind
+  // the remote path: then the peers' loads and stores and this rank's are all on one GPU, and
+  // device scope orders them. Ranks in other processes may sit on other GPUs (CUDA IPC).
+  bool every_peer_on_this_device(Communicator& comm) const {
+    if (ranks_per_node() != comm.size()) return false;
+    struct Place {
+      int64_t process, device;  // no padding: every byte is sent
+    } mine{int64_t(getpid()), int64_t(device_.index)};
+    const auto all = comm.all_gather(std::as_bytes(std::span(&mine, 1)));
+    const auto* places = reinterpret_cast<const Place*>(all.data());
+    for (size_t r = 0; r < all.size() / sizeof(Place); ++r)
+      if (places[r].process != mine.process || places[r].device != mine.device) return false;
+    return true;
   }
 
   int ranks_per_node() const {

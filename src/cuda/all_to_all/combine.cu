@@ -88,6 +88,19 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
   const AllToAllLayout& lay = p.layout;
   const size_t row_bytes = size_t(p.hidden_dim) * p.y_elem_bytes;
   const int start = int(int64_t(routes) * p.rank / p.world_size);
+  // In place: a direct source reads each row where it lies in this rank's expert output buffer,
+  // so a row ref (4 bytes, a thread per route) crosses instead of the row; -1 says the row is in
+  // the source's combine area.
+  if (p.row_refs) {
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < routes; r += gridDim.x * blockDim.x) {
+      count_serial_steps(1);
+      const Route route = p.routes[r];
+      if (std::byte* source = p.regions[route.source])
+        store_to_peer(reinterpret_cast<int32_t*>(source +
+                                                 lay.row_ref_slot(route.token, route.slot)),
+                      p.y_in_place ? route.row : -1);
+    }
+  }
   for (int r = blockIdx.x; r < routes; r += gridDim.x) {
     const int index = (start + r) % routes;
     const Route route = p.routes[index];
@@ -96,6 +109,7 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
     // on this node instead, by load/store. The same for every thread of the block.
     const bool staged = p.regions[route.source] == nullptr && !lay.node_sum;
     const size_t at = lay.combine_row_offset(route.token, route.slot);
+    if (p.y_in_place && p.regions[route.source]) continue;  // its row ref went above
     std::byte* to = p.regions[route.source] ? p.regions[route.source] + at
                     : staged ? p.regions[p.rank] + lay.combine_stage(index)
                              : relay_row_for(p, route);
@@ -115,7 +129,7 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
   // coop is the thread): each block's thread 0 flushes the rows it put itself, so that when this
   // kernel ends every staged row has been read and the next combine may rewrite the staging.
   if (threadIdx.x == 0) flush(p.transport);
-  if (!last_block_all(&p.block_counters[kReturnDone])) return;
+  if (!last_block_all(&p.block_counters[kReturnDone], p.transport.same_device)) return;
   if (lay.node_sum) {
     stage_weights(p);
     __syncthreads();  // every thread's weights, before thread 0 puts them
@@ -132,10 +146,11 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
     if (lay.stage_dtype_offset)
       store_to_peer(reinterpret_cast<int32_t*>(p.regions[p.rank] + lay.stage_dtype_offset),
                     int32_t(p.y_dtype));
-    __threadfence_system();
+    fence_for_peers(p.transport.same_device);
     for (int dest = 0; dest < p.world_size; ++dest) {
       if (p.signals[dest]) {
-        signal_release(p.signals[dest] + lay.signal_word(lay.combine_signal(p.rank)), epoch);
+        signal_release(p.signals[dest] + lay.signal_word(lay.combine_signal(p.rank)), epoch,
+                       p.transport.same_device);
       } else if (lay.node_sum) {
         continue;  // its rows went to its relay on this node, which signals it
       } else if (!put_signal(p.transport, dest, lay.combine_dtype_slot(p.rank),
@@ -156,72 +171,170 @@ __global__ void __launch_bounds__(kBlockThreads) await_owners(const AllToAllPara
   wait_owners(p);
 }
 
+// The rows one token sums, found once per token by every thread alike, for top-k up to kListedK:
+// slot j's row and weight, or not sent. Indexed by j only in unrolled loops, so the list stays in
+// registers. A row is read where it lies: in place in its owner's expert output buffer (a row
+// ref), or in this rank's combine area.
+constexpr int kListedK = 8;
+template <typename In>
+struct TokenRows {
+  const In* row[kListedK];
+  float weight[kListedK];
+  bool sent[kListedK];
+  bool aligned;  // every sent row starts on a 16-byte boundary
+  int count;     // rows sent
+};
+
+// Row (t, j) of a direct source: where its owner's row ref says, or the combine area.
+template <typename In>
+__device__ __forceinline__ const In* row_of(const AllToAllParams& p, int t, int j) {
+  const AllToAllLayout& lay = p.layout;
+  const std::byte* region = p.regions[p.rank];
+  if (p.row_refs) {
+    const int owner = p.indices[size_t(t) * p.top_k + j] / p.num_local_experts;
+    if (const std::byte* at = p.regions[owner]) {  // a remote owner copied the row
+      const int32_t ref = load_global(reinterpret_cast<const int32_t*>(
+          region + lay.row_ref_slot(t, j)));
+      if (ref >= 0)
+        return reinterpret_cast<const In*>(at + lay.expert_output_offset +
+                                           size_t(ref) * p.hidden_dim * sizeof(In));
+    }
+  }
+  return reinterpret_cast<const In*>(region + lay.combine_row_offset(t, j));
+}
+
+// Token t's rows, looked up once for the block: thread j < k finds slot j's row and weight and
+// posts them in `posted` (one of two, by the parity of the block's token count, so that the next
+// token's posts cannot overwrite what a slower thread still reads); after one barrier every
+// thread takes the list into registers. A collective of the block.
+template <typename In>
+struct PostedRows {
+  const In* row[kListedK];
+  float weight[kListedK];
+  bool sent[kListedK];
+};
+template <typename In>
+__device__ __forceinline__ TokenRows<In> token_rows(const AllToAllParams& p, int t,
+                                                   PostedRows<In>& posted) {
+  const int k = p.top_k, E = p.num_local_experts * p.world_size;
+  const int32_t* indices = p.indices + size_t(t) * k;
+  if (const int j = threadIdx.x; j < kListedK) {
+    // The slots dispatch sent: -1, an index out of range and a repeated expert were skipped
+    // there (and reported), so no row came back for them.
+    const bool sent = j < k && first_in_group(indices, j, E, 1);
+    posted.sent[j] = sent;
+    posted.row[j] = sent ? row_of<In>(p, t, j) : nullptr;
+    posted.weight[j] = sent ? load_global(p.weights + size_t(t) * k + j) : 0.0f;
+  }
+  __syncthreads();
+  TokenRows<In> rows;
+  rows.aligned = true;
+  rows.count = 0;
+  PMOE_UNROLL
+  for (int j = 0; j < kListedK; ++j) {
+    rows.sent[j] = posted.sent[j];
+    rows.row[j] = posted.row[j];
+    rows.weight[j] = posted.weight[j];
+    rows.aligned = rows.aligned && reinterpret_cast<uintptr_t>(rows.row[j]) % 16 == 0;
+    rows.count += rows.sent[j];
+  }
+  return rows;
+}
+
+// y[t] from the listed rows: per step, every row's V elements loaded before any is added, so the
+// loads of up to kListedK rows are in flight at once; the adds run in j order.
+template <typename In, typename Out>
+__device__ __forceinline__ void sum_listed_rows(const TokenRows<In>& rows, Out* y, int H) {
+  constexpr int V = 16 / (sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
+  using InPack = Pack<In, V>;
+  using OutPack = Pack<Out, V>;
+  const bool aligned = rows.aligned && H % V == 0 &&
+                       reinterpret_cast<uintptr_t>(y) % sizeof(OutPack) == 0;
+  const int vector_end = aligned ? H : 0;
+  for (int h = threadIdx.x * V; h < vector_end; h += blockDim.x * V) {
+    count_serial_steps(rows.count);
+    InPack in[kListedK];
+    PMOE_UNROLL
+    for (int j = 0; j < kListedK; ++j)
+      if (rows.sent[j]) in[j] = load_global(reinterpret_cast<const InPack*>(rows.row[j] + h));
+    float acc[V] = {};
+    PMOE_UNROLL
+    for (int j = 0; j < kListedK; ++j)
+      if (rows.sent[j])
+        PMOE_UNROLL
+        for (int v = 0; v < V; ++v)
+          acc[v] = __fadd_rn(acc[v], __fmul_rn(rows.weight[j], load(in[j].v, v)));
+    OutPack out;
+    for (int v = 0; v < V; ++v) store(out.v, v, acc[v]);
+    store_global(reinterpret_cast<OutPack*>(y + h), out);
+  }
+  for (int h = vector_end + threadIdx.x; h < H; h += blockDim.x) {
+    count_serial_steps(rows.count);
+    float acc[1] = {0.0f};
+    PMOE_UNROLL
+    for (int j = 0; j < kListedK; ++j)
+      if (rows.sent[j]) add_scaled<1>(acc, rows.row[j], h, rows.weight[j]);
+    Out out;
+    store(&out, 0, acc[0]);
+    store_global(y + h, out);
+  }
+}
+
+// y[t] = sum_j w[t, j] * row(t, j) in f32, j ascending, for every slot dispatch sent; node sum:
+// each node's partial in node order, this rank's own node's rows summed here in j order. The
+// plain loop: any number of rows, the weights and rows found again for every element.
+template <typename In, typename Out>
+__device__ void sum_rows_plainly(const AllToAllParams& p, int t, Out* y) {
+  const int k = p.top_k, H = p.hidden_dim;
+  const int E = p.num_local_experts * p.world_size;
+  const AllToAllLayout& lay = p.layout;
+  const std::byte* region = p.regions[p.rank];
+  const int N = lay.nodes, my_node = lay.node_sum ? p.rank / lay.ranks_per_node : 0;
+  const size_t row_bytes = size_t(H) * sizeof(In);
+  const int32_t* indices = p.indices + size_t(t) * k;
+  const float* weights = p.weights + size_t(t) * k;
+  auto sent = [&](int j) { return first_in_group(indices, j, E, 1); };
+  for (int h = threadIdx.x; h < H; h += blockDim.x) {
+    count_serial_steps(k);
+    float acc[1] = {0.0f};
+    if (!lay.node_sum) {
+      for (int j = 0; j < k; ++j)
+        if (sent(j)) add_scaled<1>(acc, row_of<In>(p, t, j), h, weights[j]);
+    } else {
+      for (int n = 0; n < N; ++n) {
+        if (n == my_node) {
+          float own[1] = {0.0f};
+          for (int j = 0; j < k; ++j)
+            if (sent(j) && node_of_expert(lay, indices[j]) == my_node)
+              add_scaled<1>(own, row_of<In>(p, t, j), h, weights[j]);
+          acc[0] = __fadd_rn(acc[0], own[0]);
+        } else if (const int q = p.relay_slot[t * N + n]; q >= 0) {
+          const auto* partial = reinterpret_cast<const In*>(
+              region + AllToAllLayout::partial_row(lay.partial_in(n), q, row_bytes));
+          add_scaled<1>(acc, partial, h, 1.0f);  // exact: w = 1
+        }
+      }
+    }
+    Out out;
+    store(&out, 0, acc[0]);
+    store_global(y + h, out);
+  }
+}
+
 template <typename In, typename Out>
 __global__ void __launch_bounds__(kBlockThreads) reduce_rows(const AllToAllParams p) {
   wait_for_prior_grid();
   // The waiting block gave up, or (a step out of order) never ran: the error word says why.
   if (failed_before(p) || *p.owners_ready == 0) return;
-  // 16-byte accesses on the wider side, 8-byte ones on the narrower.
-  constexpr int V = 16 / (sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
-  using InPack = Pack<In, V>;  // partial rows (node sum) are 16-byte aligned: partial_stride
-  using OutPack = Pack<Out, V>;
-  const int tokens = min(tokens_this_call(p), p.round->dispatched_m), k = p.top_k, H = p.hidden_dim;
-  const int E = p.num_local_experts * p.world_size;
-  const AllToAllLayout& lay = p.layout;
-  const std::byte* region = p.regions[p.rank];
-  const bool rows_aligned =
-      (reinterpret_cast<uintptr_t>(region + lay.combine_offset) | lay.combine_row) %
-          sizeof(InPack) == 0;
-  const int N = lay.nodes, my_node = lay.node_sum ? p.rank / lay.ranks_per_node : 0;
-  const size_t row_bytes = size_t(H) * sizeof(In);
-  for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
-    const int32_t* indices = p.indices + size_t(t) * k;
-    const float* weights = p.weights + size_t(t) * k;
-    auto row = [&](int j) {
-      return reinterpret_cast<const In*>(region + lay.combine_row_offset(t, j));
-    };
-    // The slots dispatch sent: -1, an index out of range and a repeated expert were skipped there
-    // (and reported), so no row came back for them.
-    auto sent = [&](int j) { return first_in_group(indices, j, E, 1); };
-    // acc[c] = y[t, h + c] before rounding. Direct: every slot's row in j order. Node sum: each
-    // node's partial in node order, this rank's own node's summed here in j order.
-    auto accumulate = [&](auto& acc, int h) {
-      constexpr int C = sizeof(acc) / sizeof(float);
-      if (!lay.node_sum) {
-        for (int j = 0; j < k; ++j)
-          if (sent(j)) add_scaled<C>(acc, row(j), h, weights[j]);
-        return;
-      }
-      for (int n = 0; n < N; ++n) {
-        if (n == my_node) {
-          float own[C] = {};
-          for (int j = 0; j < k; ++j)
-            if (sent(j) && node_of_expert(lay, indices[j]) == my_node)
-              add_scaled<C>(own, row(j), h, weights[j]);
-          for (int c = 0; c < C; ++c) acc[c] = __fadd_rn(acc[c], own[c]);
-        } else if (const int q = p.relay_slot[t * N + n]; q >= 0) {
-          const auto* partial = reinterpret_cast<const In*>(
-              region + AllToAllLayout::partial_row(lay.partial_in(n), q, row_bytes));
-          add_scaled<C>(acc, partial, h, 1.0f);  // exact: w = 1
-        }
-      }
-    };
+  const int tokens = min(tokens_this_call(p), p.round->dispatched_m), H = p.hidden_dim;
+  __shared__ PostedRows<In> posted[2];
+  int turn = 0;
+  for (int t = blockIdx.x; t < tokens; t += gridDim.x, turn ^= 1) {
     Out* y = reinterpret_cast<Out*>(p.y) + size_t(t) * H;
-    const bool aligned = rows_aligned && reinterpret_cast<uintptr_t>(y) % sizeof(OutPack) == 0;
-    const int vector_end = aligned ? H / V * V : 0;
-    count_serial_steps((long long)k * ((vector_end / V + blockDim.x - 1) / blockDim.x));
-    for (int h = threadIdx.x * V; h < vector_end; h += blockDim.x * V) {
-      float acc[V] = {};
-      accumulate(acc, h);
-      OutPack out;
-      for (int v = 0; v < V; ++v) store(out.v, v, acc[v]);
-      *reinterpret_cast<OutPack*>(y + h) = out;
-    }
-    for (int h = vector_end + threadIdx.x; h < H; h += blockDim.x) {
-      float acc[1] = {0.0f};
-      accumulate(acc, h);
-      store(y, h, acc[0]);
-    }
+    if (p.layout.node_sum || p.top_k > kListedK)
+      sum_rows_plainly<In, Out>(p, t, y);
+    else
+      sum_listed_rows<In, Out>(token_rows<In>(p, t, posted[turn]), y, H);
   }
 }
 

@@ -15,14 +15,33 @@
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
-__device__ __forceinline__ void signal_release(uint64_t* word, uint64_t value) {
-  ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(*word).store(
-      value, ::cuda::memory_order_release);
+// Epoch signals. A peer that shares this GPU needs only device scope (fence.gpu, ld/st .gpu);
+// one on another GPU (CUDA IPC) needs system scope, which costs a round trip to the fabric.
+__device__ __forceinline__ void signal_release(uint64_t* word, uint64_t value,
+                                               bool device_scope = false) {
+  if (device_scope)
+    ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_device>(*word).store(
+        value, ::cuda::memory_order_release);
+  else
+    ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(*word).store(
+        value, ::cuda::memory_order_release);
 }
 
-__device__ __forceinline__ uint64_t signal_acquire(uint64_t* word) {
+__device__ __forceinline__ uint64_t signal_acquire(uint64_t* word, bool device_scope = false) {
+  if (device_scope)
+    return ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_device>(*word).load(
+        ::cuda::memory_order_acquire);
   return ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(*word).load(
       ::cuda::memory_order_acquire);
+}
+
+// A fence that publishes the block's stores (cumulative over those made before a barrier the
+// calling thread passed) to peers: of device scope where every peer shares this GPU.
+__device__ __forceinline__ void fence_for_peers(bool device_scope) {
+  if (device_scope)
+    __threadfence();
+  else
+    __threadfence_system();
 }
 
 // Records the first error of this op; later ones are dropped. The race is decided in device
@@ -67,18 +86,12 @@ __device__ __forceinline__ bool wait_until_at_least(Read read, uint64_t value, u
   return true;
 }
 
-// Spins until `word` >= value, as wait_until_at_least says.
-__device__ __forceinline__ bool wait_signal(uint64_t* word, uint64_t value, uint64_t timeout_ns,
-                                           ErrorWord* error, int peer, Step step) {
-  return wait_until_at_least([word] { return signal_acquire(word); }, value, timeout_ns, error,
-                             peer, step);
-}
 
 template <typename Word>
 __device__ __forceinline__ void copy_words(std::byte* dst, const std::byte* src, size_t words) {
   auto* d = reinterpret_cast<Word*>(dst);
   const auto* s = reinterpret_cast<const Word*>(src);
-  for (size_t i = threadIdx.x; i < words; i += blockDim.x) store_to_peer(d + i, s[i]);
+  for (size_t i = threadIdx.x; i < words; i += blockDim.x) store_to_peer(d + i, load_global(s + i));
 }
 
 // Copies `bytes` with the calling block's threads, in the widest words (16, 8, 4, 2 or 1 bytes)
@@ -98,8 +111,9 @@ __device__ __forceinline__ void block_copy(std::byte* dst, const std::byte* src,
     case 2: copy_words<int16_t>(dst + head, src + head, words); break;
     default: copy_words<std::byte>(dst + head, src + head, words);
   }
-  for (size_t i = threadIdx.x; i < head; i += blockDim.x) store_to_peer(dst + i, src[i]);
-  for (size_t i = tail + threadIdx.x; i < bytes; i += blockDim.x) store_to_peer(dst + i, src[i]);
+  for (size_t i = threadIdx.x; i < head; i += blockDim.x) store_to_peer(dst + i, load_global(src + i));
+  for (size_t i = tail + threadIdx.x; i < bytes; i += blockDim.x)
+    store_to_peer(dst + i, load_global(src + i));
 }
 
 // Copies `bytes` from src to dest(i) for each i < n with include(i), with the calling block's
@@ -111,9 +125,13 @@ constexpr int kCopyUnroll = 4;
 template <typename Include, typename Dest>
 __device__ __forceinline__ void copy_to_each(int n, Include include, Dest dest,
                                              const std::byte* src, size_t bytes) {
-  bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0, any = false;
   for (int i = 0; i < n; ++i)
-    if (include(i)) aligned = aligned && reinterpret_cast<uintptr_t>(dest(i)) % 16 == 0;
+    if (include(i)) {
+      any = true;
+      aligned = aligned && reinterpret_cast<uintptr_t>(dest(i)) % 16 == 0;
+    }
+  if (!any) return;  // nothing to read it for (a token every destination reads in place)
   if (!aligned) {
     for (int i = 0; i < n; ++i)
       if (include(i)) {
@@ -140,48 +158,58 @@ __device__ __forceinline__ void copy_to_each(int n, Include include, Dest dest,
       }
     }
   }
-  for (size_t b = words * 16 + threadIdx.x; b < bytes; b += blockDim.x)  // a tail under 16 B
+  for (size_t b = words * 16 + threadIdx.x; b < bytes; b += blockDim.x) {  // a tail under 16 B
+    const std::byte value = load_global(src + b);
     for (int i = 0; i < n; ++i)
-      if (include(i)) store_to_peer(dest(i) + b, src[b]);
+      if (include(i)) store_to_peer(dest(i) + b, value);
+  }
 }
 
 // The sum of `value` over the block's threads before the calling one; `total` gets the sum over
-// all of them. A Hillis-Steele scan over two __shared__ buffers: log2(blockDim.x) rounds of one
-// barrier each, plus one. A collective of the block; once per kernel (a second call would write
-// the buffer the first one's last reads come from).
+// all of them. Each warp scans its 32 values with shuffles (5 steps, no barrier), lane 31 posts
+// the warp's sum, and after one barrier each thread adds the sums of the warps before its own
+// (at most 7). A collective of the block; once per kernel (a second call would overwrite the
+// warp sums the first one's last reads come from).
 __device__ __forceinline__ int block_exclusive_sum(int value, int& total) {
-  __shared__ int sums[2][kBlockThreads];
-  const int me = threadIdx.x;
-  int in = 0;
-  sums[0][me] = value;
-  __syncthreads();
-  for (int step = 1; step < int(blockDim.x); step *= 2) {
-    count_serial_steps(1);
-    sums[in ^ 1][me] = sums[in][me] + (me >= step ? sums[in][me - step] : 0);
-    in ^= 1;
-    __syncthreads();
+  constexpr int kWarps = kBlockThreads / 32;
+  __shared__ int warp_sums[kWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int inclusive = value;
+  PMOE_UNROLL
+  for (int step = 1; step < 32; step *= 2) {
+    const int before = __shfl_up_sync(0xffffffffu, inclusive, step);
+    if (lane >= step) inclusive += before;
   }
-  total = sums[in][blockDim.x - 1];
-  return sums[in][me] - value;
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  int earlier = 0;
+  total = 0;
+  for (int w = 0; w < int(blockDim.x) / 32; ++w) {
+    count_serial_steps(1);
+    if (w < warp) earlier += warp_sums[w];
+    total += warp_sums[w];
+  }
+  return earlier + inclusive - value;
 }
 
 using ::pmoe::detail::first_in_group;  // src/all_to_all/route.hpp, the CPU backend's rule too
 
 // True in exactly one thread of the last block of the grid to get here; every earlier write of
-// every block is visible to it. Resets the counter for the next launch.
-__device__ __forceinline__ bool last_block_all(uint32_t* counter);
-__device__ __forceinline__ bool last_block(uint32_t* counter) {
-  return last_block_all(counter) && threadIdx.x == 0;
+// every block is visible to it. Resets the counter for the next launch. `device_scope`: every
+// reader of the blocks' writes (peers included) is on this GPU.
+__device__ __forceinline__ bool last_block_all(uint32_t* counter, bool device_scope);
+__device__ __forceinline__ bool last_block(uint32_t* counter, bool device_scope) {
+  return last_block_all(counter, device_scope) && threadIdx.x == 0;
 }
 
 // The same in every thread of that block (a collective of the block: all its threads call it).
-__device__ __forceinline__ bool last_block_all(uint32_t* counter) {
+// One fence per block: thread 0's, after the barrier, is cumulative over every thread's writes
+// before it, and with the relaxed ticket after it makes a release.
+__device__ __forceinline__ bool last_block_all(uint32_t* counter, bool device_scope) {
   __shared__ bool is_last;
-  // Every thread's writes, at system scope (peers may be other GPUs over CUDA IPC), before the
-  // block counts itself in.
-  __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
+    fence_for_peers(device_scope);
     is_last = atomicAdd(counter, 1u) == gridDim.x - 1;
     if (is_last) {
       *counter = 0;

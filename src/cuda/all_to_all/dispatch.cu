@@ -96,13 +96,13 @@ __device__ void forward_relay_blocks(const AllToAllParams& p, uint64_t epoch, bo
         store_to_peer(reinterpret_cast<int32_t*>(to + lay.expert_count_offset(source, e)),
                       head[lay.relay_head_expert_count(i, e)]);
     }
-    // Every thread's stores, before thread 0's signals: a release of system scope after the
-    // barrier publishes them all (cumulative), so no fence is needed; the peers are on this node.
+    // Every thread's stores, before thread 0's signals: a release after the barrier publishes
+    // them all (cumulative), so no fence is needed; the peers are on this node.
     __syncthreads();
     if (threadIdx.x == 0) {
       for (int i = 0; i < R; ++i)
         signal_release(p.signals[my_node * R + i] + lay.signal_word(lay.dispatch_signal(source)),
-                       epoch);
+                       epoch, p.transport.same_device);
     }
   }
 }
@@ -248,14 +248,18 @@ __device__ void send_block_tokens(const AllToAllParams& p, int first, int last) 
       return p.regions[p.rank] + (scale ? lay.relay_scale_offset(block, slot_at(i))
                                         : lay.relay_payload_offset(block, slot_at(i)));
     };
+    // In place (x is this rank's input buffer): a direct destination reads the token from
+    // there itself, and gets the header only.
+    auto copied_to = [&](int i) {
+      return slot_at(i) >= 0 && !(i < W && p.x_in_place && p.regions[dest_of(i)]);
+    };
     const int targets = W + (relay ? N : 0);
     copy_to_each(
-        targets, [&](int i) { return slot_at(i) >= 0; }, [&](int i) { return target(i, false); },
-        p.x + size_t(t) * payload, payload);
+        targets, copied_to, [&](int i) { return target(i, false); }, p.x + size_t(t) * payload,
+        payload);
     if (scales)
       copy_to_each(
-          targets, [&](int i) { return slot_at(i) >= 0; },
-          [&](int i) { return target(i, true); },
+          targets, copied_to, [&](int i) { return target(i, true); },
           reinterpret_cast<const std::byte*>(p.x_scale) + size_t(t) * scales, scales);
   }
 }
@@ -386,8 +390,9 @@ __device__ void finish_send(const AllToAllParams& p, bool& sent) {
       if (threadIdx.x == 0) {
         store_to_peer(reinterpret_cast<int32_t*>(region + lay.count_offset(p.rank)),
                       p.send_count[dest]);
-        // Payloads always travel on this backend.
-        store_to_peer(reinterpret_cast<int32_t*>(region + lay.flags_offset(p.rank)), 0);
+        // In place, a direct destination reads the payloads from this rank's input buffer.
+        store_to_peer(reinterpret_cast<int32_t*>(region + lay.flags_offset(p.rank)),
+                      p.x_in_place && p.regions[dest] ? AllToAllLayout::kPayloadInPlace : 0);
       }
     }
     for (int node = 0; relay && node < N; ++node) {  // relay heads: each rank's count and counts
@@ -409,11 +414,13 @@ __device__ void finish_send(const AllToAllParams& p, bool& sent) {
   __syncthreads();
   if (threadIdx.x == 0 && go) {
     const uint64_t epoch = ++*p.epoch;
-    __threadfence_system();  // after the barrier: cumulative over the block's stores
+    // After the barrier: cumulative over the block's stores.
+    fence_for_peers(p.transport.same_device);
     for (int i = 0; i < W; ++i) {
       const int dest = (p.rank + 1 + i) % W;
       if (p.signals[dest]) {
-        signal_release(p.signals[dest] + lay.signal_word(lay.dispatch_signal(p.rank)), epoch);
+        signal_release(p.signals[dest] + lay.signal_word(lay.dispatch_signal(p.rank)), epoch,
+                       p.transport.same_device);
       } else if (via_relay(dest)) {
         continue;  // the relay signals it
       } else if (!put_signal(p.transport, dest, lay.count_offset(p.rank), lay.dispatch_stage(dest),
@@ -466,7 +473,7 @@ __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParam
     route_block(p, first, last);
     send_block_tokens(p, first, last);
   }
-  if (!last_block_all(&p.block_counters[kSendDone])) return;
+  if (!last_block_all(&p.block_counters[kSendDone], p.transport.same_device)) return;
   bool sent = false;
   finish_send(p, sent);
   if (p.fuse_recv && sent) {
@@ -493,6 +500,17 @@ __global__ void __launch_bounds__(kBlockThreads) land_rows(const AllToAllParams 
     const int slot = i - (source > 0 ? p.source_end[source - 1] : 0);
     const auto* header = reinterpret_cast<const int32_t*>(region + lay.token_offset(source, slot));
     const int pairs = header[AllToAllLayout::kHeaderPairs];
+    // The payload (and scales): in the slot, or where the source keeps it, in its input buffer.
+    const bool in_place =
+        *reinterpret_cast<const int32_t*>(region + lay.flags_offset(source)) &
+        AllToAllLayout::kPayloadInPlace;
+    const int token = header[AllToAllLayout::kHeaderToken];
+    const std::byte* payload_at =
+        in_place ? p.regions[source] + lay.input_offset + size_t(token) * payload
+                 : region + lay.payload_offset(source, slot);
+    const std::byte* scales_at =
+        in_place ? p.regions[source] + lay.input_scale_offset + size_t(token) * scales
+                 : region + lay.scale_offset(source, slot);
     auto row_of = [&](int q) {
       const int e = header[AllToAllLayout::header_expert(q)];
       return e * p.rows_per_expert + p.recv_base[source * L + e] +
@@ -500,15 +518,15 @@ __global__ void __launch_bounds__(kBlockThreads) land_rows(const AllToAllParams 
     };
     auto all = [](int) { return true; };
     copy_to_each(
-        pairs, all, [&](int q) { return p.expert_x + size_t(row_of(q)) * payload; },
-        region + lay.payload_offset(source, slot), payload);
+        pairs, all, [&](int q) { return p.expert_x + size_t(row_of(q)) * payload; }, payload_at,
+        payload);
     if (scales)
       copy_to_each(
           pairs, all,
           [&](int q) {
             return reinterpret_cast<std::byte*>(p.expert_x_scale) + size_t(row_of(q)) * scales;
           },
-          region + lay.scale_offset(source, slot), scales);
+          scales_at, scales);
     // Routes in (expert, row) order, so combine sends each expert's rows together.
     for (int q = threadIdx.x; q < pairs; q += blockDim.x) {
       const int e = header[AllToAllLayout::header_expert(q)];

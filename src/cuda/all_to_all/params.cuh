@@ -114,6 +114,13 @@ struct AllToAllParams {
   const std::byte* expert_y;
   std::byte* y;
   int m;                  // rows of x / y given on the host
+  // In-place buffers (AllToAllConfig::in_place_buffers). x_in_place: x (and x_scale) is this
+  // rank's input buffer, so direct peers read each token from there (dispatch sends headers
+  // only). y_in_place: expert_y is this rank's expert output buffer in out_dtype, so direct
+  // sources read each row from there (combine sends a row ref, not the row). row_refs: the
+  // config asked for in-place buffers, so every owner writes a row ref for each row of a direct
+  // source, and reduce_rows reads it.
+  bool x_in_place, y_in_place, row_refs;
   int fuse_recv;          // Phase::both: the send kernel's last block does the receive's waits
   const int32_t* bound_m; // or, when set, the actual m, read on the device (graph replays)
   // Private scratch.

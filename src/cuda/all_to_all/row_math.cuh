@@ -28,9 +28,10 @@ struct alignas(sizeof(T) * N) Pack {
 template <int C, typename In>
 __device__ __forceinline__ void add_scaled(float (&acc)[C], const In* row, int h, float w) {
   if constexpr (C == 1) {
-    acc[0] = __fadd_rn(acc[0], __fmul_rn(w, load(row, h)));
+    const In in = load_global(row + h);
+    acc[0] = __fadd_rn(acc[0], __fmul_rn(w, load(&in, 0)));
   } else {
-    const Pack<In, C> in = *reinterpret_cast<const Pack<In, C>*>(row + h);
+    const Pack<In, C> in = load_global(reinterpret_cast<const Pack<In, C>*>(row + h));
     for (int c = 0; c < C; ++c) acc[c] = __fadd_rn(acc[c], __fmul_rn(w, load(in.v, c)));
   }
 }

@@ -13,6 +13,10 @@
 #include "cuda/emulator/host_view.hpp"
 #include "cuda/emulator/late_stores.hpp"
 
+namespace pmoe::emu {
+void count_system_fence();  // kernel_counts.hpp: a release of system scope by a kernel thread
+}  // namespace pmoe::emu
+
 namespace cuda {
 
 enum thread_scope { thread_scope_system, thread_scope_device, thread_scope_block, thread_scope_thread };
@@ -86,6 +90,7 @@ class atomic_ref {
   // Before the write: what its release half (or the thread's fences) publishes at this location,
   // and, to host-mapped memory, what the host sees of it (host_view.hpp).
   void write(memory_order order) const {
+    if (Scope == thread_scope_system && releases(order)) ::pmoe::emu::count_system_fence();
     if (kBeyondTheBlock) ::pmoe::emu::atomic_write_at(object_, releases(order));
     if (Scope == thread_scope_system) {
       const T before = ref_.load(memory_order_relaxed);

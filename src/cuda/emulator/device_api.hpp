@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "cuda/emulator/late_stores.hpp"
 #include "cuda/emulator/runtime_api.hpp"
@@ -35,6 +36,28 @@ inline const ThreadState& this_thread() { return *current_thread; }
 void sync_threads();                   // __syncthreads()
 int sync_threads_count(int predicate);  // __syncthreads_count(): how many threads passed true
 void yield_thread();                   // hands the host thread to the block's next fiber
+// The warp's shuffle: every live lane of the calling thread's warp hands in `word` and gets the
+// word of lane `source_lane` back (its own if that is outside the warp), waiting for the others
+// as at a barrier of the warp (grid.cpp).
+uint64_t warp_exchange(uint64_t word, int source_lane);
+
+// The calling thread's lane: its linear index in the block, modulo 32.
+inline int lane_of_this_thread() {
+  const ThreadState& t = *current_thread;
+  return int((t.thread_idx.x + t.block_dim.x * (t.thread_idx.y + t.block_dim.y * t.thread_idx.z)) %
+             32u);
+}
+// A shuffle of any word of up to 8 bytes: `source(lane)` names the lane read, or -1 for itself.
+template <typename T, typename Source>
+T shuffle(T value, Source source) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves a word of at most 8 bytes");
+  uint64_t word = 0;
+  std::memcpy(&word, &value, sizeof(T));
+  word = warp_exchange(word, source(lane_of_this_thread()));
+  T out;
+  std::memcpy(&out, &word, sizeof(T));
+  return out;
+}
 
 // atomicAdd & co. are relaxed read-modify-writes of device scope on CUDA: for late stores, an
 // atomic write that publishes what the thread's fences released, and a relaxed read that a later
@@ -79,12 +102,42 @@ inline int __syncthreads_count(int predicate) { return ::pmoe::emu::sync_threads
 inline int __syncthreads_or(int predicate) { return ::pmoe::emu::sync_threads_count(predicate) > 0; }
 inline void __nanosleep(unsigned) { ::pmoe::emu::yield_thread(); }
 
+// Warp shuffles. Every live lane of the warp takes part (pmoe's kernels pass the full mask), and
+// `width` splits the warp into segments of that many lanes, as on a GPU.
+template <typename T>
+T __shfl_sync(unsigned, T var, int source, int width = 32) {
+  return ::pmoe::emu::shuffle(var, [&](int lane) { return lane / width * width + source % width; });
+}
+template <typename T>
+T __shfl_up_sync(unsigned, T var, unsigned delta, int width = 32) {
+  return ::pmoe::emu::shuffle(var, [&](int lane) {
+    return lane % width >= int(delta) ? lane - int(delta) : -1;
+  });
+}
+template <typename T>
+T __shfl_down_sync(unsigned, T var, unsigned delta, int width = 32) {
+  return ::pmoe::emu::shuffle(var, [&](int lane) {
+    return lane % width + int(delta) < width ? lane + int(delta) : -1;
+  });
+}
+template <typename T>
+T __shfl_xor_sync(unsigned, T var, int lane_mask, int width = 32) {
+  return ::pmoe::emu::shuffle(var, [&](int lane) {
+    const int other = lane ^ lane_mask;
+    return other / width == lane / width ? other : -1;
+  });
+}
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  ::pmoe::emu::shuffle(0, [](int) { return -1; });
+}
+
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence() {
   ::pmoe::emu::fence_of_device_scope();
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 inline void __threadfence_system() {
+  ::pmoe::emu::count_system_fence();
   ::pmoe::emu::fence_of_device_scope();
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }

@@ -112,11 +112,13 @@ std::byte* new_fiber_stack() {
 // the racing access may belong to another fiber of the block.
 
 struct Fiber {
-  enum class Status { ready, at_barrier, done };
+  enum class Status { ready, at_barrier, at_warp_exchange, done };
   ThreadState state{};
   Status status = Status::ready;
   bool slept = false;  // its last turn ended in __nanosleep (no progress)
   int64_t serial_steps = 0;  // count_serial_steps() of this thread in the block now running
+  int64_t bytes_read = 0, bytes_written = 0;  // count_bytes_*() of this thread, this block
+  int system_fences = 0;
   ctx::fiber context;  // the fiber while it is suspended (the scheduler's side)
   ctx::fiber caller;   // the scheduler while the fiber runs (the fiber's side)
   std::byte* stack = nullptr;
@@ -146,6 +148,7 @@ class BlockRunner {
                          uint64_t seed, LaunchHeldStores& held, BlockCounts& counts) {
     const unsigned n = block.x * block.y * block.z;
     counts_ = {};
+    for (Warp& w : warps_) w.arrived = w.exchanges = 0;
     size_ = n;
     body_ = &body;
     failure_ = nullptr;
@@ -162,6 +165,8 @@ class BlockRunner {
       f.status = Fiber::Status::ready;
       f.slept = false;
       f.serial_steps = 0;
+      f.bytes_read = f.bytes_written = 0;
+      f.system_fences = 0;
       if (!f.stack) {  // a fiber per thread index, made once and kept for every later block
         f.stack = new_fiber_stack();
         f.context = ctx::fiber(std::allocator_arg, GivenStack{f.stack}, [this, &f](ctx::fiber&& caller) {
@@ -193,8 +198,12 @@ class BlockRunner {
     }
     current_thread = nullptr;
     late_stores_block_end(held);
-    for (unsigned i = 0; i < n; ++i)
+    for (unsigned i = 0; i < n; ++i) {
       counts_.serial_steps = std::max(counts_.serial_steps, fibers_[i].serial_steps);
+      counts_.bytes_read += fibers_[i].bytes_read;
+      counts_.bytes_written += fibers_[i].bytes_written;
+      counts_.system_fences += fibers_[i].system_fences;
+    }
     counts = counts_;
     return failure_;
   }
@@ -216,7 +225,48 @@ class BlockRunner {
   Fiber* running() { return running_; }
   void note_wait_on_own_grid() { counts_.waited_on_own_grid = true; }
 
+  // Called on a fiber's stack: every live lane of the calling thread's warp (32 consecutive
+  // thread indices) hands in a word, and each gets back the word of lane `source` (its own when
+  // `source` is out of the warp). The lanes wait for each other as at a barrier of the warp; the
+  // words of two exchanges in a row go to two buffers, since a lane may hand in the next one
+  // before a slower lane has read this one.
+  uint64_t warp_exchange(Fiber& f, uint64_t word, int source) {
+    const unsigned me = unsigned(&f - fibers_.get()), warp = me / kWarp, lane = me % kWarp;
+    Warp& w = warps_[warp];
+    const unsigned buffer = w.exchanges & 1u;
+    w.words[buffer][lane] = word;
+    ++w.arrived;
+    if (!release_warp_if_all_arrived(warp)) {
+      f.status = Fiber::Status::at_warp_exchange;
+      suspend(f);
+    }
+    const unsigned first = warp * kWarp;
+    const bool inside = source >= 0 && unsigned(source) < kWarp && first + unsigned(source) < size_;
+    return w.words[buffer][inside ? unsigned(source) : lane];
+  }
+
  private:
+  static constexpr unsigned kWarp = 32;
+  struct Warp {
+    uint64_t words[2][kWarp];
+    unsigned arrived = 0;    // lanes at the exchange now
+    unsigned exchanges = 0;  // exchanges completed: picks the buffer
+  };
+
+  // Lets the warp's lanes go on once every live one has handed in its word. True if it did.
+  bool release_warp_if_all_arrived(unsigned warp) {
+    Warp& w = warps_[warp];
+    const unsigned first = warp * kWarp, end = std::min(size_, first + kWarp);
+    unsigned live = 0;
+    for (unsigned i = first; i < end; ++i) live += fibers_[i].status != Fiber::Status::done;
+    if (w.arrived == 0 || w.arrived != live) return false;
+    for (unsigned i = first; i < end; ++i)
+      if (fibers_[i].status == Fiber::Status::at_warp_exchange) fibers_[i].status = Fiber::Status::ready;
+    w.arrived = 0;
+    ++w.exchanges;
+    return true;
+  }
+
   void release_if_all_arrived() {
     if (arrived_ == 0 || arrived_ != alive_) return;
     for (unsigned i = 0; i < size_; ++i) {
@@ -274,6 +324,7 @@ class BlockRunner {
       f.status = Fiber::Status::done;
       --alive_;
       release_if_all_arrived();  // threads that returned no longer hold a barrier back
+      release_warp_if_all_arrived(unsigned(&f - fibers_.get()) / kWarp);  // nor an exchange
       suspend(f);                // until the scheduler hands it the same thread of a new block
     }
   }
@@ -287,6 +338,7 @@ class BlockRunner {
   unsigned alive_ = 0, arrived_ = 0, arrived_true_ = 0;
   int barrier_result_ = 0;
   BlockCounts counts_;  // of the block now running
+  Warp warps_[kMaxBlockThreads / kWarp];
   bool reshuffle_ = false;
   std::minstd_rand rng_;
   void* scheduler_fake_stack_ = nullptr;
@@ -416,8 +468,28 @@ int sync_threads_count(int predicate) {
   return runner->barrier_count();
 }
 
+uint64_t warp_exchange(uint64_t word, int source_lane) {
+  BlockRunner* runner = current_runner;
+  return runner->warp_exchange(*runner->running(), word, source_lane);
+}
+
 void count_wait_on_own_grid() { current_runner->note_wait_on_own_grid(); }
 void count_serial_steps(int64_t n) { current_runner->running()->serial_steps += n; }
+
+// A kernel thread's fiber, or null on a host thread (whose loads and stores are not a kernel's).
+static Fiber* kernel_fiber() {
+  BlockRunner* runner = current_runner;
+  return runner ? runner->running() : nullptr;
+}
+void count_bytes_read(int64_t n) {
+  if (Fiber* f = kernel_fiber()) f->bytes_read += n;
+}
+void count_bytes_written(int64_t n) {
+  if (Fiber* f = kernel_fiber()) f->bytes_written += n;
+}
+void count_system_fence() {
+  if (Fiber* f = kernel_fiber()) ++f->system_fences;
+}
 
 void yield_thread() {
   BlockRunner* runner = current_runner;

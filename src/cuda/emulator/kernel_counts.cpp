@@ -24,6 +24,9 @@ void LaunchCounts::add(const BlockCounts& b) {
   blocks_waiting_on_own_grid += b.waited_on_own_grid ? 1 : 0;
   blocks_that_spun += b.spun ? 1 : 0;
   serial_steps = std::max(serial_steps, b.serial_steps);
+  bytes_read += b.bytes_read;
+  bytes_written += b.bytes_written;
+  system_fences += b.system_fences;
 }
 
 void record_launch(const char* name, const LaunchCounts& c) {
@@ -40,6 +43,11 @@ void record_launch(const char* name, const LaunchCounts& c) {
       std::max(it->blocks_waiting_on_own_grid, c.blocks_waiting_on_own_grid);
   it->blocks_that_spun = std::max(it->blocks_that_spun, c.blocks_that_spun);
   it->serial_steps = std::max(it->serial_steps, c.serial_steps);
+  it->bytes_read = std::max(it->bytes_read, c.bytes_read);
+  it->bytes_written = std::max(it->bytes_written, c.bytes_written);
+  it->total_bytes_read += c.bytes_read;
+  it->total_bytes_written += c.bytes_written;
+  it->system_fences = std::max(it->system_fences, c.system_fences);
 }
 
 void start_counting() {

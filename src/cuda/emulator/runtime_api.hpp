@@ -212,6 +212,13 @@ cuda_api::cudaError_t launch(cuda_api::dim3 grid, cuda_api::dim3 block, size_t s
 // Called from kernel code through src/cuda/launch.cuh (kernel_counts.hpp).
 void count_wait_on_own_grid();
 void count_serial_steps(int64_t n);
+// Global-memory bytes the calling kernel thread moved (the load and store helpers of
+// src/cuda/memory_ops.cuh and launch.cuh), and its fences and release operations of system scope
+// (__threadfence_system(), cuda::atomic_ref<.., system> writes that release). Nothing on a host
+// thread.
+void count_bytes_read(int64_t n);
+void count_bytes_written(int64_t n);
+void count_system_fence();
 
 // Kernels the calling host thread has launched (or captured into a graph) so far, so that tests
 // can count an op's kernels.

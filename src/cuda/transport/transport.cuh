@@ -55,18 +55,19 @@ __device__ __forceinline__ bool signal_add(const Transport& t, int peer, int slo
 // have landed at the peer.
 __device__ __forceinline__ void flush(const Transport& t) { (void)remote_flush(t.remote); }
 
-// A direct peer's signal `slot` set to `value` with a system-scope release: every store of this
-// thread before it (and of others, fenced before) is visible to the peer once it sees the value.
+// A direct peer's signal `slot` set to `value` with a release (of device scope where the peers
+// share this GPU, else system): every store of this thread before it (and of others, fenced
+// before) is visible to the peer once it sees the value.
 __device__ __forceinline__ void signal_direct(const Transport& t, int peer, int slot,
                                               uint64_t value) {
-  signal_release(t.direct_signals[peer] + size_t(slot) * t.signal_stride, value);
+  signal_release(t.direct_signals[peer] + size_t(slot) * t.signal_stride, value, t.same_device);
 }
 
 // This rank's signal `slot`: the larger of what direct writers stored and what remote ones added
 // since the op was built (a slot has one writer, so the other is 0: GIN's word counts from its
 // baseline, pmoe's is never stored by a remote peer).
 __device__ __forceinline__ uint64_t read_signal(const Transport& t, int slot) {
-  const uint64_t stored = signal_acquire(local_signal(t, slot));
+  const uint64_t stored = signal_acquire(local_signal(t, slot), t.same_device);
   const uint64_t added = remote_signal_value(t.remote, slot) - t.remote_baseline[slot];
   return stored > added ? stored : added;
 }

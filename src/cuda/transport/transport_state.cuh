@@ -27,6 +27,9 @@ struct Transport {
   uint64_t* direct_signals[kMaxRanks];   // peer r's signal array for release stores, or nullptr
   uint64_t* local_signals;               // this rank's signal array (read and waited on here)
   int signal_stride;                     // u64 words between two signal slots
+  // Every direct peer is on this rank's GPU (ranks sharing it in one process): signals and the
+  // fences before them need device scope only.
+  bool same_device;
   RemotePath remote;                     // flavour-specific: remote_path.cuh
   // [slot]: what remote_signal_value read for this rank's slot when the op was built, before any
   // peer could add (GIN's signals start where NCCL leaves them; gin.h promises no 0). Device.
