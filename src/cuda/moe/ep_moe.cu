@@ -8,9 +8,17 @@
 // Buffers per rank (C = tokens per micro-batch, R = W * C slots per local expert, wire =
 // max(H, O) as on the CPU):
 //
-//   x_wire / y_wire   [max_tokens, wire] dtype   staging, only where H or O < wire
+//   y_wire            [max_tokens, wire] dtype   staging, only where O < wire
 //   expert_x[b]       [E_local, R, wire] dtype   dispatch's output for micro-batch b
-//   expert_y[b]       [E_local, R, wire] dtype   the experts' outputs, cols [0, O)
+//   expert_y[b]       [E_local, R, wire] dtype   the experts' outputs, cols [0, O): exchange
+//                                                b's expert output buffer (in place)
+//
+// The exchanges run on their in-place buffers (AllToAllConfig::in_place_buffers): the experts
+// write their outputs into exchange b's expert output buffer, where combine's sources read them,
+// so each row crosses once (docs/gpu-all-to-all.md, "Each byte once"). Where H < wire the tokens
+// are staged at the wire width into exchange b's input buffer, which dispatch's receivers read in
+// place; otherwise dispatch sends the caller's x (a copy into the input buffer would cost what it
+// saves).
 //   hidden, out       [E_local, R, gF] / [E_local, R, O] f32, shared by the batches
 //   act               [E_local, R, F] dtype      bf16 models only (f32: in place in hidden)
 //
@@ -81,15 +89,12 @@ class DeviceEpMoe final : public MoeBackend {
     const int H = config.feature_dim, O = config.out_dim(), k = config.top_k;
     const int64_t R = slots();
     if (config.dtype != DType::f32) x_f32_ = Buffer(DType::f32, {max_tokens, H}, device);
-    if (H < wire_) x_wire_ = Buffer(config.dtype, {max_tokens, wire_}, device);
     if (O < wire_) y_wire_ = Buffer(config.dtype, {max_tokens, wire_}, device);
     indices_ = Buffer(DType::i32, {max_tokens, k}, device);
     weights_ = Buffer(DType::f32, {max_tokens, k}, device);
     counts_ = Buffer(DType::i32, {micro_batches, num_local_}, device);
     for (int b = 0; b < micro_batches; ++b) {
       expert_x_.emplace_back(config.dtype, std::initializer_list<int64_t>{num_local_, R, wire_},
-                             device);
-      expert_y_.emplace_back(config.dtype, std::initializer_list<int64_t>{num_local_, R, wire_},
                              device);
     }
     hidden_ = Buffer(DType::f32, {num_local_, R, experts_.hidden_ld()}, device);
@@ -102,8 +107,11 @@ class DeviceEpMoe final : public MoeBackend {
     a2a.hidden_dim = wire_;
     a2a.in_dtype = config.dtype;
     a2a.out_dtype = config.dtype;
-    for (int b = 0; b < micro_batches; ++b)
+    a2a.in_place_buffers = true;
+    for (int b = 0; b < micro_batches; ++b) {
       exchanges_.push_back(std::make_unique<AllToAll>(comm, a2a));
+      expert_y_.push_back(exchanges_.back()->expert_output_buffer());
+    }
     PMOE_CUBLAS_CHECK(cublasCreate(&router_blas_));
     PMOE_CUBLAS_CHECK(cublasSetStream(router_blas_, main_));
     PMOE_CUBLAS_CHECK(cublasCreate(&experts_blas_));
@@ -138,31 +146,35 @@ class DeviceEpMoe final : public MoeBackend {
     const float* xf = rows_as_f32(x.data(), config_.dtype, m, H, x_f32_.data<float>(), main_);
     router_.route(router_blas_, main_, m, xf, indices_.data<int32_t>(), weights_.data<float>());
     if (config_.device_stats) count_rows_moved(m);
-    std::byte* x_send = static_cast<std::byte*>(x.data());
     std::byte* y_recv = static_cast<std::byte*>(y.data());
-    if (H < wire_) {
+    if (O < wire_) y_recv = y_wire_.data<std::byte>();
+    // The batches' rows: [0, half) and [half, m) with two micro-batches.
+    const int half = micro_batches_ == 1 ? m : (m + 1) / 2;
+    std::byte* x_send[2] = {static_cast<std::byte*>(x.data()),
+                            static_cast<std::byte*>(x.data()) + size_t(half) * H * elem};
+    for (int b = 0; H < wire_ && b < micro_batches_; ++b) {
+      const int begin = b == 0 ? 0 : half, end = b == 0 ? half : m;
       CopyRows c;
-      c.src = x.data();
+      c.src = static_cast<std::byte*>(x.data()) + size_t(begin) * H * elem;
       c.src_ld = H;
-      c.dst = x_wire_.data<void>();
+      c.dst = exchanges_[size_t(b)]->input_buffer().data();
       c.dst_ld = wire_;
-      c.rows = m;
+      c.rows = end - begin;
       c.copy_cols = H;
       c.dst_cols = wire_;
       launch_copy_rows(c, int(elem), main_);
-      x_send = x_wire_.data<std::byte>();
+      x_send[b] = static_cast<std::byte*>(c.dst);
     }
-    if (O < wire_) y_recv = y_wire_.data<std::byte>();
     timer_.end(main_);
 
     if (micro_batches_ == 1) {
-      const Batch all = batch(0, 0, m, x_send, y_recv);
+      const Batch all = batch(0, 0, m, x_send[0], y_recv);
       dispatch(all, Phase::both);
       run_experts(all);
       combine(all, Phase::both);
     } else {
-      const int half = (m + 1) / 2;
-      const Batch a = batch(0, 0, half, x_send, y_recv), b = batch(1, half, m, x_send, y_recv);
+      const Batch a = batch(0, 0, half, x_send[0], y_recv),
+                  b = batch(1, half, m, x_send[1], y_recv);
       dispatch(a, Phase::send);
       dispatch(b, Phase::send);
       dispatch(a, Phase::recv);
@@ -208,10 +220,10 @@ class DeviceEpMoe final : public MoeBackend {
   size_t weight_bytes() const override { return router_.weight_bytes() + experts_.weight_bytes(); }
   size_t workspace_bytes() const override {
     size_t bytes = router_.workspace_bytes() + experts_.workspace_bytes() + x_f32_.nbytes() +
-                   x_wire_.nbytes() + y_wire_.nbytes() + indices_.nbytes() + weights_.nbytes() +
+                   y_wire_.nbytes() + indices_.nbytes() + weights_.nbytes() +
                    counts_.nbytes() + hidden_.nbytes() + act_.nbytes() + out_.nbytes();
     for (const Buffer& b : expert_x_) bytes += b.nbytes();
-    for (const Buffer& b : expert_y_) bytes += b.nbytes();
+    // expert_y: the exchanges' in-place buffers, in their workspace.
     for (const auto& exchange : exchanges_) bytes += exchange->workspace_bytes();
     return bytes;
   }
@@ -232,11 +244,12 @@ class DeviceEpMoe final : public MoeBackend {
     return counts_.data<int32_t>() + b.index * num_local_;
   }
 
+  // Batch `index`: rows [begin, end) of the layer, whose wire input starts at x_send.
   Batch batch(int index, int begin, int end, std::byte* x_send, std::byte* y_recv) const {
     const int n = end - begin, k = config_.top_k;
     const size_t row_bytes = size_t(wire_) * dtype_size(config_.dtype);
     const Device device = indices_.tensor().device();
-    return {index, Tensor(x_send + size_t(begin) * row_bytes, config_.dtype, {n, wire_}, device),
+    return {index, Tensor(x_send, config_.dtype, {n, wire_}, device),
             Tensor(indices_.data<int32_t>() + int64_t(begin) * k, DType::i32, {n, k}, device),
             Tensor(weights_.data<float>() + int64_t(begin) * k, DType::f32, {n, k}, device),
             Tensor(y_recv + size_t(begin) * row_bytes, config_.dtype, {n, wire_}, device)};
@@ -322,8 +335,9 @@ class DeviceEpMoe final : public MoeBackend {
   DeviceRouter router_;
   DeviceExperts experts_;
   std::vector<std::unique_ptr<AllToAll>> exchanges_;  // one per micro-batch
-  Buffer x_f32_, x_wire_, y_wire_, indices_, weights_, counts_, hidden_, act_, out_;
-  std::vector<Buffer> expert_x_, expert_y_;
+  Buffer x_f32_, y_wire_, indices_, weights_, counts_, hidden_, act_, out_;
+  std::vector<Buffer> expert_x_;
+  std::vector<Tensor> expert_y_;  // exchange b's expert output buffer
 };
 
 }  // namespace
