@@ -51,15 +51,16 @@
 #                      gemm-rs --device cuda, f16, 2 and 4 thread ranks sharing the GPU, pieces
 #                      moved by the copy engines and (--copy kernel) by a copy kernel (a default
 #                      part until the static one joined: all four do not fit twice in a lease)
-#   python        420  on the module python_build made, with the machine's libraries only (none of
-#                      the kit's): importing torch and pmoe (which C++ runtime loads), then
-#                      pmoe.torch and a transformers model with ep_implementation="pmoe" on CUDA
-#                      tensors (torchrun_cuda.py --transformers-model), the whole pytest suite
-#                      (the torch CUDA tests first), and transformers' EP on the CPU (2 ranks)
-#   python_build  360  builds the Python module with CUDA for the device's Python as `pip install`
-#                      would in a plain PyTorch environment: the machine's compiler and libraries,
-#                      nothing of the kit (no MPI: PMOE_MPI=OFF; the image's OpenBLAS), printing
-#                      the toolchain first and, after, what the module is made of
+#   python        420  on the module python_build installed, with the machine's libraries only
+#                      (none of the kit's): importing torch and pmoe (which C++ runtime loads),
+#                      then pmoe.torch and a transformers model with ep_implementation="pmoe" on
+#                      CUDA tensors (torchrun_cuda.py --transformers-model), the whole pytest
+#                      suite (the torch CUDA tests first), and transformers' EP on the CPU (2 ranks)
+#   python_build  360  `pip install .` into the machine's Python, as a PyTorch user runs it (no
+#                      cmake line of ours, nothing of the kit): TORCH_CUDA_ARCH_LIST=9.0a,
+#                      PMOE_MPI=OFF, PMOE_CUDA_EMULATOR=OFF (the image has no Boost), the build
+#                      requirements the image lacks from .whl (scripts/device_wheels.sh),
+#                      printing the toolchain first and, after, what the module is made of
 #                      (scripts/module_report.sh, which fails if it carries its own C++ runtime);
 #                      when python is among the parts it starts at the outset, in the background,
 #                      beside the GPU parts
@@ -289,44 +290,36 @@ machine_env_make() {
   machine_env=(env "${unset[@]}" "${set[@]}")
 }
 machine_env_make
-python_blas_prefix() {
-  local prefix=$WORK/blas lib
-  mkdir -p "$prefix/include" "$prefix/lib"
-  cp "$KIT/dev/include/cblas.h" "$KIT/dev/include/openblas_config.h" "$prefix/include/"
-  lib=$(timeout 5 "$(command -v ldconfig || echo /sbin/ldconfig)" -p 2>/dev/null |
-        awk '$1 == "libopenblas.so.0" {print $NF; exit}')
-  case "$lib" in
-    ""|"$KIT"/*) lib=$(ls "$KIT"/lib/libopenblas.so.0 2>/dev/null)
-                 echo "python_build: no OpenBLAS of the machine's own; the kit's: $lib" ;;
-    *) echo "python_build: OpenBLAS: the machine's $lib" ;;
-  esac
-  ln -sf "$lib" "$prefix/lib/libopenblas.so"
-  echo "$prefix"
-}
-
 # The python part's build needs CPUs only, so when python is among the parts it starts in the
 # background at the outset (python_build_start) and runs beside the GPU parts; part_python waits
 # for it. Its own budget bounds it, whatever part is running meanwhile. By name, it is a part.
+# It is what a PyTorch user types on a GPU machine, `pip install .` (README, docs/install.md), into
+# the machine's Python, with nothing of the kit: pyproject.toml's build (PMOE_CUDA=AUTO finds
+# nvcc; BLAS from the scipy-openblas32 wheel, the image having none; the CUDA runtime shared, the
+# one torch loads). The machine reaches no index, so the build requirements the image lacks
+# (scikit-build-core, scipy-openblas32: scripts/device_wheels.sh) come from .whl, and the build
+# runs without isolation against them. Settings, as a user gives them: TORCH_CUDA_ARCH_LIST=9.0a
+# (this GPU, one architecture to keep within the budget), PMOE_MPI=OFF (no MPI headers there),
+# PMOE_CUDA_EMULATOR=OFF (the image has no Boost.Context, which the emulated device's fibers
+# need; a GPU runs the kernels themselves).
 PYTHON_BUILD=/tmp/pmoe-python
+PYTHON_PIP_INSTALL=(python3 -m pip install -v --no-build-isolation --no-index --find-links .whl
+  --no-cache-dir "--config-settings=build-dir=$PYTHON_BUILD" .)
+PYTHON_PIP_ENV=(TORCH_CUDA_ARCH_LIST=9.0a PMOE_MPI=OFF PMOE_CUDA_EMULATOR=OFF
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)")
 part_python_build() {
   # Wheels the image lacks (scripts/device_wheels.sh: transformers at python/constraints.txt's
-  # version), carried in .whl.
-  if compgen -G ".whl/*.whl" >/dev/null; then
+  # version into /tmp/site; the build requirements into the machine's Python).
+  if compgen -G ".whl/transformers-*.whl" >/dev/null; then
     bounded 60 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-      --upgrade --target /tmp/site .whl/*.whl || return 1
+      --upgrade --target /tmp/site .whl/transformers-*.whl || return 1
   fi
-  local blas word
-  blas=$(python_blas_prefix | tee /dev/stderr | tail -1)
+  bounded 60 python3 -m pip install -q --no-index --find-links .whl --no-cache-dir \
+    scikit-build-core scipy-openblas32 || return 1
   # The toolchain, before anything is compiled: a build that goes wrong is read from here.
   bounded 20 "${machine_env[@]}" bash scripts/module_report.sh --toolchain
-  local cpath=$blas/include
-  for word in "${machine_env[@]}"; do [[ "$word" == CPATH=* ]] && cpath+=":${word#CPATH=}"; done
-  bounded 60 "${machine_env[@]}" CPATH="$cpath" cmake -S . -B "$PYTHON_BUILD" -G Ninja \
-    -DPMOE_BUILD_TESTS=OFF -DPMOE_BUILD_TOOLS=OFF -DPMOE_PYTHON=ON -DPMOE_MPI=OFF \
-    -DPMOE_CUDA=ON -DPMOE_CUDA_EMULATOR=OFF -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-    -DCMAKE_PREFIX_PATH="$blas" -DPython_EXECUTABLE="$(command -v python3)" &&
-    bounded 300 "${machine_env[@]}" CPATH="$cpath" cmake --build "$PYTHON_BUILD" \
-      -j "$(nproc)" &&
+  echo "python_build: ${PYTHON_PIP_ENV[*]} ${PYTHON_PIP_INSTALL[*]}"
+  bounded 320 "${machine_env[@]}" "${PYTHON_PIP_ENV[@]}" "${PYTHON_PIP_INSTALL[@]}" &&
     bounded 20 "${machine_env[@]}" bash scripts/module_report.sh "$PYTHON_BUILD"
 }
 python_build_pid=""
@@ -347,8 +340,10 @@ part_python() {
   else
     part_python_build || return 1
   fi
-  compgen -G ".whl/*.whl" >/dev/null && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-  local status=0 path="$PYTHON_BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
+  compgen -G ".whl/transformers-*.whl" >/dev/null &&
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  # pmoe as pip installed it, in the machine's Python (no build tree on the path).
+  local status=0 path="${PYTHONPATH:-}"
   # The machine's libraries only: the module links none of the kit's.
   local py=("${machine_env[@]}" PYTHONPATH="$path" PYTHONDONTWRITEBYTECODE=1 PMOE_TIMEOUT_S=60)
   # Seconds: torch and pmoe import together, a communicator formats its first numbers, and the

@@ -104,6 +104,11 @@ dry_run_main() {
     PART=$part PART_DEADLINE=0
     "part_$part" > "$WORK/$part.log"
   done
+  # The parts named on the command line (`--dry-run python`): what each would run there.
+  for part in "${parts[@]}"; do
+    echo "dry run: part $part runs:"
+    grep "^$part: " "$WORK/commands" | sed "s/^$part: /  /"
+  done
   for program in "$KIT"/bin/*; do
     program=$(basename "$program")
     grep -Eq "(^|[[:space:]])$program([[:space:]]|$)" "$WORK/commands" ||

@@ -13,4 +13,13 @@ version=$(awk -F'==' '$1 == "transformers" {print $2}' python/constraints.txt)
 rm -rf .whl && mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp -d .whl "transformers==$version"
+# `pip install .`'s build requirements that the image lacks (device_checks.sh's python_build
+# installs them from here, the machine reaching no index): scikit-build-core and the
+# scipy-openblas32 wheel the CPU GEMMs link, the image having no BLAS. About 25 MB.
+for name in scikit-build-core scipy-openblas32; do
+  pin=$(awk -F'==' -v n="$name" '$1 == n {print $2}' python/constraints.txt)
+  [ -n "$pin" ] || { echo "device_wheels.sh: no $name pin in python/constraints.txt" >&2; exit 2; }
+  python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux2014_x86_64 -d .whl "$name==$pin"
+done
 ls -la .whl
