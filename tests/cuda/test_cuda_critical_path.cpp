@@ -43,9 +43,9 @@ struct Counted {
 
 // W ranks sharing emulated GPU 0, `tokens` tokens each at DeepSeek-V3's shape. In place: the
 // tokens and expert outputs in the op's own buffers, as an MoE layer passes them.
-Counted counted_case(int W, int tokens, bool split, bool in_place = false) {
+Counted counted_case(int W, int tokens, bool split, bool in_place = false, int hidden = 7168) {
   AllToAllCase c;
-  c.config = make_config(tokens, 256, 8, 7168, DType::bf16, DType::bf16);
+  c.config = make_config(tokens, 256, 8, hidden, DType::bf16, DType::bf16);
   c.config.in_place_buffers = in_place;
   c.in_place = in_place;
   c.tokens = TokenCounts::full;
@@ -182,10 +182,11 @@ TEST(CriticalPath, DeepSeekV3ShapeOnOneRank) {
 // each token once per rank it goes to, in place at its source, and writes each expert row once;
 // combine reads each expert row once, in place at its owner, and writes y. What else moves
 // (headers, heads, row refs, weights) stays under 15% at 128 tokens and up.
-void expect_each_byte_once(int W, int tokens) {
-  const std::string where = "W" + std::to_string(W) + " " + std::to_string(tokens) + " in place";
-  const Counted counted = counted_case(W, tokens, W > 1, /*in_place=*/true);
-  expect_within(counted, budgets(W, tokens), where);
+void expect_each_byte_once(int W, int tokens, int hidden = 7168) {
+  const std::string where = "W" + std::to_string(W) + " " + std::to_string(tokens) + " in place" +
+                            (hidden == 7168 ? "" : " H " + std::to_string(hidden));
+  const Counted counted = counted_case(W, tokens, W > 1, /*in_place=*/true, hidden);
+  if (hidden == 7168) expect_within(counted, budgets(W, tokens), where);
   const OpBytes ratio = bytes_over_least(counted, where);
   EXPECT_LE(ratio.dispatch, 1.15) << where;
   EXPECT_LE(ratio.combine, 1.15) << where;
@@ -198,9 +199,12 @@ TEST(CriticalPath, InPlaceOneRank128TokensMovesEachByteOnce) {
   expect_each_byte_once(1, 128);
 }
 
+// 1024 tokens at a hidden size of 2048: each of the 256 experts has room for all 1024 tokens, so
+// at 7168 every expert-row buffer (expert_x, expert_y and their host copies) would take 3.8 GB.
+// Headers weigh 3.5 times more against a row of 2048 than of 7168, so the bound is no looser.
 TEST(CriticalPath, InPlaceOneRank1024TokensMovesEachByteOnce) {
   PMOE_REQUIRE_CUDA_RUNTIME();
-  expect_each_byte_once(1, 1024);
+  expect_each_byte_once(1, 1024, 2048);
 }
 
 TEST(CriticalPath, InPlaceEightRanksSharingTheDeviceMoveEachByteOnce) {

@@ -91,7 +91,10 @@ template <typename Word>
 __device__ __forceinline__ void copy_words(std::byte* dst, const std::byte* src, size_t words) {
   auto* d = reinterpret_cast<Word*>(dst);
   const auto* s = reinterpret_cast<const Word*>(src);
-  for (size_t i = threadIdx.x; i < words; i += blockDim.x) store_to_peer(d + i, load_global(s + i));
+  for (size_t i = threadIdx.x; i < words; i += blockDim.x) {
+    count_serial_steps(1);
+    store_to_peer(d + i, load_global(s + i));
+  }
 }
 
 // Copies `bytes` with the calling block's threads, in the widest words (16, 8, 4, 2 or 1 bytes)
@@ -134,10 +137,7 @@ __device__ __forceinline__ void copy_to_each(int n, Include include, Dest dest,
   if (!any) return;  // nothing to read it for (a token every destination reads in place)
   if (!aligned) {
     for (int i = 0; i < n; ++i)
-      if (include(i)) {
-        count_serial_steps((long long)((bytes + blockDim.x - 1) / blockDim.x));
-        block_copy(dest(i), src, bytes);
-      }
+      if (include(i)) block_copy(dest(i), src, bytes);
     return;
   }
   const size_t words = bytes / 16, stride = size_t(blockDim.x) * kCopyUnroll;

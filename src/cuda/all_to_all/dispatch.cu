@@ -143,9 +143,9 @@ __device__ void receive_heads(const AllToAllParams& p) {
   // that expert from earlier sources (W steps an expert), and the expert's count.
   const int per_thread = (L + int(blockDim.x) - 1) / int(blockDim.x);
   const int e_first = min(L, int(threadIdx.x) * per_thread), e_last = min(L, e_first + per_thread);
-  count_serial_steps((long long)per_thread * (W + 1) + W);
   int my_rows = 0;
   for (int e = e_first; e < e_last; ++e) {
+    count_serial_steps(W + 1);
     int rows = 0;
     for (int s = 0; s < W; ++s) {
       p.recv_base[s * L + e] = rows;
@@ -157,13 +157,14 @@ __device__ void receive_heads(const AllToAllParams& p) {
   // Each expert's first route: the rows of the experts before it, a block-wide scan.
   int routes = 0, route = block_exclusive_sum(my_rows, routes);
   for (int e = e_first; e < e_last; ++e) {
+    count_serial_steps(1);
     p.route_base[e] = route;
     route += p.expert_num_tokens[e];
   }
   // The end of each source's slots in one list of every source's, in (source, slot) order: a
   // thread per source.
-  count_serial_steps(W);
   for (int s = threadIdx.x; s < W; s += blockDim.x) {
+    count_serial_steps(s + 1);
     int end = 0;
     for (int q = 0; q <= s; ++q) end += head(lay.count_offset(q));
     p.source_end[s] = end;
@@ -303,8 +304,8 @@ __device__ void route_block(const AllToAllParams& p, int first, int last) {
     for (int i = me; first_pass && relay && i < N; i += blockDim.x) node_before[i] = 0;
     __syncthreads();
     // The tokens before this block's, a share per thread.
-    count_serial_steps((long long)(first / int(blockDim.x) + 1) * 2 * k * k);
     for (int t = me; t < first; t += blockDim.x) {
+      count_serial_steps(k);  // the token's k entries
       const int32_t* row = row_of(t);
       for (int j = 0; j < k; ++j) {
         const int e = row[j];
@@ -384,9 +385,11 @@ __device__ void finish_send(const AllToAllParams& p, bool& sent) {
       std::byte* region = p.regions[dest] ? p.regions[dest]
                                           : p.regions[p.rank] + lay.dispatch_stage(dest) -
                                                 lay.count_offset(p.rank);
-      for (int e = threadIdx.x; e < L; e += blockDim.x)
+      for (int e = threadIdx.x; e < L; e += blockDim.x) {
+        count_serial_steps(1);
         store_to_peer(reinterpret_cast<int32_t*>(region + lay.expert_count_offset(p.rank, e)),
                       p.send_expert_count[dest * L + e]);
+      }
       if (threadIdx.x == 0) {
         store_to_peer(reinterpret_cast<int32_t*>(region + lay.count_offset(p.rank)),
                       p.send_count[dest]);
@@ -400,6 +403,7 @@ __device__ void finish_send(const AllToAllParams& p, bool& sent) {
       auto* head = reinterpret_cast<int32_t*>(p.regions[p.rank] + lay.relay_out(node));
       if (threadIdx.x == 0) store_to_peer(head, p.relay_count[node]);
       for (int q = threadIdx.x; q < R * (L + 1); q += blockDim.x) {
+        count_serial_steps(1);
         const int r = q / (L + 1), e = q % (L + 1) - 1, dest = node * R + r;
         if (e < 0)
           store_to_peer(head + lay.relay_head_count(r), p.send_count[dest]);
@@ -408,7 +412,6 @@ __device__ void finish_send(const AllToAllParams& p, bool& sent) {
                         p.send_expert_count[dest * L + e]);
       }
     }
-    count_serial_steps((long long)(W + N) * ((L + 1 + blockDim.x - 1) / blockDim.x + 1));
   }
   // Every thread's heads, before thread 0's fence and signals.
   __syncthreads();
@@ -445,14 +448,16 @@ __device__ void finish_send(const AllToAllParams& p, bool& sent) {
   // The totals start from zero at the next call (every block adds to them); thread 0's puts
   // above read them for their sizes.
   __syncthreads();
-  for (int i = threadIdx.x; i < E; i += blockDim.x) p.send_expert_count[i] = 0;
+  for (int i = threadIdx.x; i < E; i += blockDim.x) {
+    count_serial_steps(1);
+    p.send_expert_count[i] = 0;
+  }
   for (int i = threadIdx.x; i < W; i += blockDim.x) p.send_count[i] = 0;
   for (int i = threadIdx.x; relay && i < N; i += blockDim.x) p.relay_tally[i] = 0;
   if (threadIdx.x == 0) {
     *p.send_first_bad = 0;
     p.block_counters[kSendAborted] = 0;
   }
-  count_serial_steps((long long)(E + blockDim.x - 1) / blockDim.x);
 }
 
 __global__ void __launch_bounds__(kBlockThreads) send_tokens(const AllToAllParams p) {
