@@ -282,9 +282,11 @@ __device__ __forceinline__ void sum_listed_rows(const TokenRows<In>& rows, Out* 
 
 // y[t] = sum_j w[t, j] * row(t, j) in f32, j ascending, for every slot dispatch sent; node sum:
 // each node's partial in node order, this rank's own node's rows summed here in j order. The
-// plain loop: any number of rows, the weights and rows found again for every element.
+// plain loop: any number of rows, the weights and rows found again for every 16-byte word (or
+// element, where the rows are not aligned to words).
 template <typename In, typename Out>
 __device__ void sum_rows_plainly(const AllToAllParams& p, int t, Out* y) {
+  constexpr int V = 16 / (sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
   const int k = p.top_k, H = p.hidden_dim;
   const int E = p.num_local_experts * p.world_size;
   const AllToAllLayout& lay = p.layout;
@@ -294,27 +296,46 @@ __device__ void sum_rows_plainly(const AllToAllParams& p, int t, Out* y) {
   const int32_t* indices = p.indices + size_t(t) * k;
   const float* weights = p.weights + size_t(t) * k;
   auto sent = [&](int j) { return first_in_group(indices, j, E, 1); };
-  for (int h = threadIdx.x; h < H; h += blockDim.x) {
+  // acc[c] = y[t, h + c] before rounding.
+  auto accumulate = [&](auto& acc, int h) {
+    constexpr int C = sizeof(acc) / sizeof(float);
     count_serial_steps(k);
-    float acc[1] = {0.0f};
     if (!lay.node_sum) {
       for (int j = 0; j < k; ++j)
-        if (sent(j)) add_scaled<1>(acc, row_of<In>(p, t, j), h, weights[j]);
-    } else {
-      for (int n = 0; n < N; ++n) {
-        if (n == my_node) {
-          float own[1] = {0.0f};
-          for (int j = 0; j < k; ++j)
-            if (sent(j) && node_of_expert(lay, indices[j]) == my_node)
-              add_scaled<1>(own, row_of<In>(p, t, j), h, weights[j]);
-          acc[0] = __fadd_rn(acc[0], own[0]);
-        } else if (const int q = p.relay_slot[t * N + n]; q >= 0) {
-          const auto* partial = reinterpret_cast<const In*>(
-              region + AllToAllLayout::partial_row(lay.partial_in(n), q, row_bytes));
-          add_scaled<1>(acc, partial, h, 1.0f);  // exact: w = 1
-        }
+        if (sent(j)) add_scaled<C>(acc, row_of<In>(p, t, j), h, weights[j]);
+      return;
+    }
+    for (int n = 0; n < N; ++n) {
+      if (n == my_node) {
+        float own[C] = {};
+        for (int j = 0; j < k; ++j)
+          if (sent(j) && node_of_expert(lay, indices[j]) == my_node)
+            add_scaled<C>(own, row_of<In>(p, t, j), h, weights[j]);
+        for (int c = 0; c < C; ++c) acc[c] = __fadd_rn(acc[c], own[c]);
+      } else if (const int q = p.relay_slot[t * N + n]; q >= 0) {
+        const auto* partial = reinterpret_cast<const In*>(
+            region + AllToAllLayout::partial_row(lay.partial_in(n), q, row_bytes));
+        add_scaled<C>(acc, partial, h, 1.0f);  // exact: w = 1
       }
     }
+  };
+  // Words where every row can be: the combine area's rows, in-place rows (row_bytes apart from
+  // a 64-byte boundary) and partial rows (16-byte strides) all start on 16 bytes, and y's row.
+  const bool aligned =
+      H % V == 0 && row_bytes % 16 == 0 &&
+      (reinterpret_cast<uintptr_t>(region + lay.combine_offset) | lay.combine_row) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(y) % (V * sizeof(Out)) == 0;
+  const int vector_end = aligned ? H : 0;
+  for (int h = threadIdx.x * V; h < vector_end; h += blockDim.x * V) {
+    float acc[V] = {};
+    accumulate(acc, h);
+    Pack<Out, V> out;
+    for (int v = 0; v < V; ++v) store(out.v, v, acc[v]);
+    store_global(reinterpret_cast<Pack<Out, V>*>(y + h), out);
+  }
+  for (int h = vector_end + threadIdx.x; h < H; h += blockDim.x) {
+    float acc[1] = {0.0f};
+    accumulate(acc, h);
     Out out;
     store(&out, 0, acc[0]);
     store_global(y + h, out);
