@@ -1,6 +1,6 @@
 // pmoe::start_counting_kernels and stop_counting_kernels: the emulated device's counts, where it
 // is built (src/cuda/emulator/kernel_counts.cpp); nothing elsewhere.
-#include "pmoe/kernel_counts.hpp"
+#include "pmoe/diagnostics/kernel_counts.hpp"
 
 #if PMOE_HAVE_CUDA_EMULATOR
 namespace pmoe::emu {

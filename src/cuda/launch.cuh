@@ -32,7 +32,7 @@ inline int grid_blocks(int sms) { return kBlocksPerSm * (sms > 0 ? sms : 1); }
 // host compiler. Throws pmoe::Error if the launch is refused. Tests that probe the device with
 // other block shapes call this one; pmoe's kernels call launch() below.
 // `name` (a string literal) names the kernel in the emulated device's counts of its critical
-// path (include/pmoe/kernel_counts.hpp); nvcc ignores it.
+// path (include/pmoe/diagnostics/kernel_counts.hpp); nvcc ignores it.
 template <typename... Params, typename... Args>
 void launch_shaped(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
                    cudaStream_t stream, const Args&... args) {
@@ -123,8 +123,8 @@ __device__ __forceinline__ int4 load_streaming(const int4* p) {
 }
 
 // What the emulated device cannot see for itself in a kernel's critical path, said by the kernel
-// (include/pmoe/kernel_counts.hpp; barrier rounds and blocks that spin it counts on its own). On
-// a GPU both are nothing.
+// (include/pmoe/diagnostics/kernel_counts.hpp; barrier rounds and blocks that spin it counts on
+// its own). On a GPU both are nothing.
 // The calling block is about to wait for another block of its own grid.
 __device__ __forceinline__ void count_wait_on_own_grid() {
 #if !defined(__CUDACC__)

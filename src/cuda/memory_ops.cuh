@@ -47,9 +47,10 @@ __device__ __forceinline__ void store_to_peer(T* dst, const std::type_identity_t
 }
 
 // Loads and stores of rows (payloads, expert rows, sums): plain ones under nvcc, counted by the
-// emulated device (include/pmoe/kernel_counts.hpp), so that the bytes an op moves are measured
-// where they move and not restated beside the loops. store_global is for memory that only later
-// kernels (or the host) read; what a peer or another block reads goes through store_to_peer.
+// emulated device (include/pmoe/diagnostics/kernel_counts.hpp), so that the bytes an op moves
+// are measured where they move and not restated beside the loops. store_global is for memory
+// that only later kernels (or the host) read; what a peer or another block reads goes through
+// store_to_peer.
 template <typename T>
 __device__ __forceinline__ T load_global(const T* src) {
 #if !defined(__CUDACC__)

@@ -23,7 +23,7 @@
 #include "cuda/cuda_test_flavor.hpp"
 #include "cuda/launch.cuh"
 #include "pmoe/comm.hpp"
-#include "pmoe/kernel_counts.hpp"
+#include "pmoe/diagnostics/kernel_counts.hpp"
 
 namespace pmoe::testing {
 namespace {

@@ -19,7 +19,7 @@
 #include "cuda/launch.cuh"
 #include "moe_cases.hpp"
 #include "pmoe/comm.hpp"
-#include "pmoe/kernel_counts.hpp"
+#include "pmoe/diagnostics/kernel_counts.hpp"
 
 namespace pmoe::testing {
 namespace {

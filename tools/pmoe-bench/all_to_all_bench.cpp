@@ -50,7 +50,7 @@
 #include "kernel_model.hpp"
 #include "pmoe/all_to_all.hpp"
 #include "pmoe/error.hpp"
-#include "pmoe/kernel_counts.hpp"
+#include "pmoe/diagnostics/kernel_counts.hpp"
 #include "reference/all_to_all_reference.hpp"
 #include "report.hpp"
 #include "subcommands.hpp"
@@ -208,7 +208,7 @@ detail::TrafficMode traffic_mode(const std::string& mode) {
 // Per rank and link: the network as measured by the remote path (remote_traffic() around one
 // call), and count_traffic's counts of every link for the same routing. matches: the measured
 // network equals the count.
-// The emulated device's counts of one call of an op on every rank (include/pmoe/kernel_counts.hpp),
+// The emulated device's counts of one call of an op on every rank (include/pmoe/diagnostics/kernel_counts.hpp),
 // printed since the emulated device cannot time anything, with the bytes the op moved (read +
 // written, every rank's kernels) beside the minimum it must move (`min_bytes`, every rank's), and,
 // where --gpu names one, the kernel model's µs for that GPU (kernel_model.hpp). Kept in the JSON

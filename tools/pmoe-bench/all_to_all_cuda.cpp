@@ -11,7 +11,7 @@
 #include "all_to_all_bytes.hpp"
 #include "core/device_runtime.hpp"
 #include "graph_replay.hpp"
-#include "pmoe/kernel_counts.hpp"
+#include "pmoe/diagnostics/kernel_counts.hpp"
 #include "nccl_all_to_all_v.hpp"
 #include "pmoe/error.hpp"
 #include "reference/all_to_all_reference.hpp"

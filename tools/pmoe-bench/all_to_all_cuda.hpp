@@ -21,7 +21,7 @@
 
 #include "all_to_all/traffic.hpp"
 #include "pmoe/all_to_all.hpp"
-#include "pmoe/kernel_counts.hpp"
+#include "pmoe/diagnostics/kernel_counts.hpp"
 
 namespace pmoe::bench {
 

@@ -1,4 +1,4 @@
-// The kernel model: each kernel's counts from the emulated device (include/pmoe/kernel_counts.hpp)
+// The kernel model: each kernel's counts from the emulated device (include/pmoe/diagnostics/kernel_counts.hpp)
 // turned into µs on a named GPU, from that GPU's published figures, none fitted to a pmoe kernel.
 // The link model (model_links.hpp) prices what crosses links between ranks; this one prices what
 // one GPU does inside a kernel. docs/gpu-all-to-all.md ("Predicted against measured") holds it
@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "pmoe/kernel_counts.hpp"
+#include "pmoe/diagnostics/kernel_counts.hpp"
 
 namespace pmoe::bench {
 

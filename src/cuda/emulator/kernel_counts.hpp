@@ -1,4 +1,4 @@
-// The emulated device's counts of a kernel's critical path (include/pmoe/kernel_counts.hpp): each
+// The emulated device's counts of a kernel's critical path (include/pmoe/diagnostics/kernel_counts.hpp): each
 // block's are gathered by its runner (grid.cpp), merged into its launch's, and recorded when
 // counting is on.
 #pragma once
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "pmoe/kernel_counts.hpp"
+#include "pmoe/diagnostics/kernel_counts.hpp"
 
 namespace pmoe::emu {
 
