@@ -1,29 +1,34 @@
 // AllToAll combine on the CUDA backend. Layout: src/all_to_all/layout.hpp (every offset below
 // comes from it), scratch: params.cuh.
 //
-//   send:  return_rows (grid)  each routed row of expert_y to its source's combine area at
-//                              (token, top-k slot), 16-byte words with several loads in flight;
-//                              ranks start at different routes (rank / W of the way in), so
-//                              they do not all write to one source first; a remote source's
-//                              row is staged here and put by the block's thread 0, which
-//                              flushes its own puts before the block ends (a flush covers the
-//                              calling thread's only); the last block writes this rank's
-//                              expert_y dtype there and signals every source
+//   send:  return_rows (grid)  in place (expert_y is this rank's expert output buffer): a row
+//                              ref (the row's index there) to each direct source's row-ref slot
+//                              at (token, top-k slot), a thread per route; otherwise each routed
+//                              row of expert_y to its source's combine area there, 16-byte words
+//                              with several loads in flight; ranks start at different routes
+//                              (rank / W of the way in), so they do not all write to one source
+//                              first; a remote source's row is staged here and put by the
+//                              block's thread 0, which flushes its own puts before the block
+//                              ends (a flush covers the calling thread's only); the last block
+//                              writes this rank's expert_y dtype there and signals every source
 //   recv:  await_owners (1 block)  waits for every owner (a thread each) and checks its dtype
 //                                  (for Phase::both, the last block of return_rows does this
 //                                  instead, when every other block has ended: one kernel less)
 //          reduce_rows (grid)      launched dependent on await_owners (it may become resident
 //                                  once the waits are over); y[t] = sum_j w[t, j] * row(t, j) in
 //                                  f32, in j order, multiply and add rounded separately (no
-//                                  FMA), as the CPU backend does: the two give the same bits
+//                                  FMA), as the CPU backend does: the two give the same bits.
+//                                  Each row is read where it lies: in its owner's expert output
+//                                  buffer (a row ref) or in this rank's combine area
 // Node-summed combine (combine_sums_in_node) changes where rows go and how y is summed:
 // node_sum.cuh draws it.
 // Only one block of each rank ever spins, and none waits for a block of its own grid. Ranks
 // sharing a GPU must not fill its SMs with waiting blocks: a peer's kernel that would let them go
 // on could then never be scheduled. The slowest block of each (docs/gpu-all-to-all.md, "Critical
-// path"): return_rows, its share of the routes (a row copy each) and, the last one, 2 barrier
-// rounds, W dtype words and W signals (5 rounds with the fused wait); await_owners, a wait per
-// owner, 2 rounds; reduce_rows, one token: k rows summed, no barrier.
+// path"): return_rows, its share of the routes (a row copy or a row ref each) and, the last one,
+// 2 barrier rounds, W dtype words and W signals (5 rounds with the fused wait); await_owners, a
+// wait per owner, 2 rounds; reduce_rows, one token: its rows looked up once (one barrier), then
+// k rows summed.
 #include "cuda/all_to_all/node_sum.cuh"  // first: see params.cuh
 #include "cuda/transport/transport.cuh"
 #include "cuda/all_to_all/kernels.hpp"

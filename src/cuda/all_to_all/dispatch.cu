@@ -10,7 +10,8 @@
 //                                  and its position among each expert's rows follow token order,
 //                                  and no block waits for another. Then each token is read once
 //                                  and written to every destination, from rank + 1 on, with its
-//                                  header. The last block to finish writes the heads (counts,
+//                                  header; in place (x is this rank's input buffer) a direct
+//                                  destination gets the header only and reads the token there. The last block to finish writes the heads (counts,
 //                                  which every block added to), bumps the epoch and signals
 //   recv:  route_rows   (1 block)  waits for every source; scans the W x E_local counts of the
 //                                  heads into each (source, expert)'s first row (a thread per
@@ -18,8 +19,9 @@
 //                                  (for Phase::both, the last block of send_tokens does this
 //                                  instead, when every other block has ended: one kernel less)
 //          land_rows    (grid)     each received slot: its rows (first row + position) get the
-//                                  payload (read once) and scales, and its routes are written,
-//                                  ordered by (expert, row) for combine
+//                                  payload (read once, from the slot or in place from the
+//                                  source's input buffer) and scales, and its routes are
+//                                  written, ordered by (expert, row) for combine
 // Only one block of a rank ever waits for a peer (route_rows), and none for a block of its own
 // grid. Ranks sharing a GPU must not fill its SMs with waiting blocks: a peer's kernel that
 // would let them go on could then never run.
