@@ -109,23 +109,26 @@ int grid_blocks() {
 
 // W ranks, `tokens` tokens each, top-8 of 256 experts.
 std::map<std::string, Budget> budgets(int W, int tokens) {
-  const int64_t k = 8, L = 256 / W, G = grid_blocks();
+  const int64_t E = 256, k = 8, L = E / W, G = grid_blocks();
   const int64_t per_block = ceil_div(tokens, std::min<int64_t>(G, tokens));  // send_tokens' run
   const int64_t received = int64_t(W) * tokens;               // slots a rank may receive
   const int64_t rows = received * std::min<int64_t>(k, L);    // rows it may land
   // send_tokens: the go barrier; a table clear, the walk over earlier tokens and one barrier per
-  // token of the block's run; the last block's two barriers and two of its own, then
-  // receive_heads' two and its scan's 9 (for Phase::both). Serial: the walk (a share of the
-  // earlier tokens, k entries of k-long checks each), a top-k slot per thread per token, each
-  // token's copies to at most min(k, W) ranks, the heads and the scan (the rest).
-  const int64_t send_steps = (tokens / 256 + 1) * 2 * k * k + per_block * k +
-                             per_block * std::min<int64_t>(k, W) * kRowSteps + 4 * (W + 1) +
-                             8 * (W + 1) + 16;
+  // token of the block's run; the last block's barriers (counting in, the heads, the totals
+  // cleared), then receive_heads' three (for Phase::both). Serial: the walk (a share of the
+  // earlier tokens, k entries each), a top-k slot per thread per token (k-long checks), each
+  // token's copies to at most min(k, W) ranks, the heads (a share of each rank's expert counts),
+  // the totals cleared, and receive_heads' sums, scan and source ends.
+  const int64_t head_steps = W * ceil_div(L, 256) + ceil_div(E, 256);
+  const int64_t receive_steps = ceil_div(L, 256) * (W + 2) + W + 8;
+  const int64_t send_steps = ceil_div(tokens, 256) * k + per_block * k +
+                             per_block * std::min<int64_t>(k, W) * kRowSteps + head_steps +
+                             receive_steps;
   return {
-      {"send_tokens", {int(20 + per_block), send_steps}},
-      // The wait, its barrier and the scan's 9: a thread per expert run (W steps each), the
-      // scan, a thread per source (W steps).
-      {"route_rows", {12, ceil_div(L, 256) * (W + 1) + 3 * W + 8}},
+      {"send_tokens", {int(12 + per_block), send_steps}},
+      // The step check's barrier, the waits' and the scan's one: a thread per expert run (W + 1
+      // steps each, then one), the scan (8 warps' sums), a thread per source (up to W steps).
+      {"route_rows", {3, receive_steps}},
       // No barrier; each block's share of the slots, a row copy per pair, and the search for
       // each slot's source.
       {"land_rows", {0, ceil_div(received, G) * (std::min<int64_t>(k, L) * kRowSteps + W)}},

@@ -87,6 +87,14 @@ __device__ __forceinline__ bool wait_until_at_least(Read read, uint64_t value, u
 }
 
 
+// Spins until `word` >= value, as wait_until_at_least says (a signal of system scope: the
+// writer may be on another GPU).
+__device__ __forceinline__ bool wait_signal(uint64_t* word, uint64_t value, uint64_t timeout_ns,
+                                           ErrorWord* error, int peer, Step step) {
+  return wait_until_at_least([word] { return signal_acquire(word); }, value, timeout_ns, error,
+                             peer, step);
+}
+
 template <typename Word>
 __device__ __forceinline__ void copy_words(std::byte* dst, const std::byte* src, size_t words) {
   auto* d = reinterpret_cast<Word*>(dst);
