@@ -267,10 +267,13 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
     std::memset(expert_y.data(), 0xff, expert_y.nbytes());
     reference::run_fake_experts(cfg, W, rank, expert_num_tokens, expert_x, expert_x_scale_arg,
                                 expert_y);
-    Tensor op_expert_y = op.in(expert_y);
+    // In place on a device: into the op's own buffer, with no twin of it.
+    Tensor op_expert_y;
     if (c.in_place && !made_in_place) {
       op_expert_y = a2a.expert_output_buffer();
       copy(op_expert_y, expert_y);
+    } else {
+      op_expert_y = op.in(expert_y);
     }
     const Tensor op_weights = op.in(mine.weights, M),
                  op_y = op.in(y, M);

@@ -10,7 +10,6 @@
 #include <span>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include <unistd.h>
 
@@ -79,16 +78,14 @@ class CudaAllToAll final : public AllToAllBackend {
     p.layout = layout_;
     // Node sums return rows through relays, never in place.
     p.row_refs = config.in_place_buffers && !layout_.node_sum;
-    regions_.resize(size_t(W));
-    signals_.resize(size_t(W));
     for (int r = 0; r < W; ++r) {
-      regions_[size_t(r)] = memory_->peer(r);  // null for a peer on another node
-      signals_[size_t(r)] = regions_[size_t(r)] ? memory_->signal_word(r, 0) : nullptr;
+      p.regions[r] = memory_->peer(r);  // null for a peer on another node
+      p.signals[r] = p.regions[r] ? memory_->signal_word(r, 0) : nullptr;
     }
     if (layout_.hierarchical) {  // a relay forwards to its node's ranks by load/store
       const int R = layout_.ranks_per_node, first = p.rank / R * R;
       for (int r = first; r < first + R; ++r)
-        PMOE_CHECK(regions_[size_t(r)], "AllToAll on CUDA: cross_node = hierarchical needs every rank of "
+        PMOE_CHECK(p.regions[r], "AllToAll on CUDA: cross_node = hierarchical needs every rank of "
                    "a node to reach the others by load/store, but rank ", r, " (node ", r / R,
                    " for ranks_per_node = ", R, ") is not reachable from rank ", p.rank,
                    "; set ranks_per_node to the ranks that share a machine");
@@ -97,6 +94,10 @@ class CudaAllToAll final : public AllToAllBackend {
     t.rank = p.rank;
     t.world_size = W;
     t.ranks_per_node = ranks_per_node();
+    for (int r = 0; r < W; ++r) {
+      t.direct[r] = p.regions[r];
+      t.direct_signals[r] = p.signals[r];
+    }
     t.local_signals = memory_->signal_word(p.rank, 0);
     t.signal_stride = int(AllToAllLayout::kSignalWords);
     t.same_device = every_peer_on_this_device(comm);
@@ -133,9 +134,6 @@ class CudaAllToAll final : public AllToAllBackend {
     const size_t index_count = size_t(config.max_num_tokens) * config.experts_per_token;
     const size_t dispatch_indices = reserve(sizeof(int32_t) * index_count);
     const size_t combine_indices = reserve(sizeof(int32_t) * index_count);
-    // The peers' regions and signal arrays, for the kernels (params and transport point here).
-    const size_t region_table = reserve(sizeof(std::byte*) * W);
-    const size_t signal_table = reserve(sizeof(uint64_t*) * W);
     PMOE_CUDA_CHECK(cudaMalloc(&scratch_, scratch_bytes_));
     PMOE_CUDA_CHECK(cudaMemset(scratch_, 0, scratch_bytes_));
     auto* base = static_cast<std::byte*>(scratch_);
@@ -160,12 +158,6 @@ class CudaAllToAll final : public AllToAllBackend {
     p.round = reinterpret_cast<cuda::Round*>(base + round);
     dispatch_indices_ = reinterpret_cast<int32_t*>(base + dispatch_indices);
     combine_indices_ = reinterpret_cast<int32_t*>(base + combine_indices);
-    p.regions = t.direct = reinterpret_cast<std::byte* const*>(base + region_table);
-    p.signals = t.direct_signals = reinterpret_cast<uint64_t* const*>(base + signal_table);
-    PMOE_CUDA_CHECK(cudaMemcpy(base + region_table, regions_.data(), sizeof(std::byte*) * W,
-                               cudaMemcpyHostToDevice));
-    PMOE_CUDA_CHECK(cudaMemcpy(base + signal_table, signals_.data(), sizeof(uint64_t*) * W,
-                               cudaMemcpyHostToDevice));
     PMOE_CUDA_CHECK(cudaHostAlloc(&error_host_, sizeof(cuda::ErrorWord), cudaHostAllocMapped));
     std::memset(error_host_, 0, sizeof(cuda::ErrorWord));
     cuda::ErrorWord* mirror = nullptr;
@@ -395,11 +387,11 @@ class CudaAllToAll final : public AllToAllBackend {
   int grid_for(int64_t work) const { return int(std::clamp<int64_t>(work, 1, blocks_)); }
   bool every_peer_direct() const {
     for (int r = 0; r < comm_.size(); ++r)
-      if (!regions_[size_t(r)]) return false;
+      if (!params_.regions[r]) return false;
     return true;
   }
   // This rank's symmetric region (device memory).
-  std::byte* region() const { return regions_[size_t(params_.rank)]; }
+  std::byte* region() const { return params_.regions[params_.rank]; }
 
   // True when every rank is a thread of this process on this rank's device and none is behind
   // the remote path: then the peers' loads and stores and this rank's are all on one GPU, and
@@ -454,8 +446,6 @@ class CudaAllToAll final : public AllToAllBackend {
   std::unique_ptr<SymmetricMemory> memory_;
   std::unique_ptr<cuda::RemoteSetup> remote_;  // the remote path (split worlds), before the kernels
   AllToAllParams params_;
-  std::vector<std::byte*> regions_;  // what params_.regions holds on the device
-  std::vector<uint64_t*> signals_;   // what params_.signals holds on the device
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   int32_t* dispatch_indices_ = nullptr;  // in scratch_: i64 indices narrowed (narrow_if_wide)

@@ -290,7 +290,7 @@ __device__ __forceinline__ void sum_listed_rows(const TokenRows<In>& rows, Out* 
 // plain loop: any number of rows, the weights and rows found again for every 16-byte word (or
 // element, where the rows are not aligned to words).
 template <typename In, typename Out>
-__device__ void sum_rows_plainly(const AllToAllParams& p, int t, Out* y) {
+__device__ __forceinline__ void sum_rows_plainly(const AllToAllParams& p, int t, Out* y) {
   constexpr int V = 16 / (sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
   const int k = p.top_k, H = p.hidden_dim;
   const int E = p.num_local_experts * p.world_size;

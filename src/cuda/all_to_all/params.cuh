@@ -98,12 +98,10 @@ struct AllToAllParams {
   int64_t rows_per_expert;
   int in_elem_bytes, y_elem_bytes, out_dtype, y_dtype;  // y_dtype/out_dtype: pmoe::DType values
   AllToAllLayout layout;
-  // Symmetric memory: every direct peer's region and signal array (null for a remote peer), as
-  // device arrays [world_size] in the private scratch (the transport's direct tables are the
-  // same two), and the transport, which also reaches the remote ones
-  // (src/cuda/transport/transport.cuh).
-  std::byte* const* regions;
-  uint64_t* const* signals;
+  // Symmetric memory: every direct peer's region and signal array (null for a remote peer), and
+  // the transport, which also reaches the remote ones (src/cuda/transport/transport.cuh).
+  std::byte* regions[kMaxRanks];
+  uint64_t* signals[kMaxRanks];
   Transport transport;
   // This call's tensors (device pointers) and m.
   const std::byte* x;

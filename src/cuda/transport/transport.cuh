@@ -23,7 +23,7 @@ __device__ __forceinline__ int node_of(const Transport& t, int rank) {
   return rank / t.ranks_per_node;
 }
 __device__ __forceinline__ bool is_direct(const Transport& t, int peer) {
-  return t.direct != nullptr && t.direct[peer] != nullptr;
+  return t.direct[peer] != nullptr;
 }
 
 // The word of this rank's signal `slot`.

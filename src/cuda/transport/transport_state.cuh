@@ -23,12 +23,8 @@ constexpr int kMaxRanks = 64;  // ranks one op spans on the CUDA backend (pointe
 
 struct Transport {
   int rank, world_size, ranks_per_node;  // node of r = r / ranks_per_node
-  // Device arrays [world_size], in device memory rather than in the kernels' parameters (two
-  // 64-entry tables there would be 1 KiB of every launch): peer r's region for load/store and
-  // its signal array for release stores, or nullptr where r is remote. A null table: every peer
-  // is remote.
-  std::byte* const* direct;
-  uint64_t* const* direct_signals;
+  std::byte* direct[kMaxRanks];          // peer r's region for load/store, or nullptr (remote)
+  uint64_t* direct_signals[kMaxRanks];   // peer r's signal array for release stores, or nullptr
   uint64_t* local_signals;               // this rank's signal array (read and waited on here)
   int signal_stride;                     // u64 words between two signal slots
   // Every direct peer is on this rank's GPU (ranks sharing it in one process): signals and the
