@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(kBlockThreads) await_owners(const AllToAllPara
 // slot j's row and weight, or not sent. Indexed by j only in unrolled loops, so the list stays in
 // registers. A row is read where it lies: in place in its owner's expert output buffer (a row
 // ref), or in this rank's combine area.
-constexpr int kListedK = 8;
+constexpr int kListedK = 8, kInFlight = 4;
 template <typename In>
 struct TokenRows {
   const In* row[kListedK];
@@ -246,8 +246,8 @@ __device__ __forceinline__ TokenRows<In> token_rows(const AllToAllParams& p, int
   return rows;
 }
 
-// y[t] from the listed rows: per step, every row's V elements loaded before any is added, so the
-// loads of up to kListedK rows are in flight at once; the adds run in j order.
+// y[t] from the listed rows: per step, kInFlight rows' V elements loaded before any of them is
+// added, so that many loads are in flight at once; the adds run in j order.
 template <typename In, typename Out>
 __device__ __forceinline__ void sum_listed_rows(const TokenRows<In>& rows, Out* y, int H) {
   constexpr int V = 16 / (sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
@@ -258,17 +258,22 @@ __device__ __forceinline__ void sum_listed_rows(const TokenRows<In>& rows, Out* 
   const int vector_end = aligned ? H : 0;
   for (int h = threadIdx.x * V; h < vector_end; h += blockDim.x * V) {
     count_serial_steps(rows.count);
-    InPack in[kListedK];
-    PMOE_UNROLL
-    for (int j = 0; j < kListedK; ++j)
-      if (rows.sent[j]) in[j] = load_global(reinterpret_cast<const InPack*>(rows.row[j] + h));
     float acc[V] = {};
+    // kInFlight rows' loads at a time: all of 8 would not fit in the registers beside the rest.
     PMOE_UNROLL
-    for (int j = 0; j < kListedK; ++j)
-      if (rows.sent[j])
-        PMOE_UNROLL
-        for (int v = 0; v < V; ++v)
-          acc[v] = __fadd_rn(acc[v], __fmul_rn(rows.weight[j], load(in[j].v, v)));
+    for (int first = 0; first < kListedK; first += kInFlight) {
+      InPack in[kInFlight];
+      PMOE_UNROLL
+      for (int i = 0; i < kInFlight; ++i)
+        if (rows.sent[first + i])
+          in[i] = load_global(reinterpret_cast<const InPack*>(rows.row[first + i] + h));
+      PMOE_UNROLL
+      for (int i = 0; i < kInFlight; ++i)
+        if (rows.sent[first + i])
+          PMOE_UNROLL
+          for (int v = 0; v < V; ++v)
+            acc[v] = __fadd_rn(acc[v], __fmul_rn(rows.weight[first + i], load(in[i].v, v)));
+    }
     OutPack out;
     for (int v = 0; v < V; ++v) store(out.v, v, acc[v]);
     store_global(reinterpret_cast<OutPack*>(y + h), out);
