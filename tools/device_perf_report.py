@@ -1,5 +1,5 @@
 """The report of scripts/device_perf.sh: pmoe's exchange beside torch's local exchange and a copy of
-the same bytes, the issue's targets beside the results, and each exchange kernel's time and top
+the same bytes, the targets beside the results, and each exchange kernel's time and top
 stall reasons as ncu measured them at EP1.
 
     python3 tools/device_perf_report.py --gpu NAME --pmoe BENCH.json [--pmoe MORE.json]
@@ -27,7 +27,7 @@ import re
 import statistics
 import sys
 
-# The issue's targets (issue 40, item 3). Times: pmoe-bench's median over the timed iterations
+# The targets. Times: pmoe-bench's median over the timed iterations
 # of the slowest rank. Copy fraction: the copy of the same bytes' median time over pmoe's.
 TARGETS = [
     ("EP1, 1 token, dispatch", 1, 1, "dispatch", "us", 15.0),
