@@ -109,7 +109,8 @@ int grid_blocks() {
 
 // W ranks, `tokens` tokens each, top-8 of 256 experts.
 std::map<std::string, Budget> budgets(int W, int tokens) {
-  const int64_t E = 256, k = 8, L = E / W, G = grid_blocks();
+  // Ranks sharing the device launch their share of its grid.
+  const int64_t E = 256, k = 8, L = E / W, G = std::max(1, grid_blocks() / W);
   const int64_t per_block = ceil_div(tokens, std::min<int64_t>(G, tokens));  // send_tokens' run
   const int64_t received = int64_t(W) * tokens;               // slots a rank may receive
   const int64_t rows = received * std::min<int64_t>(k, L);    // rows it may land
@@ -130,8 +131,8 @@ std::map<std::string, Budget> budgets(int W, int tokens) {
       // steps each, then one), the scan (8 warps' sums), a thread per source (up to W steps).
       {"route_rows", {3, receive_steps}},
       // No barrier; each block's share of the slots, a row copy per pair, and the search for
-      // each slot's source.
-      {"land_rows", {0, ceil_div(received, G) * (std::min<int64_t>(k, L) * kRowSteps + W)}},
+      // the slots' sources (which goes on from slot to slot).
+      {"land_rows", {0, ceil_div(received, G) * std::min<int64_t>(k, L) * kRowSteps + W}},
       // Each block's share of the rows, a copy each; the last block's two barriers, then (for
       // Phase::both) one before the fused wait and its two.
       {"return_rows", {5, ceil_div(rows, G) * kRowSteps}},

@@ -171,7 +171,10 @@ class CudaAllToAll final : public AllToAllBackend {
     p.timeout_ns = uint64_t(comm.timeout_s() * 1e9);
     int sms = 0;
     PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_.index));
-    blocks_ = cuda::grid_blocks(sms);
+    // Ranks that share a GPU share its SMs: each launches its share of the grid. Their grids
+    // then run side by side in one wave, where whole grids each would queue behind each other
+    // in W waves (DeepEP gives each rank a number of SMs the same way).
+    blocks_ = std::max(1, cuda::grid_blocks(sms) / (t.same_device ? W : 1));
     // The allocations above (page-locking above all) may synchronise the device. A rank that
     // finished first and already spins in its first dispatch would then wait for this rank,
     // which waits for the device: nobody launches until everybody is built.

@@ -501,9 +501,14 @@ __global__ void __launch_bounds__(kBlockThreads) land_rows(const AllToAllParams 
   const int L = p.num_local_experts;
   const size_t payload = lay.payload_bytes, scales = lay.scale_bytes;
   const std::byte* region = p.regions[p.rank];
+  // Slots come in source order and a block's slots only rise, so the search for each slot's
+  // source goes on from the last one: W steps a block, not a slot.
+  int source = 0;
   for (int i = blockIdx.x; i < slots; i += gridDim.x) {
-    int source = 0;
-    while (p.source_end[source] <= i) ++source;
+    while (p.source_end[source] <= i) {
+      count_serial_steps(1);
+      ++source;
+    }
     const int slot = i - (source > 0 ? p.source_end[source - 1] : 0);
     const auto* header = reinterpret_cast<const int32_t*>(region + lay.token_offset(source, slot));
     const int pairs = header[AllToAllLayout::kHeaderPairs];
