@@ -25,8 +25,9 @@
 #                      contract, on the hardware it stands in for), test_cuda_grid_gpu (spinning
 #                      blocks that starve a peer; again on one hardware queue),
 #                      test_cuda_wmma_gpu and test_cuda_grouped_gemm_gpu (the MoE experts'
-#                      tensor-core GEMM and its issued rows under Zipf routing), and
-#                      test_cuda_ipc_gpu under mpirun -n 2
+#                      tensor-core GEMM and its issued rows under Zipf routing),
+#                      test_cuda_graph_replay_gpu (pmoe::CudaGraph) and test_cuda_ipc_gpu under
+#                      mpirun -n 2
 #   bench         140  pmoe-bench all-to-all --device cuda, EP 2, 4, 8 sharing the GPU, 1 and 128
 #                      tokens, with its NCCL all-to-all-v row (on one GPU it says why it cannot
 #                      run: NCCL refuses two ranks on one GPU), then that row's own check at EP 1;
@@ -164,7 +165,7 @@ part_tests() {
   local status=0 program
   for program in test_cuda_all_to_all_gpu test_cuda_moe_gpu test_cuda_cublas_gpu \
       test_cuda_device_utils_gpu test_cuda_emulator_gpu test_cuda_grid_gpu test_cuda_wmma_gpu \
-      test_cuda_grouped_gemm_gpu; do
+      test_cuda_grouped_gemm_gpu test_cuda_graph_replay_gpu; do
     echo "--- $program"
     bounded 120 "$program" --gtest_brief=1 --gtest_output="json:$WORK/$program.json" || status=1
   done

@@ -40,7 +40,7 @@ NOT_EMULATED = {"src/cuda/transport/gin_remote.cuh"}
 # joined; a plain add_test's (mpi.cuda_remote) fails the unmutated tree instead.
 TEST_TARGETS = ["test_cuda_all_to_all", "test_cuda_grid", "test_cuda_device_utils",
                 "test_cuda_emulator", "test_cuda_ipc", "test_cuda_overlap", "test_cuda_cublas",
-                "test_emulated_ipc", "test_cuda_moe", "test_cuda_graph",
+                "test_emulated_ipc", "test_cuda_moe", "test_cuda_graph", "test_cuda_graph_replay",
                 "test_cuda_all_to_all_traffic", "test_mpi_cuda_remote", "test_emulated_remote"]
 
 

@@ -6,6 +6,7 @@
 #include "pmoe/comm.hpp"
 #include "pmoe/dtype.hpp"
 #include "pmoe/error.hpp"
+#include "pmoe/graph.hpp"
 #include "pmoe/memory.hpp"
 #include "pmoe/moe.hpp"
 #include "pmoe/overlap.hpp"

@@ -1,6 +1,6 @@
 // What the host code needs from a device runtime, without CUDA headers: memory, copies, streams,
-// events. Which backend an op runs on is not the runtime's business: src/backends/registry.hpp
-// picks it, by the runtime's kind().
+// events, graphs. Which backend an op runs on is not the runtime's business:
+// src/backends/registry.hpp picks it, by the runtime's kind().
 //
 // pmoe's CUDA sources are compiled twice (src/cuda/flavor.hpp): by nvcc for a real GPU, and by
 // the host compiler for the emulated device (src/cuda/emulator). Each compilation provides one
@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -63,6 +64,14 @@ class DeviceRuntime {
   // the whole device's use (other processes' too), so a caller samples it where use is highest.
   virtual DeviceMemoryUse memory_use(Device device) const = 0;
   virtual void reset_memory_peak(Device device) const = 0;  // nothing to reset on CUDA
+  // CUDA graphs, for pmoe::CudaGraph (include/pmoe/graph.hpp). capture_graph records what `work`
+  // enqueues on `stream` in thread-local capture mode, so that the other ranks' threads sharing
+  // the device keep launching and synchronising meanwhile, and returns the instantiated graph (a
+  // cudaGraphExec_t). A failed CUDA call, or an exception from `work`, ends the capture, leaves
+  // the stream usable and throws.
+  virtual void* capture_graph(Stream stream, const std::function<void()>& work) const = 0;
+  virtual void launch_graph(void* graph, Stream stream) const = 0;  // enqueues one replay
+  virtual void destroy_graph(void* graph) const = 0;                // never throws
 };
 
 // The runtime chosen for this process (see above); throws pmoe::Error in a build without one.

@@ -1,7 +1,8 @@
 // The device runtime over the CUDA runtime API (src/core/device_runtime.hpp): memory, copies,
-// streams, events, IPC. Compiled twice (src/cuda/flavor.hpp): by nvcc against CUDA's runtime and
-// by the host compiler against the emulated device's.
+// streams, events, graphs, IPC. Compiled twice (src/cuda/flavor.hpp): by nvcc against CUDA's
+// runtime and by the host compiler against the emulated device's.
 #include <cstring>
+#include <functional>
 
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
@@ -148,6 +149,47 @@ class CudaRuntime final : public DeviceRuntime {
     ::pmoe::emu::reset_memory_peak(device.index);
   }
 #endif
+
+  void* capture_graph(Stream stream, const std::function<void()>& work) const override {
+    try {
+      return capture(static_cast<cudaStream_t>(stream.handle), work);
+    } catch (...) {
+      (void)cudaGetLastError();  // the failed capture's, which the next launch's check would raise
+      throw;
+    }
+  }
+  void launch_graph(void* graph, Stream stream) const override {
+    PMOE_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph),
+                                    static_cast<cudaStream_t>(stream.handle)));
+  }
+  void destroy_graph(void* graph) const override {  // a replay in flight still completes
+    (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+  }
+
+ private:
+  // Thread-local mode: ranks are threads sharing a device, and the global mode would forbid every
+  // thread's allocations and synchronisations while one rank captures.
+  static cudaGraphExec_t capture(cudaStream_t stream, const std::function<void()>& work) {
+    PMOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t graph = nullptr;
+    try {
+      work();
+    } catch (...) {
+      (void)cudaStreamEndCapture(stream, &graph);  // the stream leaves the capture; work's error
+      if (graph) (void)cudaGraphDestroy(graph);    // is the one told
+      throw;
+    }
+    PMOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    try {
+      PMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    } catch (...) {
+      (void)cudaGraphDestroy(graph);
+      throw;
+    }
+    (void)cudaGraphDestroy(graph);  // the executable keeps what it needs
+    return exec;
+  }
 };
 
 }  // namespace

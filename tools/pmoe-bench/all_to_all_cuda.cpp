@@ -10,10 +10,10 @@
 
 #include "all_to_all_bytes.hpp"
 #include "core/device_runtime.hpp"
-#include "graph_replay.hpp"
 #include "pmoe/diagnostics/kernel_counts.hpp"
 #include "nccl_all_to_all_v.hpp"
 #include "pmoe/error.hpp"
+#include "pmoe/graph.hpp"
 #include "reference/all_to_all_reference.hpp"
 
 namespace pmoe::bench {
@@ -314,8 +314,8 @@ CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig&
   {
     synchronize(comm.stream());
     comm.barrier();
-    GraphReplay dispatch_graph(comm.stream(), [&] { dispatch(Phase::both); });
-    GraphReplay combine_graph(comm.stream(), [&] { combine(Phase::both); });
+    CudaGraph dispatch_graph(comm.stream(), [&] { dispatch(Phase::both); });
+    CudaGraph combine_graph(comm.stream(), [&] { combine(Phase::both); });
     const auto replays = time_on_stream(comm, warmup, iters, {[&] { dispatch_graph.replay(); },
                                                               [&] { combine_graph.replay(); }});
     result.dispatch_us = replays[0];
