@@ -18,6 +18,7 @@
 
 #include "pmoe/comm.hpp"
 #include "pmoe/dtype.hpp"
+#include "pmoe/placement.hpp"
 #include "pmoe/tensor.hpp"
 
 namespace pmoe {
@@ -69,6 +70,17 @@ struct AllToAllConfig {
   // order, and with it the low bits of y, now depend on the node split (docs/gpu-all-to-all.md,
   // "Node-summed combine"). Off by default: the default is bit-identical across node splits.
   bool combine_sums_in_node = false;
+  // Logical experts on physical slots (pmoe/placement.hpp). Empty: indices name the slots
+  // (num_experts of them). Set: indices name logical experts in [0, num_logical_experts), each
+  // routed to one of its slots on a live rank by a fixed rule (src/all_to_all/slot_routing.hpp),
+  // and expert_x / expert_y rows are the slots'. Every backend; direct mode only.
+  ExpertPlacement placement{};
+  // The op keeps a mask of live ranks (mask_rank()), which every call reads: on a GPU from
+  // device memory, so that a captured CUDA graph follows it. A masked rank takes no token and is
+  // waited for by no one. Direct mode without a node split only.
+  bool rank_mask = false;
+  // What a token's slot becomes when its expert has no live slot left (pmoe/placement.hpp).
+  MaskedExperts masked_experts = MaskedExperts::drop;
 
   // Throws pmoe::Error saying what to change if the config cannot run on `world_size` ranks.
   void validate(int world_size) const;
@@ -83,6 +95,7 @@ enum class Phase : uint8_t { send, recv, both };
 
 namespace detail {
 class AllToAllBackend;
+class SlotTable;
 enum class Step : int32_t;  // the steps of a round (src/all_to_all/step.hpp)
 }
 
@@ -100,7 +113,8 @@ class AllToAll {
   // x                 [m, H] in_dtype, 0 <= m <= max_num_tokens (m may differ between ranks)
   // x_scale           [m, H / scale_block] f32 for f8e4m3 input; an empty Tensor otherwise
   // indices           [m, k] i32 or i64 (as torch.topk returns), each in [0, E) or -1 (slot
-  //                   skipped); no expert twice in a row
+  //                   skipped); no expert twice in a row. With a placement, logical experts:
+  //                   [0, placement.num_logical_experts) or -1
   // expert_num_tokens [E_local] i32, out: rows received per local expert
   // expert_x          [E_local, W * max_num_tokens, H] in_dtype, out: the first
   //                   expert_num_tokens[e] rows of expert e (with packed_expert_rows: the
@@ -160,6 +174,18 @@ class AllToAll {
   Tensor input_scale_buffer() const;   // [max_num_tokens, H / scale_block] f32 (f8e4m3 only)
   Tensor expert_output_buffer() const; // [E_local, W * max_num_tokens, H] out_dtype
 
+  // Masks `rank` (config.rank_mask): from this rank's next dispatch on, no token goes to its
+  // slots (each goes to a live replica of its expert, or is dropped as config.masked_experts
+  // says) and no wait waits for it. Every live rank calls it between two calls (after its
+  // combine(recv), before its next dispatch), with the same rank, and the masked rank calls the
+  // op no more. Throws pmoe::Error, changing nothing, for a rank out of range, this rank, or the
+  // last live rank but this one.
+  void mask_rank(int rank, const std::string& reason);
+  // The live ranks and the reason each masked one was masked.
+  const RankMask& rank_mask() const { return mask_; }
+  // Logical experts (slots, without a placement) that no live rank serves now, ascending.
+  std::vector<int> lost_experts() const;
+
   // Bytes this op allocated per rank (symmetric buffers, signals and private staging).
   size_t workspace_bytes() const;
   // What this rank has sent to peers on other nodes (AllToAllConfig::ranks_per_node, or real
@@ -184,6 +210,10 @@ class AllToAll {
                      const Tensor& expert_x_scale, Phase phase, const Tensor& bound_m);
   void combine_impl(const Tensor& expert_y, const Tensor& indices, const Tensor& weights,
                     const Tensor& y, Phase phase, const Tensor& bound_m);
+  // The CPU's: the first m rows of idx32 as slots, and `weights` as combine must use them (into
+  // *weights_out, when given), where the slot table rewrites indices; idx32 itself where not.
+  Tensor slots_on_host(const Tensor& idx32, int64_t m, const Tensor& weights,
+                       Tensor* weights_out);
   // Runs a call: a pmoe::Error thrown before its first step started is a rejection, which the
   // communicator posts for peers that will wait for this rank (Communicator::note_rejection).
   void guarded(const std::function<void()>& call);
@@ -208,6 +238,10 @@ class AllToAll {
   int64_t arriving_ = -1;  // arriving_rows() of this call; -1 if not asked
   int64_t arrived_ = 0;    // rows the last dispatch(recv) wrote (packed expert_y's minimum)
   std::string broken_;  // set once a wait failed: the protocol state is lost, the op unusable
+  RankMask mask_;
+  std::unique_ptr<detail::SlotTable> slot_table_;  // logical experts to live slots
+  std::vector<int32_t> routed_slots_;   // the CPU's: this call's indices as slots
+  std::vector<float> routed_weights_;   // the CPU's: combine's weights after the mask
   std::unique_ptr<detail::AllToAllBackend> backend_;
 };
 

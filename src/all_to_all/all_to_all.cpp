@@ -8,6 +8,7 @@
 #include "all_to_all/backend.hpp"
 #include "backends/registry.hpp"
 #include "all_to_all/route.hpp"
+#include "all_to_all/slot_table.hpp"
 #include "all_to_all/step.hpp"
 #include "core/arg_checks.hpp"
 #include "core/config_agreement.hpp"
@@ -41,6 +42,14 @@ void check_indices(const char* op, const Index* idx, int64_t m, int64_t k, int n
                               i, " and ", j, "); use -1 for an unused slot"));
     }
   }
+}
+
+// FNV-1a over a placement's slots, so that ranks with different placements disagree at
+// construction instead of routing the same token differently.
+int64_t placement_hash_of(const ExpertPlacement& p) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int32_t e : p.slot_expert) h = (h ^ uint64_t(uint32_t(e))) * 0x100000001b3ull;
+  return int64_t(h >> 1);
 }
 
 // "AllToAll::dispatch(send)", "AllToAll::combine", ...: how errors name the call.
@@ -80,6 +89,13 @@ void AllToAllConfig::validate(int world_size) const {
              "AllToAllConfig: combine_sums_in_node is an option of cross_node = hierarchical (the "
              "relays that forwarded dispatch's tokens sum combine's rows); set cross_node = "
              "hierarchical and ranks_per_node, or leave combine_sums_in_node false");
+  if (!placement.empty()) placement.validate(num_experts);
+  PMOE_CHECK(masked_experts == MaskedExperts::drop || masked_experts == MaskedExperts::renormalize,
+             "AllToAllConfig: masked_experts must be drop or renormalize, got ",
+             int(masked_experts));
+  PMOE_CHECK(!rank_mask || (ranks_per_node == 0 && cross_node == CrossNode::direct),
+             "AllToAllConfig: rank_mask works on one node in direct mode; leave ranks_per_node 0 "
+             "and cross_node direct, or rank_mask false");
   if (in_dtype == DType::f8e4m3) {
     PMOE_CHECK(scale_block >= 1, "AllToAllConfig: f8e4m3 input needs scale_block >= 1 (elements ",
                "per f32 scale; 128 is common), got ", scale_block);
@@ -112,16 +128,45 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device devi
   agree.field("ranks_per_node", config.ranks_per_node);
   agree.field("cross_node", int64_t(config.cross_node), detail::show_cross_node);
   agree.field("combine_sums_in_node", config.combine_sums_in_node, detail::show_bool);
+  agree.field("placement (its logical experts)", config.placement.num_logical_experts);
+  agree.field("placement (a hash of its slots)", placement_hash_of(config.placement));
+  agree.field("rank_mask", config.rank_mask, detail::show_bool);
+  agree.field("masked_experts", int64_t(config.masked_experts));
   agree.check(comm, [&] {
     config_.validate(world_size_);
     PMOE_CHECK(device == comm.device(), "AllToAll: device ", device.str(),
                " differs from the communicator's ", comm.device().str());
   });
   num_local_experts_ = config_.num_experts / world_size_;
+  mask_.live.assign(size_t(world_size_), 1);
+  mask_.reasons.assign(size_t(world_size_), "");
+  slot_table_ = std::make_unique<detail::SlotTable>(config_, world_size_);
   backend_ = detail::backends(device).make_all_to_all(comm, config_);
+  backend_->set_routing(*slot_table_, mask_.live);
 }
 
+void AllToAll::mask_rank(int rank, const std::string& reason) {
+  const char* op = "AllToAll::mask_rank";
+  PMOE_CHECK(config_.rank_mask, op, ": set AllToAllConfig::rank_mask to make the op maskable");
+  PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this AllToAll is unusable since an ",
+             "earlier call failed while waiting for peers (", broken_, "); create a new one");
+  PMOE_CHECK(next_ == Step::dispatch_send, op, " on rank ", rank_, ": mask between calls "
+             "(after combine(recv)); the next step is ", detail::step_name(next_));
+  PMOE_CHECK(rank >= 0 && rank < world_size_, op, ": rank ", rank, " is outside [0, ",
+             world_size_, ")");
+  PMOE_CHECK(rank != rank_, op, " on rank ", rank_, ": a rank cannot mask itself (the others "
+             "mask it; it then stops calling the op), and the last live rank cannot be masked");
+  if (!mask_.live[size_t(rank)]) return;  // masked already: the first reason stays
+  mask_.live[size_t(rank)] = 0;
+  mask_.reasons[size_t(rank)] = reason.empty() ? "masked by the caller" : reason;
+  slot_table_->set_live(mask_.live);
+  backend_->set_routing(*slot_table_, mask_.live);
+}
+
+std::vector<int> AllToAll::lost_experts() const { return slot_table_->lost_experts(); }
+
 AllToAll::~AllToAll() = default;
+
 
 size_t AllToAll::workspace_bytes() const { return backend_->workspace_bytes(); }
 
@@ -245,14 +290,16 @@ void AllToAll::dispatch_impl(const Tensor& x, const Tensor& x_scale, const Tenso
   // Index values are checked here where the host can read them; a device's kernels check them.
   const bool host_data = device_.kind == Device::Kind::cpu;
   if (host_data) {
+    const int experts = slot_table_->logical_experts();
     if (indices.dtype() == DType::i64)
-      check_indices(op, indices.data<int64_t>(), m, k, config_.num_experts);
+      check_indices(op, indices.data<int64_t>(), m, k, experts);
     else
-      check_indices(op, indices.data<int32_t>(), m, k, config_.num_experts);
+      check_indices(op, indices.data<int32_t>(), m, k, experts);
   }
   const Tensor idx32 = indices_i32(op, indices, dispatch_indices_);
+  const Tensor slots = host_data ? slots_on_host(idx32, m, Tensor(), nullptr) : idx32;
 
-  const detail::DispatchArgs args{x, x_scale, idx32, expert_num_tokens, expert_x,
+  const detail::DispatchArgs args{x, x_scale, slots, expert_num_tokens, expert_x,
                                   expert_x_scale, int(m), bound_m, phase == Phase::both};
   if (phase != Phase::recv) {
     if (host_data) {
@@ -342,12 +389,33 @@ void AllToAll::combine_impl(const Tensor& expert_y, const Tensor& indices, const
   sent_expert_y_dtype_ = expert_y.dtype();
 
   const Tensor idx32 = indices_i32(op, indices, combine_indices_);
-  const detail::CombineArgs args{expert_y, idx32, weights, y, int(m), bound_m,
+  Tensor routed_weights = weights;
+  const Tensor slots = device_.kind == Device::Kind::cpu
+                           ? slots_on_host(idx32, m, weights, &routed_weights)
+                           : idx32;
+  const detail::CombineArgs args{expert_y, slots, routed_weights, y, int(m), bound_m,
                                  phase == Phase::both};
   if (phase != Phase::recv)
     run_step(Step::combine_send, op, [&] { backend_->combine_send(args); });
   if (phase != Phase::send)
     run_step(Step::combine_recv, op, [&] { backend_->combine_recv(args); });
+}
+
+Tensor AllToAll::slots_on_host(const Tensor& idx32, int64_t m, const Tensor& weights,
+                               Tensor* weights_out) {
+  if (!slot_table_->rewrites()) return idx32;
+  const int k = config_.experts_per_token;
+  const detail::SlotTableView table = slot_table_->view();
+  const int32_t* logical = idx32.data<int32_t>();
+  routed_slots_.assign(size_t(idx32.numel()), -1);
+  if (weights_out) routed_weights_.assign(size_t(weights.numel()), 0.0f);
+  const float* w = weights_out ? weights.data<float>() : nullptr;
+  for (int64_t t = 0; t < m; ++t)
+    detail::route_row(table, logical + t * k, k, rank_, t, routed_slots_.data() + t * k,
+                      w ? w + t * k : nullptr, w ? routed_weights_.data() + t * k : nullptr);
+  if (weights_out)
+    *weights_out = Tensor(routed_weights_.data(), DType::f32, {weights.size(0), int64_t(k)});
+  return Tensor(routed_slots_.data(), DType::i32, {idx32.size(0), int64_t(k)});
 }
 
 void AllToAll::check_errors() const { backend_->check_errors(); }

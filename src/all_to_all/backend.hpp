@@ -5,11 +5,15 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "pmoe/all_to_all.hpp"
 
 namespace pmoe::detail {
+
+class SlotTable;  // all_to_all/slot_table.hpp
 
 struct DispatchArgs {
   Tensor x, x_scale, indices, expert_num_tokens, expert_x, expert_x_scale;
@@ -42,6 +46,10 @@ class AllToAllBackend {
   virtual int64_t arriving_rows() = 0;
   // Throws pmoe::Error if a kernel reported an error (device backends); the CPU reports at once.
   virtual void check_errors() const {}
+  // From the next call on: ranks with live[r] == 0 are sent nothing and waited for by no one;
+  // `table` maps logical experts to live slots (the CPU's front end applies it on the host, so
+  // its backend needs the live ranks only). Called between calls.
+  virtual void set_routing(const SlotTable& table, const std::vector<uint8_t>& live) = 0;
 };
 
 }  // namespace pmoe::detail

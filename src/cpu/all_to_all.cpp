@@ -44,6 +44,8 @@ class CpuAllToAll final : public AllToAllBackend {
     routes_.reserve(size_t(world_size_) * config.max_num_tokens * layout_.max_pairs);
   }
 
+  void set_routing(const SlotTable&, const std::vector<uint8_t>& live) override { live_ = live; }
+
   AllToAll::RemoteTraffic remote_traffic() const override {
     const auto* split = dynamic_cast<const NodeSplitMemory*>(memory_.get());
     if (!split) return {};
@@ -112,6 +114,7 @@ class CpuAllToAll final : public AllToAllBackend {
       }
     }
     for (int dest = 0; dest < world_size_; ++dest) {
+      if (!live_[size_t(dest)]) continue;
       // The block's head: count, flags, and the rows of each of dest's experts.
       head_[0] = sent_[dest];
       head_[1] = x_in_place && memory_->peer(dest) ? AllToAllLayout::kPayloadInPlace : 0;
@@ -137,6 +140,7 @@ class CpuAllToAll final : public AllToAllBackend {
     if (config_.packed_expert_rows) arriving_rows();
     // Sources in rank order, slots in token order: rows come out ordered by (source, token).
     for (int source = 0; source < world_size_; ++source) {
+      if (!live_[size_t(source)]) continue;
       wait_for_dispatch(source);
       int32_t count_and_flags[2];
       std::memcpy(count_and_flags, region + layout_.count_offset(source), sizeof count_and_flags);
@@ -169,10 +173,12 @@ class CpuAllToAll final : public AllToAllBackend {
 
   int64_t arriving_rows() override {
     int64_t next = 0;
-    for (int source = 0; source < world_size_; ++source) wait_for_dispatch(source);
+    for (int source = 0; source < world_size_; ++source)
+      if (live_[size_t(source)]) wait_for_dispatch(source);
     for (int e = 0; e < num_local_experts_; ++e) {
       first_row_[size_t(e)] = next;
-      for (int source = 0; source < world_size_; ++source) next += expert_count(source, e);
+      for (int source = 0; source < world_size_; ++source)
+        if (live_[size_t(source)]) next += expert_count(source, e);
     }
     return next;
   }
@@ -195,6 +201,7 @@ class CpuAllToAll final : public AllToAllBackend {
     }
     const uint32_t dtype = uint32_t(a.expert_y.dtype());
     for (int dest = 0; dest < world_size_; ++dest) {
+      if (!live_[size_t(dest)]) continue;
       memory_->put(dest, layout_.combine_dtype_slot(rank_), &dtype, sizeof dtype);
       memory_->signal(dest, layout_.combine_signal(rank_), epoch_);
     }
@@ -203,6 +210,7 @@ class CpuAllToAll final : public AllToAllBackend {
   void combine_recv(const CombineArgs& a) override {
     const std::byte* region = memory_->local();
     for (int owner = 0; owner < world_size_; ++owner) {
+      if (!live_[size_t(owner)]) continue;
       memory_->wait_signal(layout_.combine_signal(owner), epoch_,
                            {"AllToAll::combine(recv)", owner, "its combine rows"});
       uint32_t dtype;
@@ -289,6 +297,7 @@ class CpuAllToAll final : public AllToAllBackend {
   std::vector<int32_t> received_;   // rows received per local expert this call
   std::vector<int64_t> first_row_;  // packed_expert_rows: each local expert's first row
   std::vector<Route> routes_;       // this call's received rows, for combine
+  std::vector<uint8_t> live_;       // ranks not masked (AllToAll::mask_rank)
 };
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "all_to_all_cases.hpp"
+#include "all_to_all_mask_cases.hpp"
 #include "core/device_runtime.hpp"
 #include "cuda/cuda_test_flavor.hpp"
 #include "pmoe/comm.hpp"
@@ -914,6 +915,68 @@ INSTANTIATE_TEST_SUITE_P(CrossNode, RemoteRankThatNeverArrives,
                            return info.param == CrossNode::direct ? "direct" : "hierarchical";
                          });
 #endif
+
+// Placements and masked ranks with the ranks sharing a GPU: the kernels route indices to live
+// slots from the table in device memory and wait for live ranks only (the CPU's cases, the same
+// reference).
+void expect_mask_case_on_gpu(int W, const MaskCase& c) {
+  std::vector<std::string> errors(static_cast<size_t>(W));
+  run_ranks(W, [&](Communicator& comm) { errors[size_t(comm.rank())] = run_mask_case(comm, c); },
+            Device::cuda(0));
+  for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+}
+
+MaskCase mask_case(int W) {
+  MaskCase c;
+  c.config = make_config(/*max_tokens=*/7, /*experts=*/4 * W, /*top_k=*/3, /*hidden=*/40);
+  c.config.rank_mask = true;
+  return c;
+}
+
+TEST(AllToAllCudaMask, ReplicasLoseNoTokenWhenARankStops) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  for (bool split : {false, true}) {
+    MaskCase c = mask_case(4);
+    c.config.placement = ExpertPlacement::round_robin(8, 16);
+    c.stops = {{3, 2}};
+    c.split_phases = split;
+    expect_mask_case_on_gpu(4, c);
+  }
+}
+
+TEST(AllToAllCudaMask, WithoutReplicasTheExpertsOfStoppedRanksAreDropped) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  for (MaskedExperts rule : {MaskedExperts::drop, MaskedExperts::renormalize}) {
+    MaskCase c = mask_case(4);
+    c.config.masked_experts = rule;
+    c.calls = 6;
+    c.stops = {{1, 1}, {2, 3}};
+    expect_mask_case_on_gpu(4, c);
+  }
+}
+
+// The graphs are captured before the mask; replays read it (and the routing table) from device
+// memory, so the ranks that go on need no new capture.
+TEST(AllToAllCudaMask, ACapturedGraphFollowsTheMask) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  for (bool replicas : {true, false}) {
+    MaskCase c = mask_case(4);
+    if (replicas) c.config.placement = ExpertPlacement::round_robin(8, 16);
+    c.config.masked_experts = MaskedExperts::renormalize;
+    c.calls = 6;
+    c.stops = {{2, 2}, {1, 4}};
+    c.graph = true;
+    expect_mask_case_on_gpu(4, c);
+  }
+}
+
+TEST(AllToAllCudaMask, ReplicasSpreadTokensWithoutAMask) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  MaskCase c = mask_case(2);
+  c.config.rank_mask = false;
+  c.config.placement = ExpertPlacement::round_robin(4, 8);
+  expect_mask_case_on_gpu(2, c);
+}
 
 }  // namespace
 }  // namespace pmoe::testing

@@ -71,6 +71,7 @@ struct Options {
   int warmup = 3;
   uint64_t seed = 1;
   bool staged = true;
+  bool rank_mask = false;  // also time a twin op made with rank_mask, in turns with the plain one
   std::string device = "cpu";  // or "cuda": ranks share GPU 0
   int ranks_per_node = 0;       // 0: one node; else the ranks as nodes of this many
   std::string mode = "direct";  // how tokens cross nodes: direct or hierarchical (CUDA only)
@@ -366,6 +367,24 @@ void run_config(Communicator& comm, Context& ctx) {
     };
     auto combine = [&](Phase p) { a2a.combine(expert_y, in.indices, in.weights, y, p); };
 
+    // --rank-mask: a twin op made maskable (nobody masked), on its own buffers, timed in turns
+    // with this one, so that what the mask costs when nobody dies is a ratio of one run.
+    AllToAllConfig mask_cfg = cfg;
+    mask_cfg.rank_mask = true;
+    std::optional<AllToAll> maskable;
+    Tensor mask_x, mask_expert_y;
+    if (o.rank_mask) {
+      PMOE_CHECK(!f8 && o.device == "cpu", "--rank-mask: bf16 on the CPU only");
+      maskable.emplace(comm, mask_cfg);
+      mask_x = Tensor(maskable->input_buffer().data(), cfg.in_dtype, {ctx.tokens, H});
+      std::memcpy(mask_x.data(), in.x.data<void>(), in.x.nbytes());
+      mask_expert_y = maskable->expert_output_buffer();
+    }
+    auto dispatch_masked = [&] {
+      maskable->dispatch(mask_x, Tensor(), in.indices, counts, expert_x, Tensor());
+    };
+    auto combine_masked = [&] { maskable->combine(mask_expert_y, in.indices, in.weights, y); };
+
     std::memset(expert_x.data<void>(), 0xA5, expert_x.nbytes());
     if (f8) std::memset(expert_x_scale.data<void>(), 0xA5, expert_x_scale.nbytes());
     dispatch(Phase::both);
@@ -377,13 +396,25 @@ void run_config(Communicator& comm, Context& ctx) {
     if (error.empty())
       error = reference::compare_bytes("y", y, reference::reference_combine(cfg, in, DType::bf16));
     agree_on_check(comm, "pmoe AllToAll, " + where, error);
+    if (maskable) {
+      std::memset(expert_x.data<void>(), 0xA5, expert_x.nbytes());
+      dispatch_masked();
+      error = reference::compare_dispatch(cfg, W, reference::reference_dispatch(cfg, W, rank, all),
+                                          counts, expert_x, Tensor(), 0xA5);
+      reference::run_fake_experts(cfg, W, rank, counts, expert_x, Tensor(), mask_expert_y);
+      combine_masked();
+      if (error.empty())
+        error =
+            reference::compare_bytes("y", y, reference::reference_combine(cfg, in, DType::bf16));
+      agree_on_check(comm, "pmoe AllToAll with rank_mask, " + where, error);
+    }
 
     const AllToAllBytes bytes = required_bytes(comm, cfg, all, counts);
     dispatch_bytes = bytes.dispatch;
     combine_bytes = bytes.combine;
 
     // The rooflines in turns with the timed iterations, so that a drift of the machine moves both.
-    std::vector<std::vector<double>> both(2);
+    std::vector<std::vector<double>> both(4);  // dispatch, combine; the maskable op's
     std::vector<double> copy_dispatch, copy_combine, copy_round_trip;
     const int per_round = (o.iters + kRooflineRounds - 1) / kRooflineRounds;
     CopyLoop copy_loop(comm, dispatch_bytes, combine_bytes);
@@ -392,9 +423,15 @@ void run_config(Communicator& comm, Context& ctx) {
       copy_dispatch.push_back(copy.dispatch);
       copy_combine.push_back(copy.combine);
       copy_round_trip.push_back(copy.round_trip);
+      std::vector<std::function<void()>> steps = {[&] { dispatch(Phase::both); },
+                                                  [&] { combine(Phase::both); }};
+      if (maskable) {
+        steps.push_back(dispatch_masked);
+        steps.push_back(combine_masked);
+      }
       const auto t = time_steps(comm, round == 0 ? o.warmup : 1, std::min(per_round, left),
-                                {[&] { dispatch(Phase::both); }, [&] { combine(Phase::both); }});
-      for (int step = 0; step < 2; ++step)
+                                steps);
+      for (size_t step = 0; step < t.size(); ++step)
         both[step].insert(both[step].end(), t[step].begin(), t[step].end());
     }
     ctx.copy_gbps = median_of(copy_round_trip);  // the round trips' and the baselines'
@@ -407,6 +444,11 @@ void run_config(Communicator& comm, Context& ctx) {
     ctx.add("dispatch", both[0], dispatch_bytes, ws, median_of(copy_dispatch));
     ctx.add("combine", both[1], combine_bytes, ws, median_of(copy_combine));
     ctx.add("dispatch_combine", sum_of(both[0], both[1]), dispatch_bytes + combine_bytes, ws);
+    if (maskable) {
+      const size_t mask_ws = maskable->workspace_bytes();
+      ctx.add("dispatch_rank_mask", both[2], dispatch_bytes, mask_ws, median_of(copy_dispatch));
+      ctx.add("combine_rank_mask", both[3], combine_bytes, mask_ws, median_of(copy_combine));
+    }
     ctx.add("dispatch_send", halves[0], 0, ws);
     ctx.add("dispatch_recv", halves[1], 0, ws);
     ctx.add("combine_send", halves[2], 0, ws);
@@ -762,6 +804,9 @@ void add_all_to_all_command(CLI::App& app) {
   cmd->add_option("--warmup", o->warmup, "untimed warm-up iterations")->capture_default_str();
   cmd->add_option("--seed", o->seed, "routing and data seed")->capture_default_str();
   cmd->add_flag("!--no-staged", o->staged, "skip the rows with the caller's own buffers");
+  cmd->add_flag("--rank-mask", o->rank_mask,
+                "also time the op made maskable (AllToAllConfig::rank_mask, nobody masked), in "
+                "turns with the plain one: rows dispatch_rank_mask and combine_rank_mask (CPU)");
   cmd->add_flag("--in-place,!--no-in-place", o->in_place,
                 "--device cuda: run dispatch/combine on the op's in-place buffers "
                 "(AllToAll::input_buffer(), expert_output_buffer()), as an MoE layer does "

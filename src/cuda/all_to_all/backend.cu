@@ -16,6 +16,7 @@
 #include <cuda/atomic>
 
 #include "all_to_all/backend.hpp"
+#include "all_to_all/slot_table.hpp"
 #include "core/device_runtime.hpp"
 #include "all_to_all/layout.hpp"
 #include "all_to_all/step.hpp"
@@ -134,6 +135,12 @@ class CudaAllToAll final : public AllToAllBackend {
     const size_t index_count = size_t(config.max_num_tokens) * config.experts_per_token;
     const size_t dispatch_indices = reserve(sizeof(int32_t) * index_count);
     const size_t combine_indices = reserve(sizeof(int32_t) * index_count);
+    // A placement's or a mask's routing (set_routing): the slot table, the live ranks, and
+    // combine's weights after the mask.
+    const size_t table_first = reserve(sizeof(int32_t) * (config.num_experts + 1));
+    const size_t table_slots = reserve(sizeof(int32_t) * config.num_experts);
+    const size_t live = reserve(sizeof(int32_t) * W);
+    const size_t combine_weights = reserve(sizeof(float) * index_count);
     PMOE_CUDA_CHECK(cudaMalloc(&scratch_, scratch_bytes_));
     PMOE_CUDA_CHECK(cudaMemset(scratch_, 0, scratch_bytes_));
     auto* base = static_cast<std::byte*>(scratch_);
@@ -158,6 +165,12 @@ class CudaAllToAll final : public AllToAllBackend {
     p.round = reinterpret_cast<cuda::Round*>(base + round);
     dispatch_indices_ = reinterpret_cast<int32_t*>(base + dispatch_indices);
     combine_indices_ = reinterpret_cast<int32_t*>(base + combine_indices);
+    table_first_ = reinterpret_cast<int32_t*>(base + table_first);
+    table_slots_ = reinterpret_cast<int32_t*>(base + table_slots);
+    live_ = reinterpret_cast<int32_t*>(base + live);
+    combine_weights_ = reinterpret_cast<float*>(base + combine_weights);
+    routes_slots_ = !config.placement.empty() || config.rank_mask;
+    p.live = config.rank_mask ? live_ : nullptr;
     PMOE_CUDA_CHECK(cudaHostAlloc(&error_host_, sizeof(cuda::ErrorWord), cudaHostAllocMapped));
     std::memset(error_host_, 0, sizeof(cuda::ErrorWord));
     cuda::ErrorWord* mirror = nullptr;
@@ -231,9 +244,10 @@ class CudaAllToAll final : public AllToAllBackend {
   // not wait, so that the caller's work between the phases overlaps the transfer.
   void dispatch_send(const DispatchArgs& a) override {
     enter();
+    dispatch_routed_ = routing_needed();
     AllToAllParams p = with_dispatch(a);
     p.fuse_recv = a.recv_follows;
-    narrow_if_wide(a.indices, dispatch_indices_);
+    stage_indices(a.indices, dispatch_routed_, dispatch_indices_, nullptr, nullptr);
     cuda::launch_dispatch_send(p, stream_, blocks_);
     recv_waited_ = a.recv_follows;
   }
@@ -246,9 +260,11 @@ class CudaAllToAll final : public AllToAllBackend {
   void combine_send(const CombineArgs& a) override {
     enter();
     params_.y_dtype = int(a.expert_y.dtype());  // named by a later dtype-mismatch report
+    combine_routed_ = routing_needed();
     AllToAllParams p = with_combine(a);
     p.fuse_recv = a.recv_follows;
-    narrow_if_wide(a.indices, combine_indices_);
+    stage_indices(a.indices, combine_routed_, combine_indices_, a.weights.data<float>(),
+                  combine_weights_);
     // return_rows copies a route a block, or, in place with every source direct, writes a row
     // ref a thread: no more blocks than that work.
     const int64_t routes = most_slots(a.m) * layout_.max_pairs;
@@ -257,6 +273,29 @@ class CudaAllToAll final : public AllToAllBackend {
         p, stream_, grid_for(refs_only ? (routes + cuda::kBlockThreads - 1) / cuda::kBlockThreads
                                        : routes));
     recv_waited_ = a.recv_follows;
+  }
+  // The table and the live ranks go to device memory, where every call's kernels read them, in
+  // stream order: after every kernel already enqueued, before any enqueued later. No wait for the
+  // device: at construction a peer may already spin in its first dispatch.
+  void set_routing(const SlotTable& table, const std::vector<uint8_t>& live) override {
+    if (!routes_slots_) return;  // no placement, no mask: indices are slots
+    rewrites_ = table.rewrites();
+    table_view_ = {table_first_, table_slots_, table.logical_experts(),
+                   config_.masked_experts == MaskedExperts::renormalize};
+    // One staging copy, alive and unchanged until the stream has read it: the next change
+    // waits for this rank's stream first.
+    if (!routing_upload_.empty()) PMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    routing_upload_.assign(table.first().begin(), table.first().end());
+    routing_upload_.insert(routing_upload_.end(), table.slots().begin(), table.slots().end());
+    routing_upload_.insert(routing_upload_.end(), live.begin(), live.end());
+    const size_t first = table.first().size(), slots = table.slots().size();
+    PMOE_CUDA_CHECK(cudaMemcpyAsync(table_first_, routing_upload_.data(), sizeof(int32_t) * first,
+                                    cudaMemcpyHostToDevice, stream_));
+    PMOE_CUDA_CHECK(cudaMemcpyAsync(table_slots_, routing_upload_.data() + first,
+                                    sizeof(int32_t) * slots, cudaMemcpyHostToDevice, stream_));
+    PMOE_CUDA_CHECK(cudaMemcpyAsync(live_, routing_upload_.data() + first + slots,
+                                    sizeof(int32_t) * live.size(), cudaMemcpyHostToDevice,
+                                    stream_));
   }
   void combine_recv(const CombineArgs& a) override {
     enter();
@@ -342,13 +381,34 @@ class CudaAllToAll final : public AllToAllBackend {
   }
 
   // The kernels read i32 indices: the caller's, or i64 ones narrowed into `narrowed` by
-  // narrow_if_wide() at the send (the recv reads the same copy).
-  static const int32_t* indices_for_kernels(const Tensor& indices, const int32_t* narrowed) {
-    return indices.dtype() == DType::i64 ? narrowed : indices.data<int32_t>();
+  // The indices the kernels read: the caller's, or their staged copy (stage_indices() at the
+  // send; the recv reads the same copy).
+  const int32_t* indices_for_kernels(const Tensor& indices, bool routed,
+                                     const int32_t* staged) const {
+    return routed || indices.dtype() == DType::i64 ? staged : indices.data<int32_t>();
   }
-  void narrow_if_wide(const Tensor& indices, int32_t* narrowed) const {
-    if (indices.dtype() == DType::i64)
-      cuda::launch_narrow_indices(indices.data<int64_t>(), narrowed, indices.numel(), stream_,
+  // Whether this call routes its indices to slots in a kernel: when the table rewrites them (a
+  // placement, or a masked rank), and, with rank_mask, whenever the call is being captured, so
+  // that a replay after a later mask routes around it. An eager call with every rank live reads
+  // the caller's indices as they are: the mask costs it nothing.
+  bool routing_needed() const {
+    if (!routes_slots_) return false;
+    if (rewrites_) return true;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    PMOE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+    return capture != cudaStreamCaptureStatusNone;
+  }
+  // Slots from the caller's indices into `staged`: routed (a placement or a mask: then combine's
+  // weights too, into weights_out), or i64 narrowed; i32 slots as they are stay where they are.
+  void stage_indices(const Tensor& indices, bool routed, int32_t* staged, const float* weights,
+                     float* weights_out) const {
+    const bool wide = indices.dtype() == DType::i64;
+    if (routed)
+      cuda::launch_route_slots(indices.data(), wide, indices.size(0), config_.experts_per_token,
+                               comm_.rank(), table_view_, staged, weights, weights_out, stream_,
+                               blocks_);
+    else if (wide)
+      cuda::launch_narrow_indices(indices.data<int64_t>(), staged, indices.numel(), stream_,
                                   blocks_);
   }
 
@@ -356,7 +416,7 @@ class CudaAllToAll final : public AllToAllBackend {
     AllToAllParams p = params_;
     p.x = static_cast<const std::byte*>(a.x.data());
     p.x_scale = a.x_scale.data<float>();
-    p.indices = indices_for_kernels(a.indices, dispatch_indices_);
+    p.indices = indices_for_kernels(a.indices, dispatch_routed_, dispatch_indices_);
     p.expert_num_tokens = a.expert_num_tokens.data<int32_t>();
     p.expert_x = static_cast<std::byte*>(a.expert_x.data());
     p.expert_x_scale = a.expert_x_scale.data<float>();
@@ -373,8 +433,8 @@ class CudaAllToAll final : public AllToAllBackend {
     p.expert_y = static_cast<const std::byte*>(a.expert_y.data());
     p.y_elem_bytes = dtype_size(a.expert_y.dtype());
     p.y_dtype = int(a.expert_y.dtype());
-    p.indices = indices_for_kernels(a.indices, combine_indices_);
-    p.weights = a.weights.data<float>();
+    p.indices = indices_for_kernels(a.indices, combine_routed_, combine_indices_);
+    p.weights = combine_routed_ ? combine_weights_ : a.weights.data<float>();
     p.y = static_cast<std::byte*>(a.y.data());
     p.m = a.m;
     p.bound_m = a.bound_m.data<int32_t>();
@@ -453,6 +513,18 @@ class CudaAllToAll final : public AllToAllBackend {
   size_t scratch_bytes_ = 0;
   int32_t* dispatch_indices_ = nullptr;  // in scratch_: i64 indices narrowed (narrow_if_wide)
   int32_t* combine_indices_ = nullptr;
+  // Routing (set_routing), in scratch_: with a placement or a mask, a call's indices are routed
+  // to slots by a kernel reading the table there (routing_needed() says which calls).
+  bool routes_slots_ = false;
+  bool rewrites_ = false;  // the table maps some index elsewhere than itself
+  bool dispatch_routed_ = false, combine_routed_ = false;  // this call's sends routed (the recvs
+                                                           // read what their sends staged)
+  int32_t* table_first_ = nullptr;
+  int32_t* table_slots_ = nullptr;
+  int32_t* live_ = nullptr;
+  float* combine_weights_ = nullptr;
+  ::pmoe::detail::SlotTableView table_view_{};
+  std::vector<int32_t> routing_upload_;  // the table and live ranks as last sent (set_routing)
   void* error_host_ = nullptr;
   mutable bool reset_pending_ = false;  // check_errors() raised a non-fatal error
   bool recv_waited_ = false;  // the last send kernel also did the receive's waits

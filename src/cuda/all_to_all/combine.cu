@@ -62,7 +62,7 @@ __device__ void wait_owners(const AllToAllParams& p) {
     return !lay.node_sum || owner / R == p.rank / R || owner == lay.peer_on_node(p.rank, owner / R);
   };
   for (int owner = threadIdx.x; owner < p.world_size && !failed; owner += blockDim.x) {
-    if (!sends_here(owner)) continue;
+    if (!sends_here(owner) || !is_live(p, owner)) continue;
     if (!wait_signal(p.transport, lay.combine_signal(owner), epoch, p.timeout_ns, p.error, owner,
                      Step::combine_recv)) {
       failed = true;
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
     p.round->next_step = int32_t(Step::combine_recv);  // every block has read it
     const uint64_t epoch = *p.epoch;
     for (int dest = 0; dest < p.world_size; ++dest)
-      if (p.regions[dest])
+      if (p.regions[dest] && is_live(p, dest))
         store_to_peer(reinterpret_cast<int32_t*>(p.regions[dest] + lay.combine_dtype_slot(p.rank)),
                       int32_t(p.y_dtype));
     // Remote sources get it from the staging, with the signal: after this rank's rows to them.
@@ -153,6 +153,7 @@ __global__ void __launch_bounds__(kBlockThreads) return_rows(const AllToAllParam
                     int32_t(p.y_dtype));
     fence_for_peers(p.transport.same_device);
     for (int dest = 0; dest < p.world_size; ++dest) {
+      if (!is_live(p, dest)) continue;
       if (p.signals[dest]) {
         signal_release(p.signals[dest] + lay.signal_word(lay.combine_signal(p.rank)), epoch,
                        p.transport.same_device);

@@ -125,8 +125,8 @@ __device__ void receive_heads(const AllToAllParams& p) {
   if (lay.hierarchical && !failed) forward_relay_blocks(p, epoch, failed);
   for (int i = threadIdx.x; i < W && !failed; i += blockDim.x) {
     const int source = (p.rank + i) % W;  // this rank's own data first: it is there already
-    if (!wait_signal(p.transport, lay.dispatch_signal(source), epoch, p.timeout_ns, p.error,
-                     source, Step::dispatch_recv))
+    if (is_live(p, source) && !wait_signal(p.transport, lay.dispatch_signal(source), epoch,
+                                           p.timeout_ns, p.error, source, Step::dispatch_recv))
       failed = true;
   }
   __syncthreads();
@@ -151,7 +151,7 @@ __device__ void receive_heads(const AllToAllParams& p) {
     int rows = 0;
     for (int s = 0; s < W; ++s) {
       p.recv_base[s * L + e] = rows;
-      rows += head(lay.expert_count_offset(s, e));
+      if (is_live(p, s)) rows += head(lay.expert_count_offset(s, e));  // a masked one's is stale
     }
     p.expert_num_tokens[e] = rows;
     my_rows += rows;
@@ -168,7 +168,8 @@ __device__ void receive_heads(const AllToAllParams& p) {
   for (int s = threadIdx.x; s < W; s += blockDim.x) {
     count_serial_steps(s + 1);
     int end = 0;
-    for (int q = 0; q <= s; ++q) end += head(lay.count_offset(q));
+    for (int q = 0; q <= s; ++q)
+      if (is_live(p, q)) end += head(lay.count_offset(q));
     p.source_end[s] = end;
     if (s == W - 1) *p.slot_count = end;
   }
@@ -382,7 +383,7 @@ __device__ void finish_send(const AllToAllParams& p, bool& sent) {
     // Heads: every thread a share of each destination's expert counts.
     for (int i = 0; i < W; ++i) {
       const int dest = (p.rank + 1 + i) % W;
-      if (via_relay(dest)) continue;  // its head travels in the relay block's
+      if (via_relay(dest) || !is_live(p, dest)) continue;  // relayed, or masked: nothing to it
       // As if it were dest's region: a remote peer's block is built in this rank's staging.
       std::byte* region = p.regions[dest] ? p.regions[dest]
                                           : p.regions[p.rank] + lay.dispatch_stage(dest) -
@@ -423,6 +424,7 @@ __device__ void finish_send(const AllToAllParams& p, bool& sent) {
     fence_for_peers(p.transport.same_device);
     for (int i = 0; i < W; ++i) {
       const int dest = (p.rank + 1 + i) % W;
+      if (!is_live(p, dest)) continue;
       if (p.signals[dest]) {
         signal_release(p.signals[dest] + lay.signal_word(lay.dispatch_signal(p.rank)), epoch,
                        p.transport.same_device);

@@ -141,9 +141,17 @@ struct AllToAllParams {
   uint32_t* block_counters;
   int32_t* send_first_bad;  // send_tokens: the first bad index slot (kBadSlotBase - slot), or 0
   int32_t* owners_ready;  // combine: 1 when every owner's rows arrived in the right dtype
+  // [W]: 0 for a masked rank (AllToAllConfig::rank_mask), read by every call from device memory
+  // so that a captured graph follows a later mask; null without rank_mask (every rank live).
+  const int32_t* live;
   Round* round;
   ErrorWord* error;       // device memory; its host_mirror is what the host reads
   uint64_t timeout_ns;
 };
+
+// Whether rank r takes part in the calls (not masked).
+__device__ __forceinline__ bool is_live(const AllToAllParams& p, int r) {
+  return !p.live || p.live[r] != 0;
+}
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

@@ -1,0 +1,33 @@
+// AllToAll with an expert placement and masked ranks: ranks stop calling part-way, the others
+// mask them and go on, and every call of every live rank is checked against the plain
+// reference with the mask that call used. Shared by the CPU and the emulated-device tests.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pmoe/all_to_all.hpp"
+#include "pmoe/comm.hpp"
+
+namespace pmoe::testing {
+
+struct MaskCase {
+  AllToAllConfig config;  // rank_mask set where ranks stop; placement and masked_experts as tested
+  int calls = 5;
+  // (rank, call): the rank makes no call from that call on, and the others mask it before it.
+  std::vector<std::pair<int, int>> stops;
+  bool split_phases = false;
+  // On a device: dispatch and combine captured once into CUDA graphs (with bound_m) before any
+  // rank stops, and replayed each call; the mask reaches them through device memory.
+  bool graph = false;
+  uint64_t seed = 7;
+};
+
+// Runs `c` on this rank (collective over the ranks still calling). "" when every call of this
+// rank matched: the rows each local slot received (counts), and y, against the reference in
+// which a token's expert goes to its live slot (r + t) mod n, and an expert with no live slot
+// adds nothing (renormalize: the token's other weights divided by their sum).
+std::string run_mask_case(Communicator& comm, const MaskCase& c);
+
+}  // namespace pmoe::testing

@@ -1,0 +1,124 @@
+// Expert placements and masked ranks on CPU thread ranks: replicas spread the load and keep
+// every token when a rank stops; without a replica the expert's slots are dropped (or the rest
+// renormalised); bad placements and masks are refused before anything moves.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "all_to_all_cases.hpp"
+#include "all_to_all_mask_cases.hpp"
+#include "pmoe/error.hpp"
+
+namespace pmoe::testing {
+namespace {
+
+void expect_mask_case(int W, const MaskCase& c) {
+  std::vector<std::string> errors(static_cast<size_t>(W));
+  run_ranks(W, [&](Communicator& comm) { errors[size_t(comm.rank())] = run_mask_case(comm, c); });
+  for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+}
+
+// W ranks, 4 slots a rank, top-3, max 7 tokens.
+MaskCase base(int W) {
+  MaskCase c;
+  c.config = make_config(/*max_tokens=*/7, /*experts=*/4 * W, /*top_k=*/3, /*hidden=*/24);
+  c.config.rank_mask = true;
+  return c;
+}
+
+TEST(AllToAllMask, ReplicasSpreadTokensWithoutAMask) {
+  for (int W : {2, 4}) {
+    MaskCase c = base(W);
+    c.config.rank_mask = false;
+    c.config.placement = ExpertPlacement::round_robin(2 * W, 4 * W);  // two slots an expert
+    expect_mask_case(W, c);
+  }
+}
+
+TEST(AllToAllMask, ReplicasLoseNoTokenWhenARankStops) {
+  for (int W : {2, 4}) {
+    for (bool split : {false, true}) {
+      MaskCase c = base(W);
+      c.config.placement = ExpertPlacement::round_robin(2 * W, 4 * W);
+      c.stops = {{W - 1, 2}};
+      c.split_phases = split;
+      expect_mask_case(W, c);
+    }
+  }
+}
+
+TEST(AllToAllMask, WithoutReplicasTheExpertsOfAStoppedRankAreDropped) {
+  for (MaskedExperts rule : {MaskedExperts::drop, MaskedExperts::renormalize}) {
+    MaskCase c = base(4);
+    c.config.masked_experts = rule;
+    c.stops = {{1, 1}};
+    expect_mask_case(4, c);
+  }
+}
+
+TEST(AllToAllMask, TwoRanksStopOneAfterTheOther) {
+  MaskCase c = base(4);
+  c.config.placement = ExpertPlacement::round_robin(8, 16);  // rank r+2 holds rank r's experts
+  c.config.masked_experts = MaskedExperts::renormalize;
+  c.calls = 6;
+  c.stops = {{3, 1}, {1, 3}};  // after the second, experts 4 to 7 are gone
+  expect_mask_case(4, c);
+}
+
+TEST(AllToAllMask, QueryNamesTheMaskedRanksAndTheLostExperts) {
+  run_ranks(3, [](Communicator& comm) {
+    AllToAllConfig cfg = make_config(4, 6, 2, 8);
+    cfg.rank_mask = true;
+    AllToAll a2a(comm, cfg);
+    EXPECT_EQ(a2a.rank_mask().live_count(), 3);
+    EXPECT_TRUE(a2a.lost_experts().empty());
+    if (comm.rank() == 2) return;
+    a2a.mask_rank(2, "drained");
+    EXPECT_EQ(a2a.rank_mask().live, (std::vector<uint8_t>{1, 1, 0}));
+    EXPECT_EQ(a2a.rank_mask().reasons[2], "drained");
+    EXPECT_EQ(a2a.lost_experts(), (std::vector<int>{4, 5}));
+  });
+}
+
+TEST(AllToAllMask, BadPlacementsAndMasksAreRefusedBeforeAnythingMoves) {
+  AllToAllConfig cfg = make_config(4, 4, 2, 8);
+  cfg.placement.num_logical_experts = 3;
+  cfg.placement.slot_expert = {0, 1, 0, 1};  // expert 2 has no slot
+  EXPECT_THROW(cfg.validate(2), Error);
+  try {
+    cfg.validate(2);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("logical expert 2 has no slot"), std::string::npos)
+        << e.what();
+  }
+  cfg.placement.slot_expert = {0, 1, 2};  // one slot short
+  EXPECT_THROW(cfg.validate(2), Error);
+  cfg.placement = {};
+  cfg.rank_mask = true;
+  cfg.ranks_per_node = 1;
+  EXPECT_THROW(cfg.validate(2), Error);
+
+  run_ranks(2, [](Communicator& comm) {
+    AllToAllConfig plain = make_config(4, 4, 2, 8);
+    AllToAll unmaskable(comm, plain);
+    EXPECT_THROW(unmaskable.mask_rank(1 - comm.rank(), ""), Error);  // rank_mask not set
+    plain.rank_mask = true;
+    AllToAll a2a(comm, plain);
+    EXPECT_THROW(a2a.mask_rank(comm.rank(), ""), Error);  // itself: the last live rank
+    EXPECT_THROW(a2a.mask_rank(2, ""), Error);
+    EXPECT_THROW(a2a.mask_rank(-1, ""), Error);
+    EXPECT_EQ(a2a.rank_mask().live_count(), 2);  // nothing changed
+    // An index past the logical experts is refused with the placement's bound.
+    AllToAllConfig placed = make_config(4, 4, 2, 8);
+    placed.placement = ExpertPlacement::round_robin(2, 4);
+    AllToAll p(comm, placed);
+    Buffer x(DType::bf16, {1, 8}), idx(DType::i32, {1, 2}), counts(DType::i32, {2}),
+        ex(DType::bf16, {2, 8, 8});
+    idx.data<int32_t>()[0] = 0;
+    idx.data<int32_t>()[1] = 3;  // a slot, not a logical expert
+    EXPECT_THROW(p.dispatch(x, Tensor(), idx, counts, ex, Tensor()), Error);
+  });
+}
+
+}  // namespace
+}  // namespace pmoe::testing
