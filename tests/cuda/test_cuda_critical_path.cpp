@@ -43,10 +43,12 @@ struct Counted {
 
 // W ranks sharing emulated GPU 0, `tokens` tokens each at DeepSeek-V3's shape. In place: the
 // tokens and expert outputs in the op's own buffers, as an MoE layer passes them.
-Counted counted_case(int W, int tokens, bool split, bool in_place = false, int hidden = 7168) {
+Counted counted_case(int W, int tokens, bool split, bool in_place = false, int hidden = 7168,
+                     bool rank_mask = false) {
   AllToAllCase c;
   c.config = make_config(tokens, 256, 8, hidden, DType::bf16, DType::bf16);
   c.config.in_place_buffers = in_place;
+  c.config.rank_mask = rank_mask;
   c.in_place = in_place;
   c.tokens = TokenCounts::full;
   c.split_phases = split;
@@ -222,6 +224,31 @@ __global__ void copy_row(std::byte* dst, const std::byte* src, size_t bytes, int
   for (int i = 0; i < times; ++i)
     cuda::copy_to_each(
         1, [](int) { return true; }, [&](int) { return dst; }, src, bytes);
+}
+
+// An op made maskable, with nobody masked, runs the same kernels as a plain one: the same grids,
+// barrier rounds, serial steps, bytes and fences (the mask is a few words the waits read, and an
+// eager call routes no index).
+TEST(CriticalPath, AMaskNobodyUsesCostsNothingCounted) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const Counted plain = counted_case(2, 64, false, true, 1024);
+  const Counted maskable = counted_case(2, 64, false, true, 1024, /*rank_mask=*/true);
+  ASSERT_EQ(plain.kernels.size(), maskable.kernels.size());
+  for (size_t i = 0; i < plain.kernels.size(); ++i) {
+    const KernelCounts &a = plain.kernels[i], &b = maskable.kernels[i];
+    EXPECT_EQ(a.kernel, b.kernel);
+    EXPECT_EQ(a.launches, b.launches) << a.kernel;
+    EXPECT_EQ(a.blocks, b.blocks) << a.kernel;
+    EXPECT_EQ(a.barrier_rounds, b.barrier_rounds) << a.kernel;
+    // send_tokens' most steps are its last block's, and which block comes last varies run to
+    // run (its budget holds either way); every other kernel's are the same every run.
+    if (a.kernel != "send_tokens") {
+      EXPECT_EQ(a.serial_steps, b.serial_steps) << a.kernel;
+    }
+    EXPECT_EQ(a.total_bytes_read, b.total_bytes_read) << a.kernel;
+    EXPECT_EQ(a.total_bytes_written, b.total_bytes_written) << a.kernel;
+    EXPECT_EQ(a.system_fences, b.system_fences) << a.kernel;
+  }
 }
 
 TEST(CriticalPath, ARowCopiedTwiceIsCounted) {
