@@ -1,5 +1,9 @@
 // AllToAll: dispatch and combine on any DLPack arrays.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
 
 #include "bindings.hpp"
 #include "pmoe/all_to_all.hpp"
@@ -26,6 +30,13 @@ CrossNode parse_cross_node(const std::string& name) {
   throw Error("AllToAll: cross_node must be 'direct' or 'hierarchical', got '" + name + "'");
 }
 
+// AllToAllConfig::masked_experts by its name.
+MaskedExperts parse_masked_experts(const std::string& name) {
+  if (name == "drop") return MaskedExperts::drop;
+  if (name == "renormalize") return MaskedExperts::renormalize;
+  throw Error("AllToAll: masked_experts must be 'drop' or 'renormalize', got '" + name + "'");
+}
+
 }  // namespace
 
 void bind_all_to_all(nb::module_& m) {
@@ -39,7 +50,9 @@ bit-identical run after run. Every call validates its arguments before sending a
           [](AllToAll* self, Communicator& comm, int max_num_tokens, int num_experts,
              int experts_per_token, int hidden_dim, const std::string& in_dtype, int scale_block,
              const std::string& out_dtype, bool in_place_buffers, int ranks_per_node,
-             const std::string& cross_node, bool combine_sums_in_node, bool packed_expert_rows) {
+             const std::string& cross_node, bool combine_sums_in_node, bool packed_expert_rows,
+             const std::optional<std::vector<int32_t>>& placement, int num_logical_experts,
+             bool rank_mask, const std::string& masked_experts) {
             AllToAllConfig c;
             c.max_num_tokens = max_num_tokens;
             c.num_experts = num_experts;
@@ -53,6 +66,15 @@ bit-identical run after run. Every call validates its arguments before sending a
             c.cross_node = parse_cross_node(cross_node);
             c.combine_sums_in_node = combine_sums_in_node;
             c.packed_expert_rows = packed_expert_rows;
+            if (placement) {
+              c.placement.slot_expert = *placement;
+              c.placement.num_logical_experts =
+                  num_logical_experts > 0 || placement->empty()
+                      ? num_logical_experts
+                      : 1 + *std::max_element(placement->begin(), placement->end());
+            }
+            c.rank_mask = rank_mask;
+            c.masked_experts = parse_masked_experts(masked_experts);
             nb::gil_scoped_release release;  // collective: peers are constructing too
             new (self) AllToAll(comm, c);
           },
@@ -61,7 +83,9 @@ bit-identical run after run. Every call validates its arguments before sending a
           nb::arg("scale_block") = 0, nb::arg("out_dtype") = "bf16",
           nb::arg("in_place_buffers") = false, nb::arg("ranks_per_node") = 0,
           nb::arg("cross_node") = "direct", nb::arg("combine_sums_in_node") = false,
-          nb::arg("packed_expert_rows") = false,
+          nb::arg("packed_expert_rows") = false, nb::arg("placement") = nb::none(),
+          nb::arg("num_logical_experts") = 0, nb::arg("rank_mask") = false,
+          nb::arg("masked_experts") = "drop",
           nb::keep_alive<1, 2>(),
           "Collective over comm. in_dtype: f32, bf16, f16 or f8e4m3 (then scale_block > 0 "
           "elements per f32 scale); out_dtype: f32, bf16 or f16. ranks_per_node > 0: ranks "
@@ -71,7 +95,12 @@ bit-identical run after run. Every call validates its arguments before sending a
           "sums its experts' rows of a token before they cross the network, fewer bytes but a "
           "sum order that depends on the node split. packed_expert_rows (CPU only): expert_x and "
           "expert_y hold the experts' rows back to back from flat row 0 (expert e's after the "
-          "counts of experts before it), not each in its own block.")
+          "counts of experts before it), not each in its own block. placement: for each of the "
+          "num_experts slots, the logical expert it serves (several slots may serve one: "
+          "replicas); indices then name logical experts in [0, num_logical_experts) (default: "
+          "the largest in placement, plus one), each sent to a live slot. rank_mask: the op can "
+          "mask ranks (mask_rank); masked_experts: 'drop' or 'renormalize', what an expert with "
+          "no live slot becomes (docs/robustness.md).")
       .def(
           "dispatch",
           [](AllToAll& self, nb::handle x, nb::handle indices, nb::handle expert_num_tokens,
@@ -129,6 +158,24 @@ y        [m, H] out_dtype, out: y[t] = sum_j weights[t, j] * expert_y[row of (t,
           "packed_expert_rows only, between dispatch(phase='send') and dispatch(phase='recv'): "
           "waits until every peer has sent and returns the rows dispatch(recv) will write, so "
           "that expert_x can be a packed [rows, H] of exactly that size.")
+      .def(
+          "mask_rank", &AllToAll::mask_rank, nb::arg("rank"), nb::arg("reason") = "",
+          "rank_mask only. Every live rank calls it between two calls with the same rank; from "
+          "the next call on nobody sends to it or waits for it, and it calls the op no more. A "
+          "rank cannot mask itself.")
+      .def_prop_ro(
+          "live_ranks",
+          [](const AllToAll& self) {
+            std::vector<bool> live;
+            for (uint8_t l : self.rank_mask().live) live.push_back(l != 0);
+            return live;
+          },
+          "For each rank, True unless it was masked.")
+      .def_prop_ro(
+          "mask_reasons", [](const AllToAll& self) { return self.rank_mask().reasons; },
+          "For each rank, the reason it was masked ('' for a live rank).")
+      .def("lost_experts", &AllToAll::lost_experts,
+           "The logical experts (slots, without a placement) no live rank serves now.")
       .def("workspace_bytes", &AllToAll::workspace_bytes,
            "Bytes this op allocated per rank.")
       .def(

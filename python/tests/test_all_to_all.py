@@ -223,3 +223,82 @@ def test_arriving_rows_needs_packed_rows():
         with pytest.raises(pmoe.Error, match="set AllToAllConfig::packed_expert_rows"):
             small_op(comm).arriving_rows()
     pmoe.run_ranks(1, rank_main)
+
+
+@pytest.mark.parametrize("masked_experts", ["drop", "renormalize"])
+def test_replicas_and_a_masked_rank(masked_experts):
+    """4 ranks, 8 logical experts on 16 slots (two replicas each, rank r + 2 holding rank r's):
+    outputs equal the no-failure reference before and after rank 3 stops and the others mask it.
+    Without the placement the same mask drops rank 3's experts (the rest renormalised, or not)."""
+    world_size, max_tokens, hidden, top_k = 4, 5, 16, 3
+    for placed in (True, False):
+        slots = 16 if placed else 8
+        logical = 8
+        placement = [s % logical for s in range(slots)] if placed else None
+        errors = []
+        done = threading.Barrier(world_size)
+
+        def rank_main(comm):
+            a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=slots,
+                                experts_per_token=top_k, hidden_dim=hidden, in_dtype="f32",
+                                out_dtype="f32", placement=placement, rank_mask=True,
+                                masked_experts=masked_experts)
+            local, rows = a2a.num_local_experts, world_size * max_tokens
+            counts = np.zeros(local, dtype=np.int32)
+            expert_x = np.zeros((local, rows, hidden), dtype=np.float32)
+            expert_y = np.zeros((local, rows, hidden), dtype=np.float32)
+            live = [True] * world_size
+            try:
+                for call in range(4):
+                    if call == 2:
+                        if comm.rank == 3:
+                            return  # stops calling; keeps its op until every rank is done
+                        a2a.mask_rank(3, "drained")
+                        live[3] = False
+                        assert a2a.live_ranks == live
+                        assert a2a.mask_reasons[3] == "drained"
+                        assert a2a.lost_experts() == ([] if placed else [6, 7])
+                    inputs = [make_inputs(r, max_tokens - (r + call) % 3, logical, top_k, hidden,
+                                          "f32", seed=300 + call) for r in range(world_size)]
+                    x, indices, weights = inputs[comm.rank]
+                    y = np.zeros((len(x), hidden), dtype=np.float32)
+                    a2a.dispatch(x, indices, counts, expert_x)
+                    for e in range(local):
+                        slot = comm.rank * local + e
+                        expert = placement[slot] if placed else slot
+                        expert_y[e, :counts[e]] = expert_fn(expert_x[e, :counts[e]], expert)
+                    a2a.combine(expert_y, indices, weights, y)
+                    # The reference with the mask this call used: an expert on no live rank
+                    # is dropped, and with renormalize the token's other weights rescaled.
+                    want_indices, want_weights = indices.copy(), weights.copy()
+                    for t in range(len(x)):
+                        lost = False
+                        for j in range(top_k):
+                            e = want_indices[t, j]
+                            served = [s for s in range(slots)
+                                      if (placement[s] if placed else s) == e and live[s // local]]
+                            if not served:
+                                want_indices[t, j], lost = -1, True
+                        kept = np.float32(0)
+                        for j in range(top_k):
+                            if want_indices[t, j] >= 0:
+                                kept = np.float32(kept + want_weights[t, j])
+                        if masked_experts == "renormalize" and lost and kept > 0:
+                            want_weights[t] = (want_weights[t] / kept).astype(np.float32)
+                    np.testing.assert_array_equal(
+                        y, expected_combine(x, want_indices, want_weights, "f32", "f32", "f32"))
+            except AssertionError as e:
+                errors.append(f"rank {comm.rank}: {e}")
+            finally:
+                done.wait(timeout=120)
+
+        pmoe.run_ranks(world_size, rank_main)
+        assert not errors, errors
+
+
+def test_a_placement_that_leaves_an_expert_without_a_slot_raises():
+    def rank_main(comm):
+        with pytest.raises(pmoe.Error, match="logical expert 2 has no slot"):
+            pmoe.AllToAll(comm, max_num_tokens=2, num_experts=4, experts_per_token=2,
+                          hidden_dim=8, placement=[0, 1, 0, 1], num_logical_experts=3)
+    pmoe.run_ranks(2, rank_main)
