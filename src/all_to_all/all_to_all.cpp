@@ -167,7 +167,6 @@ std::vector<int> AllToAll::lost_experts() const { return slot_table_->lost_exper
 
 AllToAll::~AllToAll() = default;
 
-
 size_t AllToAll::workspace_bytes() const { return backend_->workspace_bytes(); }
 
 AllToAll::RemoteTraffic AllToAll::remote_traffic() const { return backend_->remote_traffic(); }
