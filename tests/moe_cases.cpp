@@ -93,7 +93,8 @@ MoeCaseResult run_moe_case(Communicator& comm, const MoeCase& c) {
       tp = std::make_unique<TpMoe>(comm, c.config, c.batch);
       break;
     case MoeVariant::ep:
-      ep = std::make_unique<EpMoe>(comm, c.config, std::max(1, most.size()), c.micro_batches);
+      ep = std::make_unique<EpMoe>(comm, c.config, std::max(1, most.size()),
+                                   EpMoeOptions{c.micro_batches, c.placement});
       break;
   }
 

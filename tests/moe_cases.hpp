@@ -20,6 +20,7 @@ struct MoeCase {
   MoeVariant variant = MoeVariant::simple;
   int batch = 8;          // tokens of the whole batch (EP shards them, TP replicates them)
   int micro_batches = 1;  // EpMoe only
+  ExpertPlacement placement{};  // EpMoe only: slots and the experts they serve (replicas)
   int calls = 1;          // forwards on one layer; call i runs batch - (i % 3) tokens (>= 0)
   uint64_t input_seed = 7;
   // Where the layer runs: the CPU, or the communicator's CUDA device (x and y are copied there

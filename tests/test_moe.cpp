@@ -69,6 +69,77 @@ TEST(Moe, EpMicroBatchesMatchReference) {
     }
 }
 
+// A placement with two replicas of every expert, on 2 and 4 ranks: the layer matches the
+// reference (which knows no slots), whichever replica a token reaches.
+TEST(Moe, EpWithReplicasMatchesReference) {
+  cpu::set_blas_threads(1);
+  for (int W : {2, 4})
+    for (int mb : {1, 2}) {
+      MoeCase c = base_case(MoeVariant::ep, W, Activation::swiglu, DType::bf16);
+      c.micro_batches = mb;
+      c.placement = ExpertPlacement::round_robin(c.config.num_experts, 2 * c.config.num_experts);
+      c.calls = 3;
+      expect_case(c, W);
+    }
+}
+
+// 4 ranks, every expert on two of them (rank r + 2 holds rank r's): rank 3 stops after two
+// forwards, the others mask it, and every later forward of theirs still matches the reference
+// for their tokens: no token lost. The stopped rank keeps its layer until all are done.
+TEST(Moe, EpGoesOnWithoutAMaskedRankWhoseExpertsHaveReplicas) {
+  cpu::set_blas_threads(1);
+  const int W = 4;
+  const MoeConfig config = make_moe_config(16, 24, 4, 2, Activation::gelu, DType::f32);
+  EpMoeOptions options;
+  options.placement = ExpertPlacement::round_robin(4, 8);
+  options.rank_mask = true;
+  const int batch = 11;
+  std::vector<std::string> errors(static_cast<size_t>(W));
+  run_ranks(W, [&](Communicator& comm) {
+    const int rank = comm.rank();
+    EpMoe ep(comm, config, shard_rows(batch, W, 0).size(), options);
+    std::vector<uint8_t> live(W, 1);
+    for (int call = 0; call < 5; ++call) {
+      if (call == 2) {
+        if (rank == 3) break;
+        ep.mask_rank(3, "stopped");
+        live[3] = 0;
+        EXPECT_TRUE(ep.lost_experts().empty());
+        EXPECT_EQ(ep.rank_mask().live, live);
+      }
+      const Buffer x = reference::make_moe_input(config, batch, 40 + uint64_t(call));
+      const RowRange mine = shard_rows(batch, W, rank);
+      Buffer y(config.dtype, {mine.size(), config.out_dim()});
+      const size_t row_bytes = size_t(config.feature_dim) * dtype_size(config.dtype);
+      ep.forward(Tensor(x.data<std::byte>() + size_t(mine.begin) * row_bytes, config.dtype,
+                        {mine.size(), config.feature_dim}),
+                 y);
+      std::vector<int> rows;
+      for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);
+      const auto cmp = reference::compare_moe(config, reference::reference_moe(config, x, rows), y,
+                                              mine.begin, reference::moe_tolerance(config.dtype));
+      if (!cmp.error.empty() && errors[size_t(rank)].empty())
+        errors[size_t(rank)] = "call " + std::to_string(call) + ": " + cmp.error;
+    }
+    comm.barrier();  // with the stopped rank
+  });
+  for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+}
+
+TEST(Moe, EpPlacementErrors) {
+  run_ranks(2, [](Communicator& comm) {
+    const MoeConfig config = make_moe_config(8, 8, 4, 2);
+    EpMoeOptions wrong_count;
+    wrong_count.placement = ExpertPlacement::round_robin(3, 6);  // 3 logical, the layer has 4
+    EXPECT_THROW(EpMoe(comm, config, 4, wrong_count), Error);
+    EpMoeOptions odd_slots;
+    odd_slots.placement = ExpertPlacement::round_robin(4, 5);  // 5 slots on 2 ranks
+    EXPECT_THROW(EpMoe(comm, config, 4, odd_slots), Error);
+    EpMoe plain(comm, config, 4);
+    EXPECT_THROW(plain.mask_rank(1 - comm.rank(), ""), Error);  // not made maskable
+  });
+}
+
 // The seed's shape (feature 32, hidden 128, output 64) and its mirror (output < feature): EP
 // moves rows of width max(H, O) and must drop the padding.
 TEST(Moe, OutputWidthDiffersFromFeatureWidth) {

@@ -24,9 +24,11 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "pmoe/comm.hpp"
 #include "pmoe/dtype.hpp"
+#include "pmoe/placement.hpp"
 #include "pmoe/tensor.hpp"
 
 namespace pmoe {
@@ -101,7 +103,8 @@ struct MoeStats {
   double router_flops = 0;  // GEMM FLOPs of the router logits
   // This rank's share of the traffic between ranks, so that the sum over ranks is the total:
   // EpMoe: its tokens' payloads to other ranks plus their expert rows back from other ranks;
-  // TpMoe: what it sends in the all-reduce (it receives as much). SimpleMoe: 0.
+  // TpMoe: what it sends in the all-reduce (it receives as much). SimpleMoe: 0. A device EpMoe
+  // with a placement or a rank mask counts nothing here (0).
   int64_t bytes_moved = 0;
   double route_s = 0;     // router, and for EpMoe staging the tokens
   double dispatch_s = 0;  // EpMoe: AllToAll dispatch, send and recv
@@ -147,6 +150,9 @@ class Router {
 class Experts {
  public:
   Experts(const MoeConfig& config, int first_expert, int count, int ffn_begin, int ffn_end);
+  // The same for any list of experts: local expert i is expert experts[i] (an EpMoe rank's slots
+  // under a placement, where replicas repeat an expert).
+  Experts(const MoeConfig& config, const std::vector<int>& experts, int ffn_begin, int ffn_end);
   ~Experts();
   Experts(Experts&&) noexcept;
   Experts& operator=(Experts&&) noexcept;
@@ -220,13 +226,34 @@ class TpMoe {
   std::unique_ptr<Impl> impl_;
 };
 
+// EpMoe's choices beyond the layer's shape.
+struct EpMoeOptions {
+  int micro_batches = 1;  // 1 or 2
+  // Expert slots (pmoe/placement.hpp): S = placement.slot_expert.size() slots, S / W a rank,
+  // slot s serving expert slot_expert[s] of config.num_experts (placement.num_logical_experts
+  // must equal it), with its weights. Replicas spread the load, and keep every token when a
+  // masked rank held one of them. Empty: rank r holds experts [r E / W, (r + 1) E / W).
+  ExpertPlacement placement{};
+  bool rank_mask = false;  // the layer can mask ranks (mask_rank), as AllToAllConfig::rank_mask
+  MaskedExperts masked_experts = MaskedExperts::drop;  // an expert with no live slot
+};
+
 class EpMoe {
  public:
   // Collective over comm: rank r owns experts [r E / W, (r + 1) E / W) (config.num_experts % W
   // == 0) and the whole router. micro_batches is 1 or 2.
   EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
         int micro_batches = 1);
+  // The same with a placement or a maskable exchange (EpMoeOptions).
+  EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
+        const EpMoeOptions& options);
   ~EpMoe();
+
+  // options.rank_mask only: as AllToAll::mask_rank, for every exchange of the layer. Every live
+  // rank calls it between two forwards with the same rank; the masked rank calls forward no more.
+  void mask_rank(int rank, const std::string& reason);
+  const RankMask& rank_mask() const;
+  std::vector<int> lost_experts() const;  // logical experts no live rank serves now
 
   // Collective: every rank calls it, once per layer step. x [m, feature_dim] config.dtype: this
   // rank's tokens, 0 <= m <= max_tokens_per_rank (m may differ between ranks); y [m, out_dim]

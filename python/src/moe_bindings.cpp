@@ -1,5 +1,7 @@
 // MoE layers: MoeConfig, SimpleMoe, TpMoe and EpMoe with forward(x), and the weights they build.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <string>
@@ -131,13 +133,44 @@ two halves so one half's exchange overlaps the other's experts. Collective.)")
       .def(
           "__init__",
           [](EpMoe* self, Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
-             int micro_batches) {
+             int micro_batches, const std::optional<std::vector<int32_t>>& placement,
+             bool rank_mask, const std::string& masked_experts) {
+            EpMoeOptions options;
+            options.micro_batches = micro_batches;
+            if (placement) {
+              options.placement.slot_expert = *placement;
+              options.placement.num_logical_experts = config.num_experts;
+            }
+            options.rank_mask = rank_mask;
+            PMOE_CHECK(masked_experts == "drop" || masked_experts == "renormalize",
+                       "EpMoe: masked_experts must be 'drop' or 'renormalize', got '",
+                       masked_experts, "'");
+            options.masked_experts = masked_experts == "drop" ? MaskedExperts::drop
+                                                              : MaskedExperts::renormalize;
             nb::gil_scoped_release release;
-            new (self) EpMoe(comm, config, max_tokens_per_rank, micro_batches);
+            new (self) EpMoe(comm, config, max_tokens_per_rank, options);
           },
           nb::arg("comm"), nb::arg("config"), nb::arg("max_tokens_per_rank"),
-          nb::arg("micro_batches") = 1, nb::keep_alive<1, 2>())
+          nb::arg("micro_batches") = 1, nb::kw_only(), nb::arg("placement") = nb::none(),
+          nb::arg("rank_mask") = false, nb::arg("masked_experts") = "drop",
+          nb::keep_alive<1, 2>(),
+          "placement: for each expert slot (a multiple of the ranks), the expert of config it "
+          "serves; replicas spread the load and keep tokens when a masked rank held one. "
+          "rank_mask: the layer can mask ranks (mask_rank); masked_experts: 'drop' or "
+          "'renormalize', what an expert with no live slot becomes (docs/robustness.md).")
       .def("forward", &forward<EpMoe>, nb::arg("x"), nb::arg("y") = nb::none(), kForwardDoc)
+      .def("mask_rank", &EpMoe::mask_rank, nb::arg("rank"), nb::arg("reason") = "",
+           "rank_mask only: every live rank calls it between two forwards with the same rank, "
+           "which forwards no more.")
+      .def_prop_ro(
+          "live_ranks",
+          [](const EpMoe& self) {
+            std::vector<bool> live;
+            for (uint8_t l : self.rank_mask().live) live.push_back(l != 0);
+            return live;
+          },
+          "For each rank, True unless it was masked.")
+      .def("lost_experts", &EpMoe::lost_experts, "The experts no live rank serves now.")
       .def("weight_bytes", &EpMoe::weight_bytes);
 }
 

@@ -1,6 +1,7 @@
 """pmoe's MoE layers against a NumPy reference written here: router, experts and the weighted sum
 in float64 from the same generated weights (pmoe.moe_weights)."""
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -75,6 +76,39 @@ def test_tp_and_ep_match_numpy(world_size):
     one = np.concatenate([results[("ep", 1, r)] for r in range(world_size)])
     two = np.concatenate([results[("ep", 2, r)] for r in range(world_size)])
     assert relative_error(two, one) <= 1e-6
+
+
+def test_ep_with_replicas_and_a_masked_rank_matches_numpy():
+    """Every expert on two of 4 ranks (rank r + 2 holds rank r's): after rank 3 stops and the
+    others mask it, their outputs still match the whole model's."""
+    config = pmoe.MoeConfig(feature_dim=16, ffn_dim=24, num_experts=4, top_k=2, act="gelu", seed=5)
+    x = tokens(10, 16, seed=2)
+    want = numpy_moe(config, x)
+    shards = np.array_split(np.arange(10), 4)
+    results, errors = {}, []
+    done = threading.Barrier(4)
+
+    def rank_main(comm):
+        try:
+            layer = pmoe.EpMoe(comm, config, max_tokens_per_rank=len(shards[0]),
+                               placement=[s % 4 for s in range(8)], rank_mask=True)
+            for call in range(3):
+                if call == 1:
+                    if comm.rank == 3:
+                        return  # stops; keeps its layer until every rank is done
+                    layer.mask_rank(3, "stopped")
+                    assert layer.live_ranks == [True, True, True, False]
+                    assert layer.lost_experts() == []
+                results[(call, comm.rank)] = layer.forward(x[shards[comm.rank]])
+        except AssertionError as e:
+            errors.append(f"rank {comm.rank}: {e}")
+        finally:
+            done.wait(timeout=120)
+
+    pmoe.run_ranks(4, rank_main)
+    assert not errors, errors
+    for (call, r), got in results.items():
+        assert relative_error(got, want[shards[r]]) <= 1e-5, (call, r)
 
 
 def test_bf16_layer_within_bf16_tolerance():

@@ -32,7 +32,7 @@ struct Backends {
   std::unique_ptr<MoeBackend> (*make_tp_moe)(Communicator& comm, const MoeConfig& config,
                                              int max_tokens);
   std::unique_ptr<MoeBackend> (*make_ep_moe)(Communicator& comm, const MoeConfig& config,
-                                             int max_tokens, int micro_batches);
+                                             int max_tokens, const EpMoeOptions& options);
 };
 
 // The CPU's for Device::cpu; for a CUDA device, the table of the device runtime this process

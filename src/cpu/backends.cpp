@@ -17,7 +17,7 @@ std::unique_ptr<MoeBackend> make_cpu_simple_moe(const MoeConfig& config, int max
 std::unique_ptr<MoeBackend> make_cpu_tp_moe(Communicator& comm, const MoeConfig& config,
                                             int max_tokens);
 std::unique_ptr<MoeBackend> make_cpu_ep_moe(Communicator& comm, const MoeConfig& config,
-                                            int max_tokens, int micro_batches);
+                                            int max_tokens, const EpMoeOptions& options);
 
 const Backends& cpu_backends() {
   static const Backends table{

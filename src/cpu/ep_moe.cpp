@@ -22,7 +22,9 @@
 #include <memory>
 #include <vector>
 
+#include "all_to_all/slot_table.hpp"
 #include "moe/backend.hpp"
+#include "moe/expert_slots.hpp"
 #include "moe/ep_traffic.hpp"
 #include "moe/rows.hpp"
 #include "pmoe/all_to_all.hpp"
@@ -38,16 +40,19 @@ double seconds_since(Clock::time_point start) {
 
 class CpuEpMoe final : public MoeBackend {
  public:
-  CpuEpMoe(Communicator& comm, const MoeConfig& config, int max_tokens, int micro_batches)
+  CpuEpMoe(Communicator& comm, const MoeConfig& config, int max_tokens,
+           const EpMoeOptions& options)
       : config_(config),
-        micro_batches_(micro_batches),
+        micro_batches_(options.micro_batches),
         rank_(comm.rank()),
         world_size_(comm.size()),
-        num_local_(config.num_experts / comm.size()),
+        num_local_(slot_count(config, options.placement) / comm.size()),
         wire_dim_(std::max(config.feature_dim, config.out_dim())),
-        per_batch_((max_tokens + micro_batches - 1) / micro_batches),
+        per_batch_((max_tokens + micro_batches_ - 1) / micro_batches_),
         router_(config),
-        experts_(config, comm.rank() * num_local_, num_local_, 0, config.ffn_dim) {
+        experts_(config, rank_experts(config, options.placement, comm.rank(), comm.size()), 0,
+                 config.ffn_dim) {
+    const int micro_batches = micro_batches_;
     const int H = config.feature_dim, O = config.out_dim(), k = config.top_k;
     if (config.dtype != DType::f32) x_f32_ = Buffer(DType::f32, {max_tokens, H});
     if (H < wire_dim_) x_wire_ = Buffer(config.dtype, {max_tokens, wire_dim_});
@@ -58,16 +63,17 @@ class CpuEpMoe final : public MoeBackend {
     const int64_t rows = int64_t(world_size_) * per_batch_;
     expert_x_ = Buffer(config.dtype, {num_local_, rows, wire_dim_});
     expert_y_ = Buffer(config.dtype, {num_local_, rows, wire_dim_});
-    AllToAllConfig a2a;
-    a2a.max_num_tokens = per_batch_;
-    a2a.num_experts = config.num_experts;
-    a2a.experts_per_token = k;
-    a2a.hidden_dim = wire_dim_;
-    a2a.in_dtype = config.dtype;
-    a2a.out_dtype = config.dtype;
+    const AllToAllConfig a2a = ep_exchange_config(config, options, per_batch_, wire_dim_, false);
     for (int b = 0; b < micro_batches; ++b)
       exchanges_.push_back(std::make_unique<AllToAll>(comm, a2a));
+    slot_table_ = std::make_unique<SlotTable>(a2a, world_size_);
   }
+
+  void mask_rank(int rank, const std::string& reason) override {
+    for (auto& exchange : exchanges_) exchange->mask_rank(rank, reason);
+    slot_table_->set_live(exchanges_.front()->rank_mask().live);
+  }
+  const AllToAll& exchange() const override { return *exchanges_.front(); }
 
   void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override;
 
@@ -137,13 +143,21 @@ class CpuEpMoe final : public MoeBackend {
     stats.experts_s += seconds_since(start);
   }
 
-  // Payload bytes this rank's tokens move between ranks (moe/ep_traffic.hpp).
+  // Payload bytes this rank's tokens move between ranks (moe/ep_traffic.hpp), counted on the
+  // slots the exchange routes each token to (a placement's and the mask's choice).
   int64_t bytes_moved(int m) const {
-    const int k = config_.top_k;
+    const int k = config_.top_k, slots = num_local_ * world_size_;
     const int32_t* idx = indices_.data<int32_t>();
+    std::vector<int32_t> routed(static_cast<size_t>(k));
     int64_t rows = 0;
-    for (int t = 0; t < m; ++t)
-      rows += ep_token_rows_moved(idx + int64_t(t) * k, k, config_.num_experts, num_local_, rank_);
+    for (int t = 0; t < m; ++t) {
+      const int32_t* row = idx + int64_t(t) * k;
+      if (slot_table_->rewrites()) {
+        route_row(slot_table_->view(), row, k, rank_, t, routed.data(), nullptr, nullptr);
+        row = routed.data();
+      }
+      rows += ep_token_rows_moved(row, k, slots, num_local_, rank_);
+    }
     return rows * wire_dim_ * int64_t(dtype_size(config_.dtype));
   }
 
@@ -152,6 +166,7 @@ class CpuEpMoe final : public MoeBackend {
   Router router_;
   Experts experts_;
   std::vector<std::unique_ptr<AllToAll>> exchanges_;  // one per micro-batch
+  std::unique_ptr<SlotTable> slot_table_;  // the exchanges' routing, for bytes_moved
   Buffer x_f32_;     // [max_tokens, H] f32: the router's input when dtype is bf16
   Buffer x_wire_;    // [max_tokens, wire] dtype, when H < wire
   Buffer y_wire_;    // [max_tokens, wire] dtype, when O < wire
@@ -222,8 +237,8 @@ void CpuEpMoe::forward(const Tensor& x, const Tensor& y, MoeStats& stats) {
 }  // namespace
 
 std::unique_ptr<MoeBackend> make_cpu_ep_moe(Communicator& comm, const MoeConfig& config,
-                                            int max_tokens, int micro_batches) {
-  return std::make_unique<CpuEpMoe>(comm, config, max_tokens, micro_batches);
+                                            int max_tokens, const EpMoeOptions& options) {
+  return std::make_unique<CpuEpMoe>(comm, config, max_tokens, options);
 }
 
 }  // namespace pmoe::detail

@@ -18,7 +18,7 @@ std::unique_ptr<MoeBackend> make_simple(const MoeConfig& config, int max_tokens,
                                         Stream stream);
 std::unique_ptr<MoeBackend> make_tp(Communicator& comm, const MoeConfig& config, int max_tokens);
 std::unique_ptr<MoeBackend> make_ep(Communicator& comm, const MoeConfig& config, int max_tokens,
-                                    int micro_batches);
+                                    const EpMoeOptions& options);
 }  // namespace moe
 
 const Backends& cuda_backends() {

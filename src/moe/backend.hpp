@@ -6,7 +6,10 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
+#include "pmoe/all_to_all.hpp"
+#include "pmoe/error.hpp"
 #include "pmoe/moe.hpp"
 
 namespace pmoe::detail {
@@ -23,6 +26,19 @@ class MoeBackend {
   virtual void finish_stats(MoeStats& stats) { (void)stats; }
   virtual size_t weight_bytes() const = 0;
   virtual size_t workspace_bytes() const = 0;
+  // EpMoe's: masks `rank` in every exchange of the layer (EpMoe::mask_rank), and the first
+  // exchange, whose mask and routing every exchange shares.
+  virtual void mask_rank(int rank, const std::string& reason) {
+    (void)rank;
+    (void)reason;
+    throw Error("mask_rank: this layer has no exchange to mask");
+  }
+  virtual const AllToAll& exchange() const { throw Error("this layer has no exchange"); }
 };
+
+// The exchange an EpMoe layer of `config` runs: its slots, top-k, wire width and dtype, and
+// options' placement and mask; in_place for the device's in-place buffers.
+AllToAllConfig ep_exchange_config(const MoeConfig& config, const EpMoeOptions& options,
+                                  int tokens_per_batch, int wire_dim, bool in_place);
 
 }  // namespace pmoe::detail

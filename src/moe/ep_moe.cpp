@@ -3,6 +3,8 @@
 // (src/backends/registry.hpp) does the work: the CPU's (src/cpu/ep_moe.cpp) or a device's
 // (src/cuda/moe/ep_moe.cu), both on AllToAll's dispatch and combine.
 #include "backends/registry.hpp"
+#include "moe/backend.hpp"
+#include "moe/expert_slots.hpp"
 #include "moe/layer_args.hpp"
 
 namespace pmoe {
@@ -10,38 +12,53 @@ namespace pmoe {
 namespace {
 
 // This rank's own checks.
-void check_config(const MoeConfig& config, int world_size, int max_tokens, int micro_batches) {
+void check_config(const MoeConfig& config, int world_size, int max_tokens,
+                  const EpMoeOptions& options) {
   config.validate();
   detail::check_max_tokens("EpMoe", "max_tokens_per_rank", max_tokens);
-  PMOE_CHECK(config.num_experts % world_size == 0, "EpMoe: num_experts = ", config.num_experts,
-             " is not divisible by the ", world_size,
-             " ranks; EP gives every rank the same number of whole experts: use a multiple of ",
-             world_size, " experts or a number of ranks that divides ", config.num_experts);
-  PMOE_CHECK(micro_batches == 1 || micro_batches == 2, "EpMoe: micro_batches must be 1 or 2, got ",
-             micro_batches);
+  const ExpertPlacement& placement = options.placement;
+  if (placement.empty()) {
+    PMOE_CHECK(config.num_experts % world_size == 0, "EpMoe: num_experts = ", config.num_experts,
+               " is not divisible by the ", world_size,
+               " ranks; EP gives every rank the same number of whole experts: use a multiple of ",
+               world_size, " experts or a number of ranks that divides ", config.num_experts);
+  } else {
+    PMOE_CHECK(placement.num_logical_experts == config.num_experts, "EpMoe: the placement has ",
+               placement.num_logical_experts, " logical experts but the layer has num_experts = ",
+               config.num_experts, "; they must be the same");
+    const int slots = int(placement.slot_expert.size());
+    PMOE_CHECK(slots % world_size == 0, "EpMoe: the placement's ", slots, " slots are not "
+               "divisible by the ", world_size, " ranks; give every rank the same number");
+    placement.validate(slots);
+  }
+  PMOE_CHECK(options.micro_batches == 1 || options.micro_batches == 2,
+             "EpMoe: micro_batches must be 1 or 2, got ", options.micro_batches);
 }
 
 const MoeConfig& validated(Communicator& comm, const MoeConfig& config, int max_tokens,
-                           int micro_batches) {
+                           const EpMoeOptions& options) {
   detail::agree_on_layer(
       comm, "EpMoe", config,
       [&](detail::ConfigAgreement& agree) {
         agree.field("max_tokens_per_rank", max_tokens);
-        agree.field("micro_batches", micro_batches);
+        agree.field("micro_batches", options.micro_batches);
+        agree.field("placement (its slots)", int64_t(options.placement.slot_expert.size()));
+        agree.field("rank_mask", options.rank_mask, detail::show_bool);
       },
-      [&] { check_config(config, comm.size(), max_tokens, micro_batches); });
+      [&] { check_config(config, comm.size(), max_tokens, options); });
   return config;
 }
 
 }  // namespace
 
 struct EpMoe::Impl {
-  Impl(Communicator& comm, const MoeConfig& config_in, int max_tokens, int micro_batches)
-      : config(validated(comm, config_in, max_tokens, micro_batches)),
+  Impl(Communicator& comm, const MoeConfig& config_in, int max_tokens,
+       const EpMoeOptions& options)
+      : config(validated(comm, config_in, max_tokens, options)),
         max_tokens(max_tokens),
-        micro_batches(micro_batches),
+        micro_batches(options.micro_batches),
         device(comm.device()),
-        backend(detail::backends(device).make_ep_moe(comm, config, max_tokens, micro_batches)) {}
+        backend(detail::backends(device).make_ep_moe(comm, config, max_tokens, options)) {}
   MoeConfig config;
   int max_tokens, micro_batches;
   Device device;
@@ -51,7 +68,19 @@ struct EpMoe::Impl {
 
 EpMoe::EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
              int micro_batches)
-    : impl_(std::make_unique<Impl>(comm, config, max_tokens_per_rank, micro_batches)) {}
+    : EpMoe(comm, config, max_tokens_per_rank, EpMoeOptions{micro_batches}) {}
+
+EpMoe::EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
+             const EpMoeOptions& options)
+    : impl_(std::make_unique<Impl>(comm, config, max_tokens_per_rank, options)) {}
+
+void EpMoe::mask_rank(int rank, const std::string& reason) {
+  impl_->backend->mask_rank(rank, reason);
+}
+const RankMask& EpMoe::rank_mask() const { return impl_->backend->exchange().rank_mask(); }
+std::vector<int> EpMoe::lost_experts() const {
+  return impl_->backend->exchange().lost_experts();
+}
 
 EpMoe::~EpMoe() = default;
 
@@ -72,4 +101,23 @@ const MoeStats& EpMoe::last_stats() const {
   return impl_->stats;
 }
 
+namespace detail {
+
+AllToAllConfig ep_exchange_config(const MoeConfig& config, const EpMoeOptions& options,
+                                  int tokens_per_batch, int wire_dim, bool in_place) {
+  AllToAllConfig a2a;
+  a2a.max_num_tokens = tokens_per_batch;
+  a2a.num_experts = slot_count(config, options.placement);
+  a2a.experts_per_token = config.top_k;
+  a2a.hidden_dim = wire_dim;
+  a2a.in_dtype = config.dtype;
+  a2a.out_dtype = config.dtype;
+  a2a.in_place_buffers = in_place;
+  a2a.placement = options.placement;
+  a2a.rank_mask = options.rank_mask;
+  a2a.masked_experts = options.masked_experts;
+  return a2a;
+}
+
+}  // namespace detail
 }  // namespace pmoe

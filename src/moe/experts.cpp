@@ -31,12 +31,29 @@ struct Experts::Impl {
   detail::Scratch x_chunk, hidden, y_chunk;
 };
 
+namespace {
+std::vector<int> consecutive(int first, int count) {
+  std::vector<int> experts(size_t(std::max(count, 0)));
+  for (int i = 0; i < count; ++i) experts[size_t(i)] = first + i;
+  return experts;
+}
+}  // namespace
+
 Experts::Experts(const MoeConfig& config, int first_expert, int count, int ffn_begin, int ffn_end)
-    : impl_(std::make_unique<Impl>()), first_(first_expert), count_(count) {
+    : Experts(config, consecutive(first_expert, count), ffn_begin, ffn_end) {
+  PMOE_CHECK(first_expert >= 0 && count >= 0, "Experts: experts [", first_expert, ", ",
+             first_expert + count, ") are not all in [0, num_experts = ", config.num_experts, ")");
+}
+
+Experts::Experts(const MoeConfig& config, const std::vector<int>& experts, int ffn_begin,
+                 int ffn_end)
+    : impl_(std::make_unique<Impl>()),
+      first_(experts.empty() ? 0 : experts.front()),
+      count_(int(experts.size())) {
   config.validate();
-  PMOE_CHECK(first_expert >= 0 && count >= 0 && first_expert + count <= config.num_experts,
-             "Experts: experts [", first_expert, ", ", first_expert + count,
-             ") are not all in [0, num_experts = ", config.num_experts, ")");
+  for (int e : experts)
+    PMOE_CHECK(e >= 0 && e < config.num_experts, "Experts: expert ", e,
+               " is not in [0, num_experts = ", config.num_experts, ")");
   PMOE_CHECK(ffn_begin >= 0 && ffn_begin < ffn_end && ffn_end <= config.ffn_dim,
              "Experts: hidden columns [", ffn_begin, ", ", ffn_end,
              ") must be a non-empty part of [0, ffn_dim = ", config.ffn_dim, ")");
@@ -46,8 +63,7 @@ Experts::Experts(const MoeConfig& config, int first_expert, int count, int ffn_b
   p.width = ffn_end - ffn_begin;
   p.halves = config.w1_halves();
   const int H = config.feature_dim, O = config.out_dim(), ld1 = p.halves * p.width;
-  for (int local = 0; local < count; ++local) {
-    const int e = first_expert + local;
+  for (const int e : experts) {
     Buffer w1(DType::f32, {H, ld1}), w2(DType::f32, {p.width, O});
     detail::fill_weights(config, MoeTensor::w1, e, 0, H, ffn_begin, ffn_end, w1.data<float>(), ld1);
     if (p.halves == 2)

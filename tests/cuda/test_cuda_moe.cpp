@@ -117,6 +117,18 @@ TEST_P(MoeCuda, EpMatchesReferenceAndCpu) {
       }
 }
 
+// A placement with two replicas of every expert (on one rank both on it; else on other ranks):
+// the device layer matches the reference and the CPU layer, whichever replica a token reaches.
+TEST_P(MoeCuda, EpWithReplicasMatchesReferenceAndCpu) {
+  const int W = GetParam();
+  for (int mb : {1, 2}) {
+    MoeCase c = base_case(MoeVariant::ep, W, Activation::swiglu, DType::bf16);
+    c.micro_batches = mb;
+    c.placement = ExpertPlacement::round_robin(c.config.num_experts, 2 * c.config.num_experts);
+    expect_device_matches_cpu(c, W);
+  }
+}
+
 // Uneven expert loads: one token's worth of routing skewed by a batch of 1-3 tokens on W ranks
 // (ranks with none), 1 and 5 experts per rank, top-k = E, 12 calls on one layer (buffers and
 // epochs reused, m changing).

@@ -59,26 +59,29 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
 class DeviceExperts {
  public:
-  // Experts [first, first + count), hidden columns [ffn_begin, ffn_end), on `device`, for calls
-  // with up to rows_bound rows in use; `runs` calls a forward (micro-batches) whose rows in use
-  // are tallied with config.device_stats.
-  DeviceExperts(const MoeConfig& config, int first, int count, int ffn_begin, int ffn_end,
-                int64_t rows_bound, Device device, int runs = 1)
+  // Local expert i is expert experts[i] (a range, or an EpMoe rank's slots under a placement),
+  // hidden columns [ffn_begin, ffn_end), on `device`, for calls with up to rows_bound rows in
+  // use; `runs` calls a forward (micro-batches) whose rows in use are tallied with
+  // config.device_stats.
+  DeviceExperts(const MoeConfig& config, const std::vector<int>& experts, int ffn_begin,
+                int ffn_end, int64_t rows_bound, Device device, int runs = 1)
       : config_(config),
         types_{config.dtype, config.tf32},
-        count_(count),
+        count_(int(experts.size())),
         width_(ffn_end - ffn_begin),
         halves_(config.w1_halves()),
         runs_(runs) {
     const int H = config.feature_dim, O = config.out_dim(), ld1 = halves_ * width_;
+    const int count = count_;
     std::vector<float> w1(size_t(count) * H * ld1), w2(size_t(count) * width_ * O);
     for (int local = 0; local < count; ++local) {
+      const int e = experts[size_t(local)];
       float* a = w1.data() + size_t(local) * H * ld1;
-      detail::fill_weights(config, MoeTensor::w1, first + local, 0, H, ffn_begin, ffn_end, a, ld1);
+      detail::fill_weights(config, MoeTensor::w1, e, 0, H, ffn_begin, ffn_end, a, ld1);
       if (halves_ == 2)
-        detail::fill_weights(config, MoeTensor::w1_linear, first + local, 0, H, ffn_begin, ffn_end,
+        detail::fill_weights(config, MoeTensor::w1_linear, e, 0, H, ffn_begin, ffn_end,
                              a + width_, ld1);
-      detail::fill_weights(config, MoeTensor::w2, first + local, ffn_begin, ffn_end, 0, O,
+      detail::fill_weights(config, MoeTensor::w2, e, ffn_begin, ffn_end, 0, O,
                            w2.data() + size_t(local) * width_ * O, O);
     }
     w1_ = upload(w1, {count, H, ld1}, device);

@@ -53,6 +53,7 @@
 #include "cuda/moe/device_router.hpp"
 #include "cuda/moe/phase_timer.hpp"
 #include "moe/backend.hpp"
+#include "moe/expert_slots.hpp"
 #include "pmoe/all_to_all.hpp"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR::moe {
@@ -62,21 +63,25 @@ using namespace ::pmoe::cuda;
 
 class DeviceEpMoe final : public MoeBackend {
  public:
-  DeviceEpMoe(Communicator& comm, const MoeConfig& config, int max_tokens, int micro_batches)
+  DeviceEpMoe(Communicator& comm, const MoeConfig& config, int max_tokens,
+              const EpMoeOptions& options)
       : config_(config),
         rank_(comm.rank()),
         world_(comm.size()),
-        num_local_(config.num_experts / comm.size()),
+        num_local_(slot_count(config, options.placement) / comm.size()),
         wire_(std::max(config.feature_dim, config.out_dim())),
-        per_batch_((max_tokens + micro_batches - 1) / micro_batches),
-        micro_batches_(micro_batches),
+        per_batch_((max_tokens + options.micro_batches - 1) / options.micro_batches),
+        micro_batches_(options.micro_batches),
+        counts_logical_rows_(options.placement.empty() && !options.rank_mask),
         main_((set_device(comm.device()), static_cast<cudaStream_t>(comm.stream().handle))),
-        experts_stream_(micro_batches == 2 ? static_cast<cudaStream_t>(comm.side_stream().handle)
-                                           : main_),
-        timer_(1 + 5 * micro_batches, config.device_stats),  // route; a batch: 2 + 1 + 2
+        experts_stream_(micro_batches_ == 2
+                            ? static_cast<cudaStream_t>(comm.side_stream().handle)
+                            : main_),
+        timer_(1 + 5 * micro_batches_, config.device_stats),  // route; a batch: 2 + 1 + 2
         router_(config, max_tokens, comm.device()),
-        experts_(config, comm.rank() * num_local_, num_local_, 0, config.ffn_dim, max_rows(),
-                 comm.device(), micro_batches) {
+        experts_(config, rank_experts(config, options.placement, comm.rank(), comm.size()), 0,
+                 config.ffn_dim, max_rows(), comm.device(), micro_batches_) {
+    const int micro_batches = micro_batches_;
     // Before the AllToAlls' collective construction: page-locking may wait for the whole device,
     // where a peer past it could already be waiting in its first forward for this rank.
     if (config.device_stats) {
@@ -100,14 +105,7 @@ class DeviceEpMoe final : public MoeBackend {
     hidden_ = Buffer(DType::f32, {num_local_, R, experts_.hidden_ld()}, device);
     if (experts_.separate_act()) act_ = Buffer(config.dtype, {num_local_, R, experts_.width()}, device);
     out_ = Buffer(DType::f32, {num_local_, R, O}, device);
-    AllToAllConfig a2a;
-    a2a.max_num_tokens = per_batch_;
-    a2a.num_experts = config.num_experts;
-    a2a.experts_per_token = k;
-    a2a.hidden_dim = wire_;
-    a2a.in_dtype = config.dtype;
-    a2a.out_dtype = config.dtype;
-    a2a.in_place_buffers = true;
+    const AllToAllConfig a2a = ep_exchange_config(config, options, per_batch_, wire_, true);
     for (int b = 0; b < micro_batches; ++b) {
       exchanges_.push_back(std::make_unique<AllToAll>(comm, a2a));
       expert_y_.push_back(exchanges_.back()->expert_output_buffer());
@@ -130,6 +128,11 @@ class DeviceEpMoe final : public MoeBackend {
     if (rows_moved_) (void)cudaFreeHost(rows_moved_);
   }
 
+  void mask_rank(int rank, const std::string& reason) override {
+    for (auto& exchange : exchanges_) exchange->mask_rank(rank, reason);
+  }
+  const AllToAll& exchange() const override { return *exchanges_.front(); }
+
   void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override {
     const int m = int(x.size(0)), H = config_.feature_dim, O = config_.out_dim();
     const size_t elem = dtype_size(config_.dtype);
@@ -145,7 +148,7 @@ class DeviceEpMoe final : public MoeBackend {
     timer_.begin(&MoeStats::route_s, main_);
     const float* xf = rows_as_f32(x.data(), config_.dtype, m, H, x_f32_.data<float>(), main_);
     router_.route(router_blas_, main_, m, xf, indices_.data<int32_t>(), weights_.data<float>());
-    if (config_.device_stats) count_rows_moved(m);
+    if (config_.device_stats && counts_logical_rows_) count_rows_moved(m);
     std::byte* y_recv = static_cast<std::byte*>(y.data());
     if (O < wire_) y_recv = y_wire_.data<std::byte>();
     // The batches' rows: [0, half) and [half, m) with two micro-batches.
@@ -325,6 +328,9 @@ class DeviceEpMoe final : public MoeBackend {
 
   MoeConfig config_;
   int rank_, world_, num_local_, wire_, per_batch_, micro_batches_;
+  // The traffic count reads the router's indices as slots: not with a placement or a mask, whose
+  // routing happens inside the exchange (MoeStats::bytes_moved stays 0 there).
+  bool counts_logical_rows_;
   cudaStream_t main_, experts_stream_;
   cublasHandle_t router_blas_ = nullptr, experts_blas_ = nullptr;
   cudaEvent_t to_experts_[2] = {}, from_experts_[2] = {}, counted_ = nullptr;
@@ -343,8 +349,8 @@ class DeviceEpMoe final : public MoeBackend {
 }  // namespace
 
 std::unique_ptr<MoeBackend> make_ep(Communicator& comm, const MoeConfig& config, int max_tokens,
-                                    int micro_batches) {
-  return std::make_unique<DeviceEpMoe>(comm, config, max_tokens, micro_batches);
+                                    const EpMoeOptions& options) {
+  return std::make_unique<DeviceEpMoe>(comm, config, max_tokens, options);
 }
 
 }  // namespace pmoe::detail::inline PMOE_CUDA_FLAVOR::moe

@@ -15,6 +15,7 @@
 
 #include <chrono>
 
+#include "moe/expert_slots.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
 #include "cuda/moe/device_experts.hpp"
@@ -31,7 +32,7 @@ class DeviceLocalMoe {
       : config_(config),
         stream_(stream),
         router_(config, max_tokens, device),
-        experts_(config, 0, config.num_experts, ffn_begin, ffn_end,
+        experts_(config, detail::all_experts(config), ffn_begin, ffn_end,
                  int64_t(max_tokens) * config.top_k, device) {
     const int H = config.feature_dim, E = config.num_experts, k = config.top_k;
     const int O = config.out_dim();
