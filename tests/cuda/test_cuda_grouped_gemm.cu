@@ -24,6 +24,7 @@
 
 #include "cuda/cuda_test_flavor.hpp"
 #include "cuda/moe/device_experts.hpp"
+#include "moe/expert_slots.hpp"
 #include "cuda/moe/expert_tiles.hpp"
 #include "cuda/moe/grouped_gemm.cuh"
 #include "cuda/moe/library_grouped_gemm.cuh"
@@ -190,7 +191,8 @@ TEST(GroupedGemm, IssuedRowsFollowTheCountsUnderZipfRoutingAtThePresets) {
           int64_t used = 0;
           for (int32_t v : mine) used += v;
           if (used < 1024 && r > 0) continue;  // rank 0 (the hottest) always runs
-          cuda::DeviceExperts experts(cfg, r * L, L, 0, cfg.ffn_dim, max_rows, Device::cuda(0));
+          cuda::DeviceExperts experts(cfg, detail::rank_experts(cfg, {}, r, W), 0, cfg.ffn_dim,
+                                      max_rows, Device::cuda(0));
           const int H = cfg.feature_dim, F = cfg.ffn_dim, O = cfg.out_dim();
           Buffer x(DType::bf16, {L, C, H}, Device::cuda(0));
           Buffer hidden(DType::f32, {L, C, F}, Device::cuda(0)), out(DType::f32, {L, C, O}, Device::cuda(0));

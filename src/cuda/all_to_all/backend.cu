@@ -24,6 +24,7 @@
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
 #include "cuda/launch.cuh"
+#include "cuda/sm_count.hpp"
 #include "cuda/transport/remote_setup.hpp"
 #include "comm/node_split.hpp"
 
@@ -182,8 +183,7 @@ class CudaAllToAll final : public AllToAllBackend {
     // returns: wait for both before any kernel can read the scratch.
     PMOE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
     p.timeout_ns = uint64_t(comm.timeout_s() * 1e9);
-    int sms = 0;
-    PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_.index));
+    const int sms = cuda::sm_count(device_.index);
     // Ranks that share a GPU share its SMs: each launches its share of the grid. Their grids
     // then run side by side in one wave, where whole grids each would queue behind each other
     // in W waves (DeepEP gives each rank a number of SMs the same way).

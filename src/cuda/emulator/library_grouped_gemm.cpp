@@ -25,6 +25,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/memory_ops.cuh"
 #include "cuda/moe/library_grouped_gemm.cuh"
+#include "cuda/sm_count.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
@@ -85,16 +86,13 @@ __global__ void __launch_bounds__(kBlockThreads) library_gemm_shim(const Library
 }  // namespace
 
 GemmLibrary gemm_library_for(int device) {
-  int sms = 0;
-  PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  (void)sm_count(device);  // a device that does not exist is an error here too
   return GemmLibrary::cutlass_sm90;
 }
 
 size_t library_workspace_bytes(GemmLibrary library, int, int device) {
   if (library == GemmLibrary::none) return 0;
-  int sms = 0;
-  PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return 3 * kDescriptorBytes * size_t(sms);
+  return 3 * kDescriptorBytes * size_t(sm_count(device));
 }
 
 void launch_library_grouped_gemm(const LibraryGroupedGemm& g, cudaStream_t stream) {
@@ -113,9 +111,7 @@ void launch_library_grouped_gemm(const LibraryGroupedGemm& g, cudaStream_t strea
   PMOE_CHECK(g.workspace_bytes >= need && (need == 0 || g.workspace != nullptr),
              "library grouped GEMM (", gemm_library_name(g.library), "): workspace of ",
              g.workspace_bytes, " bytes, it needs ", need);
-  int sms = 0;
-  PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g.device));
-  const int blocks = std::min(g.groups, grid_blocks(sms));
+  const int blocks = std::min(g.groups, grid_blocks(sm_count(g.device)));
   switch (g.inputs) {
     case DType::bf16:
       launch("library_grouped_gemm", library_gemm_shim<__nv_bfloat16>, blocks, stream, g);

@@ -12,6 +12,7 @@
 
 #include "cuda/check.hpp"
 #include "cuda/moe/library_grouped_gemm.cuh"
+#include "cuda/sm_count.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
@@ -33,12 +34,6 @@ void run_cutlass(const char* what, const typename Gemm::Arguments& args,
   status = gemm.run(stream);
   PMOE_CHECK(status == cutlass::Status::kSuccess, what, ": launch: ",
              cutlassGetStatusString(status), " (", cudaGetErrorString(cudaGetLastError()), ")");
-}
-
-inline int multiprocessors(int device) {
-  int sms = 0;
-  PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
 }
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR

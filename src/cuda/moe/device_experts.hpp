@@ -50,6 +50,7 @@
 #include "cuda/moe/library_grouped_gemm.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/moe/moe_kernels.cuh"
+#include "cuda/sm_count.hpp"
 #include "moe/weights.hpp"
 #include "pmoe/dtype.hpp"
 #include "pmoe/moe.hpp"
@@ -94,9 +95,7 @@ class DeviceExperts {
     if (separate_act()) dead_act_ = Buffer(config.dtype, {kMaxTile, width_}, device);
     dead_out_ = Buffer(DType::f32, {kMaxTile, O}, device);
     if (grouped()) {
-      int sms = 0;
-      PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index));
-      blocks_ = grid_blocks(sms);
+      blocks_ = grid_blocks(sm_count(device.index));
       const std::string_view choice = gemm_choice();
       force_library_ = choice == "library";
       if (choice != "own") library_ = gemm_library_for(device.index);

@@ -74,7 +74,7 @@ size_t workspace_bytes(int, int) {
 }
 
 void run(const LibraryGroupedGemm& g, cudaStream_t stream) {
-  const int sms = multiprocessors(g.device);
+  const int sms = sm_count(g.device);
   if (g.inputs == DType::f16) return Sm80Gemm<cutlass::half_t>::run(g, sms, stream);
   Sm80Gemm<cutlass::bfloat16_t>::run(g, sms, stream);
 }

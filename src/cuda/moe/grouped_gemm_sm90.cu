@@ -126,7 +126,7 @@ size_t workspace_bytes(int groups, int device) {
   LibraryGroupedGemm g;
   g.groups = groups;
   g.device = device;
-  const int sms = multiprocessors(device);
+  const int sms = sm_count(device);
   return std::max(Sm90Gemm<KernelBf16>::Adapter::get_workspace_size(
                       Sm90Gemm<KernelBf16>::arguments(g, sms)),
                   Sm90Gemm<KernelF16>::Adapter::get_workspace_size(
@@ -134,7 +134,7 @@ size_t workspace_bytes(int groups, int device) {
 }
 
 void run(const LibraryGroupedGemm& g, cudaStream_t stream) {
-  const int sms = multiprocessors(g.device);
+  const int sms = sm_count(g.device);
   if (g.inputs == DType::f16) return Sm90Gemm<KernelF16>::run(g, sms, stream);
   Sm90Gemm<KernelBf16>::run(g, sms, stream);
 }

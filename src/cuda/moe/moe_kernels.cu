@@ -32,6 +32,7 @@
 #include "cuda/check.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/memory_ops.cuh"
+#include "cuda/sm_count.hpp"
 #include "moe/ep_traffic.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/moe.hpp"
@@ -48,10 +49,9 @@ int blocks_for(int64_t elements) {
 
 // The grid of the kernels that spread rows or experts over the current device.
 int full_grid() {
-  int device = 0, sms = 0;
+  int device = 0;
   PMOE_CUDA_CHECK(cudaGetDevice(&device));
-  PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return grid_blocks(sms);
+  return grid_blocks(sm_count(device));
 }
 
 __device__ __forceinline__ int64_t first_index() {

@@ -17,6 +17,7 @@
 #include "cuda/overlap/copy_kernel.cuh"
 #include "cuda/overlap/cublas_gemm.hpp"
 #include "cuda/overlap/signals.cuh"
+#include "cuda/sm_count.hpp"
 #include "pmoe/comm.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
@@ -44,9 +45,7 @@ class OverlapStreams {
     for (cudaEvent_t& e : events_) PMOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     PMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     PMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
-    int sms = 0;
-    PMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_.index));
-    blocks_ = grid_blocks(sms);
+    blocks_ = grid_blocks(sm_count(device_.index));
     PMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
     PMOE_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
   }
