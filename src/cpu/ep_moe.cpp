@@ -150,10 +150,13 @@ class CpuEpMoe final : public MoeBackend {
     const int32_t* idx = indices_.data<int32_t>();
     std::vector<int32_t> routed(static_cast<size_t>(k));
     int64_t rows = 0;
+    // A token's index in its micro-batch's exchange, which the routing rule reads.
+    const int half = micro_batches_ == 2 ? (m + 1) / 2 : m;
     for (int t = 0; t < m; ++t) {
       const int32_t* row = idx + int64_t(t) * k;
       if (slot_table_->rewrites()) {
-        route_row(slot_table_->view(), row, k, rank_, t, routed.data(), nullptr, nullptr);
+        route_row(slot_table_->view(), row, k, rank_, t < half ? t : t - half, routed.data(),
+                  nullptr, nullptr);
         row = routed.data();
       }
       rows += ep_token_rows_moved(row, k, slots, num_local_, rank_);
