@@ -1,5 +1,7 @@
 #include "all_to_all_mask_cases.hpp"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -90,6 +92,15 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c) {
   auto fail = [&](int call, const std::string& what) {
     if (first_error.empty()) first_error = detail::cat("rank ", rank, ", call ", call, ": ", what);
   };
+  // Waits for the stream and notes what the kernels reported.
+  auto finish = [&](int call) {
+    if (!host) synchronize(comm.stream());
+    try {
+      a2a.check_errors();
+    } catch (const Error& e) {
+      fail(call, e.what());
+    }
+  };
   for (int call = 0; call < c.calls; ++call) {
     for (const auto& [stopped, at] : c.stops) {
       if (at != call) continue;
@@ -135,12 +146,7 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c) {
         a2a.dispatch(d_x, Tensor(), d_indices, d_counts, d_expert_x, Tensor(), phase);
       });
     }
-    if (!host) synchronize(comm.stream());
-    try {
-      a2a.check_errors();
-    } catch (const Error& e) {
-      fail(call, e.what());
-    }
+    finish(call);
     copy(counts, d_counts);
     copy(expert_x, d_expert_x);
 
@@ -174,12 +180,7 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c) {
       combine_graph->replay();
     else
       run_phase([&](Phase phase) { a2a.combine(d_expert_y, d_indices, d_weights, d_y, phase); });
-    if (!host) synchronize(comm.stream());
-    try {
-      a2a.check_errors();
-    } catch (const Error& e) {
-      fail(call, e.what());
-    }
+    finish(call);
     copy(y, d_y);
 
     // The reference: experts with no live slot dropped, and with renormalize the weights kept
@@ -207,6 +208,13 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c) {
   }
   comm.barrier();  // with the ranks that stopped
   return first_error;
+}
+
+void expect_mask_case(int W, const MaskCase& c, Device device) {
+  std::vector<std::string> errors(static_cast<size_t>(W));
+  run_ranks(W, [&](Communicator& comm) { errors[size_t(comm.rank())] = run_mask_case(comm, c); },
+            device);
+  for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
 }
 
 }  // namespace pmoe::testing

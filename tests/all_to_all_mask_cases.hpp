@@ -30,4 +30,7 @@ struct MaskCase {
 // adds nothing (renormalize: the token's other weights divided by their sum).
 std::string run_mask_case(Communicator& comm, const MaskCase& c);
 
+// Runs `c` on W thread ranks of `device` (run_ranks) and expects every rank's "".
+void expect_mask_case(int W, const MaskCase& c, Device device = Device::cpu());
+
 }  // namespace pmoe::testing

@@ -12,12 +12,6 @@
 namespace pmoe::testing {
 namespace {
 
-void expect_mask_case(int W, const MaskCase& c) {
-  std::vector<std::string> errors(static_cast<size_t>(W));
-  run_ranks(W, [&](Communicator& comm) { errors[size_t(comm.rank())] = run_mask_case(comm, c); });
-  for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
-}
-
 // W ranks, 4 slots a rank, top-3, max 7 tokens.
 MaskCase base(int W) {
   MaskCase c;

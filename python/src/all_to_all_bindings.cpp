@@ -165,11 +165,7 @@ y        [m, H] out_dtype, out: y[t] = sum_j weights[t, j] * expert_y[row of (t,
           "rank cannot mask itself.")
       .def_prop_ro(
           "live_ranks",
-          [](const AllToAll& self) {
-            std::vector<bool> live;
-            for (uint8_t l : self.rank_mask().live) live.push_back(l != 0);
-            return live;
-          },
+          [](const AllToAll& self) { return live_flags(self.rank_mask()); },
           "For each rank, True unless it was masked.")
       .def_prop_ro(
           "mask_reasons", [](const AllToAll& self) { return self.rank_mask().reasons; },

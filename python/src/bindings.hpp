@@ -3,7 +3,16 @@
 
 #include <nanobind/nanobind.h>
 
+#include <vector>
+
+#include "pmoe/placement.hpp"
+
 namespace pmoe::python {
+
+// A RankMask's live ranks as Python booleans (AllToAll's and EpMoe's live_ranks).
+inline std::vector<bool> live_flags(const RankMask& mask) {
+  return std::vector<bool>(mask.live.begin(), mask.live.end());
+}
 
 void bind_comm(nanobind::module_& m);
 void bind_buffers(nanobind::module_& m);

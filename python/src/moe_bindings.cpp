@@ -164,11 +164,7 @@ two halves so one half's exchange overlaps the other's experts. Collective.)")
            "which forwards no more.")
       .def_prop_ro(
           "live_ranks",
-          [](const EpMoe& self) {
-            std::vector<bool> live;
-            for (uint8_t l : self.rank_mask().live) live.push_back(l != 0);
-            return live;
-          },
+          [](const EpMoe& self) { return live_flags(self.rank_mask()); },
           "For each rank, True unless it was masked.")
       .def("lost_experts", &EpMoe::lost_experts, "The experts no live rank serves now.")
       .def("weight_bytes", &EpMoe::weight_bytes);
