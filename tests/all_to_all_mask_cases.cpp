@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 #include "pmoe/error.hpp"
 #include "pmoe/graph.hpp"
@@ -37,6 +40,21 @@ AllToAllConfig logical_config(const AllToAllConfig& c) {
   AllToAllConfig g = c;
   if (!c.placement.empty()) g.num_experts = c.placement.num_logical_experts;
   return g;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// When each rank stopped (automatic mode), for the survivors' detection times: thread ranks
+// share the process.
+std::atomic<int64_t> stopped_at_ns[64];
+
+// The call (numbered from 1) the survivors lose when a rank stops at call index `at`.
+int64_t lost_call(const MaskCase& c, int at) {
+  return at + 1 + (c.stop_point == MaskCase::StopPoint::after_combine_send ? 1 : 0);
 }
 
 int tokens_for(const MaskCase& c, int rank, int call) {
@@ -101,19 +119,48 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c) {
       fail(call, e.what());
     }
   };
-  for (int call = 0; call < c.calls; ++call) {
-    for (const auto& [stopped, at] : c.stops) {
-      if (at != call) continue;
-      // This rank stops calling; the others mask it. Its thread keeps the op and buffers until
-      // every rank is done, as a dead process frees nothing: freeing device memory here would
-      // wait for the whole device, where the others' kernels run.
-      if (stopped == rank) {
-        comm.barrier();
-        return first_error;
+  using StopPoint = MaskCase::StopPoint;
+  // This rank stops calling. Its thread keeps the op and buffers until every rank is done, as a
+  // dead process frees nothing: freeing device memory here would wait for the whole device,
+  // where the others' kernels run.
+  auto stop = [&](int call) {
+    stopped_at_ns[rank].store(now_ns());
+    if (c.stopped_rank_returns) {
+      const double timeout = cfg.peer_timeout_s;
+      std::this_thread::sleep_for(std::chrono::duration<double>(3 * timeout));
+      try {
+        a2a.dispatch(Tensor(d_x_all.data<void>(), cfg.in_dtype, {0, H}, device), Tensor(),
+                     Tensor(d_indices_all.data<void>(), DType::i32, {0, k}, device), d_counts,
+                     d_expert_x, Tensor());
+        fail(call, "the call of a rank the others went on without returned");
+      } catch (const PeerLost& e) {
+        fail(call, detail::cat("a PeerLost where an Error was due: ", e.what()));
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("went on without this one") == std::string::npos)
+          fail(call, detail::cat("the returning rank's error does not say why: ", e.what()));
       }
-      if (routing.live[size_t(stopped)]) {
-        a2a.mask_rank(stopped, "stopped calling in the test");
-        routing.live[size_t(stopped)] = 0;
+    }
+    comm.barrier();
+    return first_error;
+  };
+  auto stops_here = [&](int call, StopPoint point) {
+    if (c.stop_point != point) return false;
+    for (const auto& [stopped, at] : c.stops)
+      if (stopped == rank && at == call) return true;
+    return false;
+  };
+
+  for (int call = 0; call < c.calls;) {
+    if (c.automatic) {
+      if (stops_here(call, StopPoint::before_call)) return stop(call);
+    } else {
+      for (const auto& [stopped, at] : c.stops) {
+        if (at != call) continue;
+        if (stopped == rank) return stop(call);
+        if (routing.live[size_t(stopped)]) {
+          a2a.mask_rank(stopped, "stopped calling in the test");
+          routing.live[size_t(stopped)] = 0;
+        }
       }
     }
     const uint64_t seed = reference::hash64(c.seed, uint64_t(call));
@@ -137,49 +184,78 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c) {
     copy(d_x, mine.x);
     copy(d_indices, mine.indices);
     copy(d_weights, mine.weights);
-    if (c.graph) {
-      int32_t m32 = m;
-      copy(bound_m, Tensor(&m32, DType::i32, {1}));
-      dispatch_graph->replay();
-    } else {
-      run_phase([&](Phase phase) {
-        a2a.dispatch(d_x, Tensor(), d_indices, d_counts, d_expert_x, Tensor(), phase);
-      });
-    }
-    finish(call);
-    copy(counts, d_counts);
-    copy(expert_x, d_expert_x);
-
-    // The rows each local slot must have received, counted from every live rank's tokens.
-    std::vector<int32_t> want(size_t(L), 0);
-    for (int r = 0; r < W; ++r) {
-      if (!routing.live[size_t(r)]) continue;
-      const int32_t* idx = all[size_t(r)].indices.data<int32_t>();
-      for (int t = 0; t < all[size_t(r)].m; ++t)
-        for (int j = 0; j < k; ++j) {
-          const int32_t e = idx[t * k + j];
-          const int slot = e < 0 ? -1 : routing.slot_of(e, r, t);
-          if (slot >= 0 && slot / L == rank) ++want[size_t(slot % L)];
-        }
-    }
-    for (int l = 0; l < L; ++l)
-      if (counts.data<int32_t>()[l] != want[size_t(l)])
-        fail(call, detail::cat("slot ", rank * L + l, " received ", counts.data<int32_t>()[l],
-                               " rows, the reference ", want[size_t(l)]));
-
-    // Each slot computes its logical expert's stand-in function.
-    for (int l = 0; l < L; ++l)
-      for (int i = 0; i < std::min<int>(counts.data<int32_t>()[l], int(rows)); ++i) {
-        const size_t row = size_t(l) * size_t(rows) + size_t(i);
-        reference::fake_expert_row(cfg, expert_x.data<std::byte>() + row * row_bytes, nullptr,
-                                   routing.slot_expert[size_t(rank * L + l)], cfg.out_dtype,
-                                   expert_y.data<std::byte>() + row * out_row_bytes);
+    try {
+      if (c.graph) {
+        int32_t m32 = m;
+        copy(bound_m, Tensor(&m32, DType::i32, {1}));
+        dispatch_graph->replay();
+      } else if (stops_here(call, StopPoint::after_dispatch_send)) {
+        a2a.dispatch(d_x, Tensor(), d_indices, d_counts, d_expert_x, Tensor(), Phase::send);
+        return stop(call);
+      } else {
+        run_phase([&](Phase phase) {
+          a2a.dispatch(d_x, Tensor(), d_indices, d_counts, d_expert_x, Tensor(), phase);
+        });
       }
-    copy(d_expert_y, expert_y);
-    if (c.graph)
-      combine_graph->replay();
-    else
-      run_phase([&](Phase phase) { a2a.combine(d_expert_y, d_indices, d_weights, d_y, phase); });
+      finish(call);
+      copy(counts, d_counts);
+      copy(expert_x, d_expert_x);
+
+      // The rows each local slot must have received, counted from every live rank's tokens.
+      std::vector<int32_t> want(size_t(L), 0);
+      for (int r = 0; r < W; ++r) {
+        if (!routing.live[size_t(r)]) continue;
+        const int32_t* idx = all[size_t(r)].indices.data<int32_t>();
+        for (int t = 0; t < all[size_t(r)].m; ++t)
+          for (int j = 0; j < k; ++j) {
+            const int32_t e = idx[t * k + j];
+            const int slot = e < 0 ? -1 : routing.slot_of(e, r, t);
+            if (slot >= 0 && slot / L == rank) ++want[size_t(slot % L)];
+          }
+      }
+      for (int l = 0; l < L; ++l)
+        if (counts.data<int32_t>()[l] != want[size_t(l)])
+          fail(call, detail::cat("slot ", rank * L + l, " received ", counts.data<int32_t>()[l],
+                                 " rows, the reference ", want[size_t(l)]));
+
+      // Each slot computes its logical expert's stand-in function.
+      for (int l = 0; l < L; ++l)
+        for (int i = 0; i < std::min<int>(counts.data<int32_t>()[l], int(rows)); ++i) {
+          const size_t row = size_t(l) * size_t(rows) + size_t(i);
+          reference::fake_expert_row(cfg, expert_x.data<std::byte>() + row * row_bytes, nullptr,
+                                     routing.slot_expert[size_t(rank * L + l)], cfg.out_dtype,
+                                     expert_y.data<std::byte>() + row * out_row_bytes);
+        }
+      copy(d_expert_y, expert_y);
+      if (c.graph) {
+        combine_graph->replay();
+      } else if (stops_here(call, StopPoint::after_combine_send)) {
+        a2a.combine(d_expert_y, d_indices, d_weights, d_y, Phase::send);
+        return stop(call);
+      } else {
+        run_phase([&](Phase phase) { a2a.combine(d_expert_y, d_indices, d_weights, d_y, phase); });
+      }
+    } catch (const PeerLost& e) {
+      if (!c.automatic) throw;
+      // Every stop whose lost call this is must be named, and only those.
+      const int64_t noticed = now_ns();
+      std::vector<int> due;
+      for (const auto& [stopped, at] : c.stops)
+        if (lost_call(c, at) == e.first_call()) due.push_back(stopped);
+      std::sort(due.begin(), due.end());
+      if (e.ranks() != due || e.last_call() != e.first_call())
+        fail(call, detail::cat("a PeerLost for calls ", e.first_call(), "..", e.last_call(),
+                               " naming ", e.ranks().size(), " rank(s) where ", due.size(),
+                               " stopped before that call: ", e.what()));
+      for (int r : e.ranks()) {
+        const double ms = double(noticed - stopped_at_ns[r].load()) / 1e6;
+        if (ms > 1000 * cfg.peer_timeout_s + 1000)
+          fail(call, detail::cat("rank ", r, " was found lost ", ms, " ms after it stopped"));
+      }
+      routing.live = a2a.rank_mask().live;
+      call = int(a2a.calls_started());
+      continue;
+    }
     finish(call);
     copy(y, d_y);
 
@@ -205,6 +281,7 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c) {
     const Buffer want_y = reference::reference_combine(cfg, expected, cfg.out_dtype);
     const std::string error = reference::compare_bytes("combine y", y, want_y);
     if (!error.empty()) fail(call, error);
+    ++call;
   }
   comm.barrier();  // with the ranks that stopped
   return first_error;

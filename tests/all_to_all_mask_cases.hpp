@@ -22,12 +22,27 @@ struct MaskCase {
   // rank stops, and replayed each call; the mask reaches them through device memory.
   bool graph = false;
   uint64_t seed = 7;
+
+  // on_peer_loss = mask: nobody masks a stopped rank; the others find it lost (peer timeout)
+  // and each expects a pmoe::PeerLost that names it, for the calls the rule below gives, and
+  // goes on. Calls are keyed by AllToAll::calls_started(), which the survivors agree on.
+  bool automatic = false;
+  // Where a rank stops in its last call: before it; after its dispatch(send) (the others'
+  // combine waits for it: that call is lost); after its combine(send) (split phases: the others
+  // finish that call and lose the next).
+  enum class StopPoint { before_call, after_dispatch_send, after_combine_send };
+  StopPoint stop_point = StopPoint::before_call;
+  // The stopped rank comes back once the others went on (after 3 peer timeouts): its next call
+  // must fail with a pmoe::Error (not a PeerLost) and write nothing.
+  bool stopped_rank_returns = false;
 };
 
 // Runs `c` on this rank (collective over the ranks still calling). "" when every call of this
 // rank matched: the rows each local slot received (counts), and y, against the reference in
 // which a token's expert goes to its live slot (r + t) mod n, and an expert with no live slot
-// adds nothing (renormalize: the token's other weights divided by their sum).
+// adds nothing (renormalize: the token's other weights divided by their sum). In automatic
+// mode, also that every PeerLost named the stopped ranks and the expected calls, and came
+// within the peer timeout (plus a second) of the stop.
 std::string run_mask_case(Communicator& comm, const MaskCase& c);
 
 // Runs `c` on W thread ranks of `device` (run_ranks) and expects every rank's "".

@@ -1,6 +1,7 @@
 // Expert placements and masked ranks on CPU thread ranks: replicas spread the load and keep
 // every token when a rank stops; without a replica the expert's slots are dropped (or the rest
-// renormalised); bad placements and masks are refused before anything moves.
+// renormalised); bad placements and masks are refused before anything moves. With
+// on_peer_loss = mask the survivors find a stopped rank themselves, agree, and go on.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -112,6 +113,67 @@ TEST(AllToAllMask, BadPlacementsAndMasksAreRefusedBeforeAnythingMoves) {
     idx.data<int32_t>()[1] = 3;  // a slot, not a logical expert
     EXPECT_THROW(p.dispatch(x, Tensor(), idx, counts, ex, Tensor()), Error);
   });
+}
+
+// on_peer_loss = mask: ranks stop without a word, and the others find them lost after the peer
+// timeout. Generous for 4 thread ranks on 2 shared cores, where a live rank may wait its turn.
+constexpr double kPeerTimeout = 0.5;
+
+MaskCase automatic(int W) {
+  MaskCase c = base(W);
+  c.config.rank_mask = false;
+  c.config.on_peer_loss = OnPeerLoss::mask;
+  c.config.peer_timeout_s = kPeerTimeout;
+  c.automatic = true;
+  c.calls = 7;
+  return c;
+}
+
+TEST(AllToAllPeerLoss, NobodyLostRunsAsThePlainOp) {
+  for (int W : {2, 4}) expect_mask_case(W, automatic(W));
+}
+
+TEST(AllToAllPeerLoss, ARankThatStopsIsFoundLostAndTheOthersGoOnWithItsReplicas) {
+  using StopPoint = MaskCase::StopPoint;
+  for (StopPoint point : {StopPoint::before_call, StopPoint::after_dispatch_send,
+                          StopPoint::after_combine_send}) {
+    MaskCase c = automatic(4);
+    c.config.placement = ExpertPlacement::round_robin(8, 16);  // no token lost with rank 2
+    c.stops = {{2, 2}};
+    c.stop_point = point;
+    c.split_phases = point == StopPoint::after_combine_send;
+    SCOPED_TRACE(int(point));
+    expect_mask_case(4, c);
+  }
+}
+
+TEST(AllToAllPeerLoss, TwoRanksLostOneAfterTheOther) {
+  MaskCase c = automatic(4);
+  c.config.masked_experts = MaskedExperts::renormalize;
+  c.calls = 8;
+  c.stops = {{3, 1}, {0, 4}};
+  expect_mask_case(4, c);
+}
+
+TEST(AllToAllPeerLoss, ARankTheOthersWentOnWithoutCannotCallAgain) {
+  MaskCase c = automatic(3);
+  c.stops = {{1, 2}};
+  c.stopped_rank_returns = true;
+  expect_mask_case(3, c);
+}
+
+TEST(AllToAllPeerLoss, BadPoliciesAreRefused) {
+  AllToAllConfig cfg = make_config(4, 4, 2, 8);
+  cfg.on_peer_loss = OnPeerLoss(7);
+  EXPECT_THROW(cfg.validate(2), Error);
+  cfg.on_peer_loss = OnPeerLoss::mask;
+  cfg.peer_timeout_s = -1;
+  EXPECT_THROW(cfg.validate(2), Error);
+  cfg.peer_timeout_s = 1;
+  cfg.ranks_per_node = 1;  // a node split: peers not load/store reachable
+  EXPECT_THROW(cfg.validate(2), Error);
+  cfg.ranks_per_node = 0;
+  EXPECT_NO_THROW(cfg.validate(2));
 }
 
 }  // namespace

@@ -33,6 +33,16 @@ namespace pmoe {
 // set (docs/gpu-all-to-all.md).
 enum class CrossNode : uint8_t { direct, hierarchical };
 
+// What a call does when a peer is lost (AllToAllConfig::on_peer_loss).
+//   fail: it throws pmoe::Error naming the peer, on every rank that waits for it, and the op is
+//         retired (the default).
+//   mask: the survivors mask the lost rank and go on (docs/robustness.md). A peer is lost when
+//         its process ends (node-local peers, seen within about 20 ms) or when a wait for it lasts
+//         peer_timeout_s. The survivors agree on the mask and on the first call that cannot
+//         stand; each throws pmoe::PeerLost for its calls from there, and its next call runs
+//         without the lost ranks.
+enum class OnPeerLoss : uint8_t { fail, mask };
+
 struct AllToAllConfig {
   int max_num_tokens = 0;     // tokens per rank per call, upper bound (>= 1)
   int num_experts = 0;        // global; divisible by the world size
@@ -81,10 +91,20 @@ struct AllToAllConfig {
   bool rank_mask = false;
   // What a token's slot becomes when its expert has no live slot left (pmoe/placement.hpp).
   MaskedExperts masked_experts = MaskedExperts::drop;
+  // On a lost peer: fail, or mask it and go on (implies rank_mask). mask needs every rank on
+  // this node (their memory load/store reachable) and, so far, the CPU backend.
+  OnPeerLoss on_peer_loss = OnPeerLoss::fail;
+  // mask: a peer awaited this long, or silent this long while the survivors agree, is lost. It
+  // must exceed the longest time a live rank spends between two waits of the op (its expert
+  // compute, or a pause between calls), or that rank is masked too. 0: the communicator's
+  // timeout (PMOE_TIMEOUT_S, 60 s by default).
+  double peer_timeout_s = 0;
 
   // Throws pmoe::Error saying what to change if the config cannot run on `world_size` ranks.
   void validate(int world_size) const;
   int scales_per_token() const { return scale_block > 0 ? hidden_dim / scale_block : 0; }
+  // The op keeps a rank mask: asked for, or implied by on_peer_loss = mask.
+  bool maskable() const { return rank_mask || on_peer_loss == OnPeerLoss::mask; }
 };
 
 // Split phases: `send` starts the exchange and returns; `recv` completes it. Work may run between
@@ -95,6 +115,8 @@ enum class Phase : uint8_t { send, recv, both };
 
 namespace detail {
 class AllToAllBackend;
+class LossBoard;
+struct PeerLossNoticed;
 class SlotTable;
 enum class Step : int32_t;  // the steps of a round (src/all_to_all/step.hpp)
 }
@@ -185,6 +207,10 @@ class AllToAll {
   const RankMask& rank_mask() const { return mask_; }
   // Logical experts (slots, without a placement) that no live rank serves now, ascending.
   std::vector<int> lost_experts() const;
+  // The number of the last call begun (its dispatch(send)); calls are numbered from 1, the same
+  // on every rank. After a pmoe::PeerLost it is the number the survivors agreed on, so that the
+  // next call has the same number everywhere.
+  int64_t calls_started() const { return calls_started_; }
 
   // Bytes this op allocated per rank (symmetric buffers, signals and private staging).
   size_t workspace_bytes() const;
@@ -217,6 +243,11 @@ class AllToAll {
   // Runs a call: a pmoe::Error thrown before its first step started is a rejection, which the
   // communicator posts for peers that will wait for this rank (Communicator::note_rejection).
   void guarded(const std::function<void()>& call);
+  // Runs a step's (or arriving_rows()') exchange: a failed wait retires the op, and a lost peer
+  // (on_peer_loss = mask) leads to the survivors' agreement and a pmoe::PeerLost.
+  void exchange(const std::function<void()>& body);
+  [[noreturn]] void go_on_without(const detail::PeerLossNoticed& noticed);
+  [[noreturn]] void retire_excluded(const std::string& why);
   // `indices` as i32: itself, or its i64 values narrowed into `storage` (after their check).
   Tensor indices_i32(const char* op, const Tensor& indices, std::vector<int32_t>& storage) const;
   // expert_x, expert_x_scale or expert_y: [E_local, W * max_num_tokens, width], or with
@@ -242,6 +273,10 @@ class AllToAll {
   std::unique_ptr<detail::SlotTable> slot_table_;  // logical experts to live slots
   std::vector<int32_t> routed_slots_;   // the CPU's: this call's indices as slots
   std::vector<float> routed_weights_;   // the CPU's: combine's weights after the mask
+  int64_t calls_started_ = 0;  // dispatch(send)s begun (the current call's number)
+  int64_t calls_done_ = 0;     // combine(recv)s finished
+  int64_t restarted_at_ = 0;   // calls_started_ agreed by the last agreement on a lost peer
+  std::unique_ptr<detail::LossBoard> loss_board_;  // on_peer_loss = mask
   std::unique_ptr<detail::AllToAllBackend> backend_;
 };
 

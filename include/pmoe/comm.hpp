@@ -21,9 +21,13 @@
 
 namespace pmoe {
 
+class Communicator;
+
 namespace detail {
 class Group;  // what a rank's waits consult: the failure of another rank, MPI progress
 class NodeSplitMemory;  // src/comm/node_split.hpp
+// The group of `comm`, for ops that watch peers themselves (src/comm/group.hpp).
+const std::shared_ptr<Group>& group_of(const Communicator& comm);
 }
 
 // The wait timeout in seconds: PMOE_TIMEOUT_S if set to a positive number, else 60.
@@ -70,6 +74,7 @@ class Communicator {
   void note_rejection(const std::string& error);
 
  protected:
+  friend const std::shared_ptr<detail::Group>& detail::group_of(const Communicator& comm);
   Communicator(std::shared_ptr<detail::Group> group, Device device);
   const std::shared_ptr<detail::Group>& group() const { return group_; }
   void set_stream(Stream stream) { stream_ = stream; }
@@ -122,6 +127,11 @@ class SymmetricMemory {
   // Waits until this rank's signal `slot` is >= value. Throws pmoe::Error on timeout or when
   // the group fails.
   void wait_signal(int slot, uint64_t value, const WaitFor& what) const;
+  // The same for an op that goes on without lost peers: between polls, `watch` stands in for the
+  // check of node-local peers' processes (the op decides what a lost peer means) and may throw to
+  // end the wait; `timeout_s` replaces the communicator's. A failed thread rank still fails it.
+  void wait_signal(int slot, uint64_t value, const WaitFor& what,
+                   const std::function<void()>& watch, double timeout_s) const;
 
  protected:
   // `data[r]` and `signals[r]` point at rank r's region and signal array, or are null where r is
@@ -145,6 +155,9 @@ class SymmetricMemory {
 
  private:
   friend class detail::NodeSplitMemory;  // wraps another SymmetricMemory, reading its fields
+  template <typename Watch>
+  void wait_signal_watched(int slot, uint64_t value, const WaitFor& what, Watch&& watch,
+                           double timeout_s) const;
   std::string peer_rejection(int peer) const;  // for a timeout's message
 
   int rank_;

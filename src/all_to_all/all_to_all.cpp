@@ -3,9 +3,11 @@
 #include "pmoe/all_to_all.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "all_to_all/backend.hpp"
+#include "all_to_all/loss_board.hpp"
 #include "backends/registry.hpp"
 #include "all_to_all/route.hpp"
 #include "all_to_all/slot_table.hpp"
@@ -93,9 +95,15 @@ void AllToAllConfig::validate(int world_size) const {
   PMOE_CHECK(masked_experts == MaskedExperts::drop || masked_experts == MaskedExperts::renormalize,
              "AllToAllConfig: masked_experts must be drop or renormalize, got ",
              int(masked_experts));
-  PMOE_CHECK(!rank_mask || (ranks_per_node == 0 && cross_node == CrossNode::direct),
-             "AllToAllConfig: rank_mask works on one node in direct mode; leave ranks_per_node 0 "
-             "and cross_node direct, or rank_mask false");
+  PMOE_CHECK(on_peer_loss == OnPeerLoss::fail || on_peer_loss == OnPeerLoss::mask,
+             "AllToAllConfig: on_peer_loss must be fail or mask, got ", int(on_peer_loss));
+  PMOE_CHECK(std::isfinite(peer_timeout_s) && peer_timeout_s >= 0,
+             "AllToAllConfig: peer_timeout_s must be >= 0 seconds (0: the communicator's "
+             "timeout), got ", peer_timeout_s);
+  PMOE_CHECK(!maskable() || (ranks_per_node == 0 && cross_node == CrossNode::direct),
+             "AllToAllConfig: rank_mask (and on_peer_loss = mask) works on one node in direct "
+             "mode; leave ranks_per_node 0 and cross_node direct, or rank_mask false and "
+             "on_peer_loss fail");
   if (in_dtype == DType::f8e4m3) {
     PMOE_CHECK(scale_block >= 1, "AllToAllConfig: f8e4m3 input needs scale_block >= 1 (elements ",
                "per f32 scale; 128 is common), got ", scale_block);
@@ -131,6 +139,7 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device devi
   agree.field("placement (its logical experts)", config.placement.num_logical_experts);
   agree.field("placement (a hash of its slots)", placement_hash_of(config.placement));
   agree.field("rank_mask", config.rank_mask, detail::show_bool);
+  agree.field("on_peer_loss (0 fail, 1 mask)", int64_t(config.on_peer_loss));
   agree.field("masked_experts", int64_t(config.masked_experts));
   agree.check(comm, [&] {
     config_.validate(world_size_);
@@ -143,11 +152,25 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device devi
   slot_table_ = std::make_unique<detail::SlotTable>(config_, world_size_);
   backend_ = detail::backends(device).make_all_to_all(comm, config_);
   backend_->set_routing(*slot_table_, mask_.live);
+  if (config_.on_peer_loss == OnPeerLoss::mask) {
+    PMOE_CHECK(device.kind == Device::Kind::cpu, "AllToAll: on_peer_loss = mask runs on the "
+               "CPU backend so far; on ", device.str(), " use on_peer_loss = fail with "
+               "rank_mask and mask_rank()");
+    const double timeout =
+        config_.peer_timeout_s > 0 ? config_.peer_timeout_s : comm.timeout_s();
+    loss_board_ = std::make_unique<detail::LossBoard>(comm, timeout);
+    backend_->set_loss_watch(
+        [this](int peer, detail::LossBoard::Clock::time_point since) {
+          loss_board_->watch(peer, since, mask_.live);
+        },
+        timeout + comm.timeout_s());  // a backstop: the watch gives up on a peer first
+  }
 }
 
 void AllToAll::mask_rank(int rank, const std::string& reason) {
   const char* op = "AllToAll::mask_rank";
-  PMOE_CHECK(config_.rank_mask, op, ": set AllToAllConfig::rank_mask to make the op maskable");
+  PMOE_CHECK(config_.maskable(), op, ": set AllToAllConfig::rank_mask (or on_peer_loss = mask) "
+             "to make the op maskable");
   PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this AllToAll is unusable since an ",
              "earlier call failed while waiting for peers (", broken_, "); create a new one");
   PMOE_CHECK(next_ == Step::dispatch_send, op, " on rank ", rank_, ": mask between calls "
@@ -212,13 +235,59 @@ void AllToAll::guarded(const std::function<void()>& call) {
 void AllToAll::run_step(Step step, const char* op, const std::function<void()>& body) {
   if (!started_) comm_->note_rejection("");  // the checks passed: nothing to tell the peers
   started_ = true;
+  if (loss_board_ && (step == Step::dispatch_send || step == Step::combine_send)) {
+    const std::string why = loss_board_->held_lost_by(mask_.live);
+    if (!why.empty()) retire_excluded(why);
+  }
+  if (step == Step::dispatch_send) ++calls_started_;
+  exchange(body);
+  next_ = detail::next_step(step);
+  if (step == Step::combine_recv) calls_done_ = calls_started_;
+}
+
+void AllToAll::exchange(const std::function<void()>& body) {
   try {
     body();
+  } catch (const detail::PeerLossNoticed& noticed) {
+    go_on_without(noticed);
   } catch (const std::exception& e) {
     broken_ = e.what();  // a failed wait leaves peers mid-protocol: no safe way to continue
     throw;
   }
-  next_ = detail::next_step(step);
+}
+
+void AllToAll::retire_excluded(const std::string& why) {
+  broken_ = detail::cat("the other ranks went on without this one: ", why);
+  throw Error(detail::cat("AllToAll on rank ", rank_, ": ", broken_, "; this rank cannot use the "
+                          "op again"));
+}
+
+void AllToAll::go_on_without(const detail::PeerLossNoticed& noticed) {
+  const detail::LossBoard::Outcome out =
+      loss_board_->agree(mask_.live, noticed, calls_done_, calls_started_);
+  if (out.excluded) retire_excluded(out.excluded_why);
+  std::string names;
+  for (size_t i = 0; i < out.lost.size(); ++i) {
+    const int r = out.lost[i];
+    mask_.live[size_t(r)] = 0;
+    mask_.reasons[size_t(r)] = detail::cat("lost: ", out.reasons[i]);
+    names += detail::cat(i ? ", " : "", r, " (", out.reasons[i], ")");
+  }
+  slot_table_->set_live(mask_.live);
+  backend_->set_routing(*slot_table_, mask_.live);
+  backend_->restart_at(out.calls_base);
+  // Calls this rank returned before the last agreement were judged then.
+  const int64_t first = std::max(out.first_lost_call, restarted_at_ + 1);
+  const int64_t last = calls_started_;
+  calls_started_ = calls_done_ = restarted_at_ = out.calls_base;
+  next_ = Step::dispatch_send;
+  arriving_ = -1;
+  throw PeerLost(detail::cat("AllToAll on rank ", rank_, ": lost rank(s) ", names, "; the "
+                             "survivors masked them and go on. Call", first == last ? " " : "s ",
+                             first, first == last ? "" : detail::cat("..", last), " of this rank ",
+                             first == last ? "is" : "are", " lost (run their tokens again); "
+                             "the next call is ", calls_started_ + 1, " on every survivor"),
+                 out.lost, first, last);
 }
 
 int64_t AllToAll::tokens_this_call(const char* op, int64_t rows, const Tensor& bound_m) const {
@@ -326,12 +395,7 @@ int64_t AllToAll::arriving_rows() {
              "earlier call failed while waiting for peers (", broken_, "); create a new one");
   PMOE_CHECK(next_ == Step::dispatch_recv, op, " on rank ", rank_, ": ask between "
              "dispatch(send) and dispatch(recv); the next step is ", detail::step_name(next_));
-  try {
-    arriving_ = backend_->arriving_rows();
-  } catch (const std::exception& e) {
-    broken_ = e.what();  // as a failed wait in a step: peers are mid-protocol
-    throw;
-  }
+  exchange([&] { arriving_ = backend_->arriving_rows(); });
   return arriving_;
 }
 

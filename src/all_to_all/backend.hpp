@@ -4,8 +4,10 @@
 // and the phase.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -50,6 +52,17 @@ class AllToAllBackend {
   // `table` maps logical experts to live slots (the CPU's front end applies it on the host, so
   // its backend needs the live ranks only). Called between calls.
   virtual void set_routing(const SlotTable& table, const std::vector<uint8_t>& live) = 0;
+
+  // on_peer_loss = mask (the CPU backend): between polls, a wait for rank `peer` that began at
+  // `since` calls watch(peer, since), which throws to end it when a peer is lost
+  // (all_to_all/loss_board.hpp); `timeout_s` is the waits' backstop.
+  using LossWatch = std::function<void(int peer, std::chrono::steady_clock::time_point since)>;
+  virtual void set_loss_watch(LossWatch watch, double timeout_s) {
+    (void)watch, (void)timeout_s;
+  }
+  // After the survivors agreed on a lost peer: the calls in flight are abandoned and the next
+  // call is calls_base + 1 on every survivor (its signals carry that epoch).
+  virtual void restart_at(int64_t calls_base) { (void)calls_base; }
 };
 
 }  // namespace pmoe::detail

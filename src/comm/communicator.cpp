@@ -39,6 +39,10 @@ Stream Communicator::side_stream() {
 
 void Communicator::check_group() const { group_->check(rank()); }
 
+namespace detail {
+const std::shared_ptr<Group>& group_of(const Communicator& comm) { return comm.group_; }
+}  // namespace detail
+
 void Communicator::note_rejection(const std::string& error) {
   if (error.empty() && !rejection_noted_) return;
   group_->note_rejection(rank(), error);
@@ -113,13 +117,27 @@ uint64_t SymmetricMemory::read_signal(int slot) const {
 }
 
 void SymmetricMemory::wait_signal(int slot, uint64_t value, const WaitFor& what) const {
+  wait_signal_watched(slot, value, what, [&] { group_->check(rank_); }, timeout_s_);
+}
+
+void SymmetricMemory::wait_signal(int slot, uint64_t value, const WaitFor& what,
+                                  const std::function<void()>& watch, double timeout_s) const {
+  wait_signal_watched(slot, value, what, [&] {
+    group_->check_failed(rank_);
+    watch();
+  }, timeout_s);
+}
+
+template <typename Watch>
+void SymmetricMemory::wait_signal_watched(int slot, uint64_t value, const WaitFor& what,
+                                          Watch&& watch, double timeout_s) const {
   PMOE_CHECK(device_.kind == Device::Kind::cpu, "SymmetricMemory::wait_signal: memory on ",
              device_.str(), " is awaited by kernels, not from the host");
   detail::wait_until(
-      timeout_s_, [&] { return read_signal(slot) >= value; },
+      timeout_s, [&] { return read_signal(slot) >= value; },
       [&] {
         try {
-          group_->check(rank_);
+          watch();
         } catch (const Error& e) {  // say which op gave up on which peer
           throw Error(detail::cat(what.op, " (waiting for rank ", what.peer, ": ", what.event,
                                   "): ", e.what()));
@@ -128,7 +146,7 @@ void SymmetricMemory::wait_signal(int slot, uint64_t value, const WaitFor& what)
       },
       [&] {
         throw Error(detail::cat(what.op, " on rank ", rank_, ": rank ", what.peer,
-                                " did not arrive within ", timeout_s_, " s (waited for ",
+                                " did not arrive within ", timeout_s, " s (waited for ",
                                 what.event, ": signal ", slot, " to reach ", value, ", it is at ",
                                 read_signal(slot), ")", peer_rejection(what.peer)));
       },

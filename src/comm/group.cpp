@@ -8,17 +8,21 @@ namespace pmoe::detail {
 Group::~Group() = default;
 
 void Group::check(int rank) {
-  if (!failed() && watch_) {
-    const std::string why = watch_->poll();
-    if (!why.empty()) fail(kPeerEnded, why);
-  }
+  check_failed(rank);
+  // Not recorded as the group's failure: an op that masks lost peers goes on without them.
+  if (!watch_) return;
+  const std::string why = watch_->poll();
+  if (!why.empty()) throw Error(cat("rank ", rank, ": stopped waiting because ", why));
+}
+
+void Group::check_failed(int rank) {
   if (!failed()) return;
   std::lock_guard lock(mutex_);
-  if (failed_rank_ == kPeerEnded)
-    throw Error(cat("rank ", rank, ": stopped waiting because ", failure_));
   throw Error(cat("rank ", rank, ": stopped waiting because rank ", failed_rank_,
                   " failed: ", failure_));
 }
+
+bool Group::peer_ended(int r) { return watch_ && watch_->ended(r); }
 
 void Group::note_rejection(int rank, const std::string& text) {
   if (size_t(rank) < slots_.size() && slots_[size_t(rank)])

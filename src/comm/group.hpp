@@ -23,6 +23,12 @@ class Group {
   // Throws pmoe::Error if a rank of this group has failed or, where peers are watched, if a
   // peer's process has ended. `rank` is the caller's rank.
   void check(int rank);
+  // The same without the watch: for an op that decides itself what an ended peer means
+  // (AllToAllConfig::on_peer_loss = mask), asking peer_ended().
+  void check_failed(int rank);
+  // Whether rank r's process is known to have ended (node-local peers; false where unwatched).
+  // Rate-limited as the watch is: between its checks it only reads the clock.
+  bool peer_ended(int r);
   // Records that `rank` failed with `message`; only the first failure is kept.
   void fail(int rank, const std::string& message);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
@@ -42,8 +48,6 @@ class Group {
   std::string rejection_of(int rank) const;
 
  private:
-  static constexpr int kPeerEnded = -2;  // failed_rank_ when the watch saw processes end
-
   std::atomic<bool> failed_{false};
   mutable std::mutex mutex_;
   int failed_rank_ = -1;

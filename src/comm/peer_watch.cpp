@@ -45,6 +45,7 @@ PeerWatch::PeerWatch(int rank, const std::vector<int>& peers,
       continue;
     peers_.push_back({r, theirs.pid, open_pidfd(theirs.pid)});
   }
+  ended_ = std::make_unique<std::atomic<bool>[]>(peers_.size());
 }
 
 PeerWatch::~PeerWatch() {
@@ -52,7 +53,7 @@ PeerWatch::~PeerWatch() {
     if (peer.pidfd >= 0) ::close(peer.pidfd);
 }
 
-bool PeerWatch::ended(const Peer& peer) const {
+bool PeerWatch::process_ended(const Peer& peer) const {
   if (peer.pidfd >= 0) {
     pollfd entry{peer.pidfd, POLLIN, 0};
     return ::poll(&entry, 1, 0) > 0;  // readable once the process has ended
@@ -60,23 +61,37 @@ bool PeerWatch::ended(const Peer& peer) const {
   return ::kill(pid_t(peer.pid), 0) != 0 && errno == ESRCH;
 }
 
-std::string PeerWatch::poll() {
-  if (peers_.empty()) return {};
+void PeerWatch::refresh() {
+  if (peers_.empty()) return;
   const int64_t now = now_ns();
   int64_t next = next_check_ns_.load(std::memory_order_relaxed);
-  if (now < next) return {};
+  if (now < next) return;
   // One waiter per interval does the check; the others go back to waiting.
   const int64_t interval =
       std::chrono::duration_cast<std::chrono::nanoseconds>(kCheckInterval).count();
   if (!next_check_ns_.compare_exchange_strong(next, now + interval, std::memory_order_relaxed))
-    return {};
+    return;
+  for (size_t i = 0; i < peers_.size(); ++i)
+    if (!ended_[i].load(std::memory_order_relaxed) && process_ended(peers_[i]))
+      ended_[i].store(true, std::memory_order_relaxed);
+}
+
+bool PeerWatch::ended(int rank) {
+  refresh();
+  for (size_t i = 0; i < peers_.size(); ++i)
+    if (peers_[i].rank == rank) return ended_[i].load(std::memory_order_relaxed);
+  return false;
+}
+
+std::string PeerWatch::poll() {
+  refresh();
   // Every ended peer is named: survivors that noticed the first death leave too, and a check
   // that comes late may see them as well as the one that caused it.
   std::string ended_ranks;
   int count = 0;
-  for (const Peer& peer : peers_) {
-    if (!ended(peer)) continue;
-    ended_ranks += cat(count++ ? ", " : "", peer.rank, " (pid ", peer.pid, ")");
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    if (!ended_[i].load(std::memory_order_relaxed)) continue;
+    ended_ranks += cat(count++ ? ", " : "", peers_[i].rank, " (pid ", peers_[i].pid, ")");
   }
   if (count == 0) return {};
   return cat(count == 1 ? "the process of rank " : "the processes of ranks ", ended_ranks,

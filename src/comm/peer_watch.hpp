@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,8 +43,10 @@ class PeerWatch {
   PeerWatch& operator=(const PeerWatch&) = delete;
 
   // Returns "" while every watched peer lives, else a sentence naming every one that ended (rank
-  // and pid). Rate-limited: between checks it only reads the clock.
+  // and pid). Rate-limited: between checks it only reads the clock. An ended peer stays ended.
   std::string poll();
+  // Whether `rank` is a watched peer that has ended (rate-limited as poll()).
+  bool ended(int rank);
 
  private:
   struct Peer {
@@ -51,9 +54,11 @@ class PeerWatch {
     int64_t pid;
     int pidfd;  // -1: kill(pid, 0) instead
   };
-  bool ended(const Peer& peer) const;
+  bool process_ended(const Peer& peer) const;
+  void refresh();  // at most once per kCheckInterval: marks the peers that ended since
 
   std::vector<Peer> peers_;
+  std::unique_ptr<std::atomic<bool>[]> ended_;  // [peers_.size()], sticky
   std::atomic<int64_t> next_check_ns_{0};
 };
 

@@ -8,7 +8,9 @@
 // s's combine area for call c+1 only after its dispatch(recv) of c+1 saw s's data, which s sends
 // after reading call c's rows (and r's in-place expert outputs).
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -45,6 +47,12 @@ class CpuAllToAll final : public AllToAllBackend {
   }
 
   void set_routing(const SlotTable&, const std::vector<uint8_t>& live) override { live_ = live; }
+  void set_loss_watch(LossWatch watch, double timeout_s) override {
+    loss_watch_ = std::move(watch);
+    loss_timeout_s_ = timeout_s;
+  }
+  // Signals only grow: from calls_base + 1 on, what the abandoned calls left reads as stale.
+  void restart_at(int64_t calls_base) override { epoch_ = uint64_t(calls_base); }
 
   AllToAll::RemoteTraffic remote_traffic() const override {
     const auto* split = dynamic_cast<const NodeSplitMemory*>(memory_.get());
@@ -211,8 +219,7 @@ class CpuAllToAll final : public AllToAllBackend {
     const std::byte* region = memory_->local();
     for (int owner = 0; owner < world_size_; ++owner) {
       if (!live_[size_t(owner)]) continue;
-      memory_->wait_signal(layout_.combine_signal(owner), epoch_,
-                           {"AllToAll::combine(recv)", owner, "its combine rows"});
+      await(layout_.combine_signal(owner), {"AllToAll::combine(recv)", owner, "its combine rows"});
       uint32_t dtype;
       std::memcpy(&dtype, region + layout_.combine_dtype_slot(owner), sizeof dtype);
       PMOE_CHECK(DType(dtype) == a.expert_y.dtype(), "AllToAll::combine(recv) on rank ", rank_,
@@ -229,8 +236,16 @@ class CpuAllToAll final : public AllToAllBackend {
 
  private:
   void wait_for_dispatch(int source) {
-    memory_->wait_signal(layout_.dispatch_signal(source), epoch_,
-                         {"AllToAll::dispatch(recv)", source, "its dispatch data"});
+    await(layout_.dispatch_signal(source), {"AllToAll::dispatch(recv)", source, "its dispatch data"});
+  }
+  // Waits for this call's `slot` signal; with a loss watch, a lost peer ends the wait.
+  void await(int slot, const WaitFor& what) {
+    if (!loss_watch_) return memory_->wait_signal(slot, epoch_, what);
+    std::optional<std::chrono::steady_clock::time_point> since;  // the first poll after the spin
+    memory_->wait_signal(slot, epoch_, what, [&] {
+      if (!since) since = std::chrono::steady_clock::now();
+      loss_watch_(what.peer, *since);
+    }, loss_timeout_s_);
   }
   // Rows of local expert e that `source` sent this call (its block head; after its signal).
   int32_t expert_count(int source, int e) const {
@@ -298,6 +313,8 @@ class CpuAllToAll final : public AllToAllBackend {
   std::vector<int64_t> first_row_;  // packed_expert_rows: each local expert's first row
   std::vector<Route> routes_;       // this call's received rows, for combine
   std::vector<uint8_t> live_;       // ranks not masked (AllToAll::mask_rank)
+  LossWatch loss_watch_;            // on_peer_loss = mask: ends a wait on a lost peer
+  double loss_timeout_s_ = 0;
 };
 
 }  // namespace

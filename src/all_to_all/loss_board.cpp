@@ -1,0 +1,196 @@
+#include "all_to_all/loss_board.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "comm/group.hpp"
+#include "pmoe/error.hpp"
+
+namespace pmoe::detail {
+
+// One rank's post: this header, then W bytes (1: the rank holds that rank lost).
+struct LossBoard::Post {
+  uint64_t sequence;  // odd while being written
+  uint64_t posts;     // posts so far; 0: never posted
+  int64_t calls_done;
+  int64_t calls_started;
+  uint8_t* lost() { return reinterpret_cast<uint8_t*>(this + 1); }
+};
+
+namespace {
+
+constexpr auto kNap = std::chrono::microseconds(200);
+
+template <typename T>
+std::atomic_ref<T> word(T& x) {
+  return std::atomic_ref<T>(x);
+}
+
+size_t post_bytes(int size) { return (sizeof(uint64_t) * 4 + size_t(size) + 63) / 64 * 64; }
+
+}  // namespace
+
+LossBoard::LossBoard(Communicator& comm, double peer_timeout_s)
+    : rank_(comm.rank()),
+      size_(comm.size()),
+      peer_timeout_s_(peer_timeout_s),
+      group_(group_of(comm)),
+      memory_(comm.alloc_symmetric(post_bytes(comm.size()), 0)),
+      seen_posts_(size_t(comm.size()), 0) {
+  for (int r = 0; r < size_; ++r)
+    PMOE_CHECK(memory_->peer(r) != nullptr, "AllToAll: on_peer_loss = mask needs every rank's "
+               "memory load/store reachable (one node); rank ", r, " is not, from rank ", rank_);
+}
+
+LossBoard::~LossBoard() = default;
+
+LossBoard::Post& LossBoard::post_of(int r) const {
+  return *reinterpret_cast<Post*>(memory_->peer(r));
+}
+
+LossBoard::Snapshot LossBoard::read(int r) const {
+  Post& post = post_of(r);
+  Snapshot s;
+  s.lost.resize(size_t(size_));
+  for (;;) {
+    const uint64_t before = word(post.sequence).load(std::memory_order_acquire);
+    if (before & 1) {
+      std::this_thread::yield();
+      continue;
+    }
+    s.posts = word(post.posts).load(std::memory_order_relaxed);
+    s.calls_done = word(post.calls_done).load(std::memory_order_relaxed);
+    s.calls_started = word(post.calls_started).load(std::memory_order_relaxed);
+    for (int x = 0; x < size_; ++x)
+      s.lost[size_t(x)] = word(post.lost()[x]).load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (word(post.sequence).load(std::memory_order_relaxed) == before) return s;
+  }
+}
+
+void LossBoard::publish(const std::vector<uint8_t>& lost, int64_t calls_done,
+                        int64_t calls_started) {
+  Post& post = post_of(rank_);
+  const uint64_t sequence = word(post.sequence).load(std::memory_order_relaxed);
+  word(post.sequence).store(sequence + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  word(post.posts).store(++my_posts_, std::memory_order_relaxed);
+  word(post.calls_done).store(calls_done, std::memory_order_relaxed);
+  word(post.calls_started).store(calls_started, std::memory_order_relaxed);
+  for (int x = 0; x < size_; ++x) word(post.lost()[x]).store(lost[size_t(x)], std::memory_order_relaxed);
+  word(post.sequence).store(sequence + 2, std::memory_order_release);
+}
+
+void LossBoard::watch(int peer, Clock::time_point since, const std::vector<uint8_t>& live) {
+  // A post that changed since this rank last read it, naming a rank still live here (or this
+  // rank): join the agreement.
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || !live[size_t(r)]) continue;
+    if (word(post_of(r).posts).load(std::memory_order_acquire) == seen_posts_[size_t(r)]) continue;
+    const Snapshot s = read(r);
+    seen_posts_[size_t(r)] = s.posts;
+    for (int x = 0; x < size_; ++x)
+      if (s.lost[size_t(x)] && live[size_t(x)]) throw PeerLossNoticed{};
+  }
+  PeerLossNoticed noticed;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || !live[size_t(r)] || !group_->peer_ended(r)) continue;
+    noticed.suspects.push_back(r);
+    noticed.reasons.push_back("its process ended");
+  }
+  if (noticed.suspects.empty() &&
+      Clock::now() - since > std::chrono::duration<double>(peer_timeout_s_)) {
+    noticed.suspects.push_back(peer);
+    noticed.reasons.push_back(cat("awaited for more than ", peer_timeout_s_, " s"));
+  }
+  if (!noticed.suspects.empty()) throw noticed;
+}
+
+std::string LossBoard::held_lost_by(const std::vector<uint8_t>& live) const {
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || !live[size_t(r)]) continue;
+    if (word(post_of(r).posts).load(std::memory_order_acquire) == seen_posts_[size_t(r)]) continue;
+    if (read(r).lost[size_t(rank_)])
+      return cat("rank ", r, " holds this rank lost (it did not hear from it within ",
+                 peer_timeout_s_, " s)");
+  }
+  return {};
+}
+
+LossBoard::Outcome LossBoard::agree(const std::vector<uint8_t>& live,
+                                    const PeerLossNoticed& noticed, int64_t calls_done,
+                                    int64_t calls_started) {
+  std::vector<uint8_t> lost(static_cast<size_t>(size_));
+  std::vector<std::string> reasons(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) lost[size_t(r)] = !live[size_t(r)];
+  auto lose = [&](int r, std::string why) {
+    if (lost[size_t(r)]) return false;
+    lost[size_t(r)] = 1;
+    reasons[size_t(r)] = std::move(why);
+    return true;
+  };
+  for (size_t i = 0; i < noticed.suspects.size(); ++i)
+    if (noticed.suspects[i] != rank_) lose(noticed.suspects[i], noticed.reasons[i]);
+  publish(lost, calls_done, calls_started);
+  const auto patience = std::chrono::duration<double>(peer_timeout_s_);
+  auto last_change = Clock::now();
+  std::vector<Snapshot> posts(static_cast<size_t>(size_));
+  for (;;) {
+    // Merge what the others hold lost, and the peers seen ended.
+    bool changed = false;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || lost[size_t(r)]) continue;
+      posts[size_t(r)] = read(r);
+      const Snapshot& s = posts[size_t(r)];
+      if (s.posts && s.lost[size_t(rank_)]) {
+        Outcome out;
+        out.excluded = true;
+        out.excluded_why = held_lost_by(live);
+        return out;
+      }
+      if (s.posts)
+        for (int x = 0; x < size_; ++x)
+          if (s.lost[size_t(x)] && x != rank_) changed |= lose(x, cat("found lost by rank ", r));
+      if (group_->peer_ended(r)) changed |= lose(r, "its process ended");
+    }
+    if (!changed) {
+      // Agreed once every rank outside the set has posted exactly this set.
+      std::vector<int> silent;
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_ || lost[size_t(r)]) continue;
+        const Snapshot& s = posts[size_t(r)];
+        if (!s.posts || s.lost != lost) silent.push_back(r);
+      }
+      if (silent.empty()) break;
+      if (Clock::now() - last_change > patience)
+        for (int r : silent)
+          changed |= lose(r, cat("did not join the survivors' agreement within ",
+                                 peer_timeout_s_, " s"));
+    }
+    if (changed) {
+      publish(lost, calls_done, calls_started);
+      last_change = Clock::now();
+      continue;
+    }
+    std::this_thread::sleep_for(kNap);
+  }
+
+  Outcome out;
+  out.first_lost_call = calls_done + 1;
+  out.calls_base = calls_started;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && !lost[size_t(r)]) {
+      out.first_lost_call = std::min(out.first_lost_call, posts[size_t(r)].calls_done + 1);
+      out.calls_base = std::max(out.calls_base, posts[size_t(r)].calls_started);
+      seen_posts_[size_t(r)] = posts[size_t(r)].posts;
+    }
+    if (lost[size_t(r)] && live[size_t(r)]) {
+      out.lost.push_back(r);
+      out.reasons.push_back(reasons[size_t(r)]);
+    }
+  }
+  return out;
+}
+
+}  // namespace pmoe::detail

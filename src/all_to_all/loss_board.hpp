@@ -1,0 +1,88 @@
+// detail::LossBoard: how the survivors of a lost peer agree on the mask, and on the first call that
+// cannot stand (AllToAllConfig::on_peer_loss = mask; the protocol and why it cannot disagree are
+// in docs/robustness.md).
+//
+// The board is one post per rank in memory every rank loads and stores (the op's node): the ranks
+// it holds lost, the calls it has finished and begun, and a count of its posts. A rank writes only
+// its own post, under a sequence lock.
+//
+// watch() runs in the op's waits, after their spin: it notices a post naming a rank this rank
+// still counts live, a node-local peer whose process ended, and a wait that has lasted the peer
+// timeout, and throws PeerLossNoticed. agree() then runs the agreement: post the lost set, merge
+// any larger set read, until every rank outside the set has posted exactly that set. The outcome
+// is computed from those posts alone, so every survivor computes the same one.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pmoe/comm.hpp"
+
+namespace pmoe::detail {
+
+class Group;
+
+// Thrown by LossBoard::watch() to end a wait; not a pmoe::Error, so no wait takes it for a
+// failure. The op catches it and runs the agreement.
+struct PeerLossNoticed {
+  std::vector<int> suspects;         // ranks this rank found lost itself
+  std::vector<std::string> reasons;  // why, one per suspect
+};
+
+class LossBoard {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Collective over `comm` (one small symmetric allocation). Throws pmoe::Error unless every
+  // rank's memory is load/store reachable from every other.
+  LossBoard(Communicator& comm, double peer_timeout_s);
+  ~LossBoard();
+
+  double peer_timeout_s() const { return peer_timeout_s_; }
+
+  // In a wait for `peer` that began at `since`, with `live` this rank's mask: throws
+  // PeerLossNoticed (see above), or returns.
+  void watch(int peer, Clock::time_point since, const std::vector<uint8_t>& live);
+
+  // Before this rank writes into its peers' memory (each send step): "" while no live peer
+  // holds this rank lost, else why. A rank the others went on without must not write into
+  // memory their next calls use. W loads while nothing was posted.
+  std::string held_lost_by(const std::vector<uint8_t>& live) const;
+
+  struct Outcome {
+    bool excluded = false;             // a survivor holds this rank lost: it cannot go on
+    std::string excluded_why;
+    std::vector<int> lost;             // ranks lost in this agreement, ascending
+    std::vector<std::string> reasons;  // one per lost rank
+    int64_t first_lost_call = 0;       // the first call some survivor did not finish
+    int64_t calls_base = 0;            // the most calls any survivor began: the next is + 1
+  };
+  // The agreement, from this rank's mask `live`, the ranks it found lost and the calls it has
+  // finished and begun. Bounded: a rank that neither posts the set nor ends within the peer
+  // timeout of the last change is lost too.
+  Outcome agree(const std::vector<uint8_t>& live, const PeerLossNoticed& noticed,
+                int64_t calls_done, int64_t calls_started);
+
+ private:
+  struct Post;
+  struct Snapshot {
+    uint64_t posts = 0;           // 0: never posted
+    int64_t calls_done = 0, calls_started = 0;
+    std::vector<uint8_t> lost;    // [W]
+  };
+  Post& post_of(int r) const;
+  Snapshot read(int r) const;
+  void publish(const std::vector<uint8_t>& lost, int64_t calls_done, int64_t calls_started);
+
+  int rank_, size_;
+  double peer_timeout_s_;
+  std::shared_ptr<Group> group_;
+  std::unique_ptr<SymmetricMemory> memory_;
+  std::vector<uint64_t> seen_posts_;  // each peer's post count when this rank last read it
+  uint64_t my_posts_ = 0;
+};
+
+}  // namespace pmoe::detail
