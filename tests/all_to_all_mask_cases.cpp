@@ -64,7 +64,8 @@ int tokens_for(const MaskCase& c, int rank, int call) {
 
 }  // namespace
 
-std::string run_mask_case(Communicator& comm, const MaskCase& c) {
+std::string run_mask_case(Communicator& comm, const MaskCase& c,
+                          std::vector<LossReport>* losses) {
   const AllToAllConfig& cfg = c.config;
   const int W = comm.size(), rank = comm.rank(), k = cfg.experts_per_token;
   const int L = cfg.num_experts / W, H = cfg.hidden_dim;
@@ -150,7 +151,9 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c) {
     return false;
   };
 
-  for (int call = 0; call < c.calls;) {
+  if (c.on_ready) c.on_ready();
+  int last_call = c.calls;  // random_losses: moved on by each loss
+  for (int call = 0; call < last_call;) {
     if (c.automatic) {
       if (stops_here(call, StopPoint::before_call)) return stop(call);
     } else {
@@ -236,9 +239,21 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c) {
         run_phase([&](Phase phase) { a2a.combine(d_expert_y, d_indices, d_weights, d_y, phase); });
       }
     } catch (const PeerLost& e) {
-      if (!c.automatic) throw;
-      // Every stop whose lost call this is must be named, and only those.
+      if (!c.automatic && !c.random_losses) throw;
       const int64_t noticed = now_ns();
+      if (c.random_losses) {
+        if (losses)
+          losses->push_back({e.ranks(), e.first_call(), e.last_call(), a2a.calls_started() + 1,
+                             noticed, e.what()});
+        if (e.ranks().empty() || e.first_call() > e.last_call() ||
+            e.last_call() - e.first_call() > 1)
+          fail(call, detail::cat("a PeerLost naming no rank or more than two calls: ", e.what()));
+        routing.live = a2a.rank_mask().live;
+        call = int(a2a.calls_started());
+        last_call = call + c.calls_after_loss;
+        continue;
+      }
+      // Every stop whose lost call this is must be named, and only those.
       std::vector<int> due;
       for (const auto& [stopped, at] : c.stops)
         if (lost_call(c, at) == e.first_call()) due.push_back(stopped);
@@ -283,6 +298,7 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c) {
     if (!error.empty()) fail(call, error);
     ++call;
   }
+  if (c.random_losses) return first_error;
   comm.barrier();  // with the ranks that stopped
   return first_error;
 }

@@ -3,6 +3,7 @@
 // reference with the mask that call used. Shared by the CPU and the emulated-device tests.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +36,21 @@ struct MaskCase {
   // The stopped rank comes back once the others went on (after 3 peer timeouts): its next call
   // must fail with a pmoe::Error (not a PeerLost) and write nothing.
   bool stopped_rank_returns = false;
+  // Ranks are lost at moments the test does not choose (a process killed at random): any
+  // PeerLost is taken as it comes, told to `losses`, and the run ends `calls_after_loss` calls
+  // after the last one, without a final barrier (the dead take no part in one).
+  bool random_losses = false;
+  int calls_after_loss = 10;
+  // Called once the op and its buffers are made, before the first call.
+  std::function<void()> on_ready;
+};
+
+// One PeerLost as a survivor saw it (random_losses).
+struct LossReport {
+  std::vector<int> ranks;
+  int64_t first_call = 0, last_call = 0, next_call = 0;
+  int64_t noticed_ns = 0;  // steady clock
+  std::string message;
 };
 
 // Runs `c` on this rank (collective over the ranks still calling). "" when every call of this
@@ -43,7 +59,8 @@ struct MaskCase {
 // adds nothing (renormalize: the token's other weights divided by their sum). In automatic
 // mode, also that every PeerLost named the stopped ranks and the expected calls, and came
 // within the peer timeout (plus a second) of the stop.
-std::string run_mask_case(Communicator& comm, const MaskCase& c);
+std::string run_mask_case(Communicator& comm, const MaskCase& c,
+                          std::vector<LossReport>* losses = nullptr);
 
 // Runs `c` on W thread ranks of `device` (run_ranks) and expects every rank's "".
 void expect_mask_case(int W, const MaskCase& c, Device device = Device::cpu());

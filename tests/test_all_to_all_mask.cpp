@@ -4,8 +4,11 @@
 // on_peer_loss = mask the survivors find a stopped rank themselves, agree, and go on.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
+#include "all_to_all/loss_board.hpp"
 #include "all_to_all_cases.hpp"
 #include "all_to_all_mask_cases.hpp"
 #include "pmoe/error.hpp"
@@ -160,6 +163,50 @@ TEST(AllToAllPeerLoss, ARankTheOthersWentOnWithoutCannotCallAgain) {
   c.stops = {{1, 2}};
   c.stopped_rank_returns = true;
   expect_mask_case(3, c);
+}
+
+// The agreement itself, with the calls a lost peer can leave the survivors in: rank 0 finished
+// call 5 (the dead rank had sent it everything) and began 6; ranks 1 and 2 are still in 5. All
+// three must agree that 5 is the first lost call and that the next is 7.
+TEST(AllToAllPeerLoss, TheAgreementTakesTheFirstUnfinishedCallAndTheMostBegun) {
+  run_ranks(4, [](Communicator& comm) {
+    detail::LossBoard board(comm, kPeerTimeout);
+    comm.barrier();
+    if (comm.rank() == 3) return;  // lost
+    const std::vector<uint8_t> live(4, 1);
+    detail::PeerLossNoticed noticed{{3}, {"its process ended"}};
+    const int64_t done = comm.rank() == 0 ? 5 : 4;
+    const auto out = board.agree(live, noticed, done, done + 1);
+    EXPECT_FALSE(out.excluded);
+    EXPECT_EQ(out.lost, std::vector<int>{3});
+    EXPECT_EQ(out.first_lost_call, 5);
+    EXPECT_EQ(out.calls_base, 6);
+  });
+}
+
+// Survivors that suspect different ranks merge what they read: ranks 0 and 1 find 3 lost, rank
+// 1 also finds rank 2 silent; rank 2, alive, reads that it is held lost and must not go on.
+TEST(AllToAllPeerLoss, SuspicionsMergeAndARankHeldLostIsExcluded) {
+  run_ranks(4, [](Communicator& comm) {
+    detail::LossBoard board(comm, kPeerTimeout);
+    comm.barrier();
+    const int rank = comm.rank();
+    if (rank == 3) return;
+    const std::vector<uint8_t> live(4, 1);
+    detail::PeerLossNoticed noticed{{3}, {"its process ended"}};
+    if (rank == 1) noticed = {{2, 3}, {"awaited for too long", "its process ended"}};
+    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // 1 posts first
+    const auto out = board.agree(live, noticed, 2, 3);
+    if (rank == 2) {
+      EXPECT_TRUE(out.excluded);
+      EXPECT_NE(out.excluded_why.find("holds this rank lost"), std::string::npos)
+          << out.excluded_why;
+      return;
+    }
+    EXPECT_FALSE(out.excluded);
+    EXPECT_EQ(out.lost, (std::vector<int>{2, 3}));
+    EXPECT_EQ(out.first_lost_call, 3);
+  });
 }
 
 TEST(AllToAllPeerLoss, BadPoliciesAreRefused) {

@@ -1,0 +1,100 @@
+// Topology: W MPI processes on one node (mpiexec --enable-recovery, so that the launcher lets the
+// survivors run on after one dies), shared-memory transport, an AllToAll made with
+// on_peer_loss = mask and a placement that gives every expert two slots W / 2 ranks apart. One
+// rank (VICTIM) SIGKILLs itself at a random moment while every rank loops over checked
+// dispatch/combine calls: sending, waiting or landing rows, whatever it is in. Each survivor must
+// get one pmoe::PeerLost naming the victim, then finish 10 more calls, each equal to the plain
+// reference with the victim's slots served by their replicas (no token lost). Every survivor
+// prints one line that run_peer_loss.sh checks and compares with the others':
+//   "peer-loss: rank R ok <ms from kill to PeerLost> first=F last=L next=N"
+//   "peer-loss: rank R FAIL <why>"
+// Survivors leave with _exit(): MPI cannot finalize with a dead peer.
+#include <mpi.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "all_to_all_cases.hpp"
+#include "all_to_all_mask_cases.hpp"
+#include "pmoe/error.hpp"
+#include "pmoe/mpi_communicator.hpp"
+
+namespace {
+
+int64_t monotonic_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+[[noreturn]] void leave(int rank, bool ok, const std::string& text) {
+  std::printf("peer-loss: rank %d %s %s\n", rank, ok ? "ok" : "FAIL", text.c_str());
+  std::fflush(stdout);
+  _exit(ok ? 0 : 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (argc != 4) leave(rank, false, "usage: peer_loss STAMP_FILE VICTIM SEED");
+  const std::string stamp_file = argv[1];
+  const int victim = std::atoi(argv[2]);
+  const unsigned seed = unsigned(std::atoi(argv[3]));
+
+  pmoe::MpiCommunicator comm(MPI_COMM_WORLD);
+  pmoe::testing::MaskCase c;
+  c.config = pmoe::testing::make_config(/*max_tokens=*/16, /*experts=*/4 * size, /*top_k=*/3,
+                                        /*hidden=*/64);
+  c.config.placement = pmoe::ExpertPlacement::round_robin(2 * size, 4 * size);
+  c.config.on_peer_loss = pmoe::OnPeerLoss::mask;
+  c.config.peer_timeout_s = 10;  // a backstop: the pid watch finds a killed peer in ~20 ms
+  c.calls = 1 << 30;             // until 10 calls after the loss
+  c.random_losses = true;
+  c.calls_after_loss = 10;
+  c.split_phases = seed % 2 == 1;
+  c.seed = seed;
+
+  // The victim dies 20..200 ms after the op is made, in whatever call and step it is in.
+  c.on_ready = [&] {
+    if (rank != victim) return;
+    std::mt19937 random(seed);
+    const int delay_ms = 20 + int(random() % 180);
+    std::thread([delay_ms, &stamp_file] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      std::ofstream(stamp_file) << monotonic_ns() << "\n";
+      raise(SIGKILL);
+    }).detach();
+  };
+  std::vector<pmoe::testing::LossReport> losses;
+  std::string error;
+  try {
+    error = pmoe::testing::run_mask_case(comm, c, &losses);
+  } catch (const std::exception& e) {
+    error = std::string("threw: ") + e.what();
+  }
+  if (rank == victim) leave(rank, false, "the victim outlived its kill: " + error);
+  if (!error.empty()) leave(rank, false, error);
+  if (losses.size() != 1)
+    leave(rank, false, std::to_string(losses.size()) + " PeerLost where one was due");
+  const pmoe::testing::LossReport& loss = losses[0];
+  if (loss.ranks != std::vector<int>{victim})
+    leave(rank, false, "the PeerLost does not name the victim alone: " + loss.message);
+  int64_t killed = 0;
+  std::ifstream(stamp_file) >> killed;
+  if (killed == 0) leave(rank, false, "no kill stamp: " + loss.message);
+  const double latency_ms = double(loss.noticed_ns - killed) / 1e6;
+  leave(rank, true, pmoe::detail::cat(latency_ms, " first=", loss.first_call, " last=",
+                                      loss.last_call, " next=", loss.next_call));
+}
