@@ -72,6 +72,7 @@ struct Options {
   uint64_t seed = 1;
   bool staged = true;
   bool rank_mask = false;  // also time a twin op made with rank_mask, in turns with the plain one
+  std::string on_peer_loss = "fail";  // mask: the twin is made with on_peer_loss = mask instead
   std::string device = "cpu";  // or "cuda": ranks share GPU 0
   int ranks_per_node = 0;       // 0: one node; else the ranks as nodes of this many
   std::string mode = "direct";  // how tokens cross nodes: direct or hierarchical (CUDA only)
@@ -367,14 +368,20 @@ void run_config(Communicator& comm, Context& ctx) {
     };
     auto combine = [&](Phase p) { a2a.combine(expert_y, in.indices, in.weights, y, p); };
 
-    // --rank-mask: a twin op made maskable (nobody masked), on its own buffers, timed in turns
-    // with this one, so that what the mask costs when nobody dies is a ratio of one run.
+    // --rank-mask or --on-peer-loss mask: a twin op made maskable (nobody masked, nobody lost),
+    // on its own buffers, timed in turns with this one, so that what the mask costs when nobody
+    // dies is a ratio of one run.
     AllToAllConfig mask_cfg = cfg;
-    mask_cfg.rank_mask = true;
+    mask_cfg.rank_mask = o.rank_mask;
+    if (o.on_peer_loss == "mask") mask_cfg.on_peer_loss = OnPeerLoss::mask;
+    const std::string twin = o.rank_mask ? "rank_mask" : "peer_loss_mask";
     std::optional<AllToAll> maskable;
     Tensor mask_x, mask_expert_y;
-    if (o.rank_mask) {
-      PMOE_CHECK(!f8 && o.device == "cpu", "--rank-mask: bf16 on the CPU only");
+    if (mask_cfg.maskable()) {
+      PMOE_CHECK(!f8 && o.device == "cpu", "--rank-mask and --on-peer-loss mask: bf16 on the "
+                 "CPU only");
+      PMOE_CHECK(!(o.rank_mask && o.on_peer_loss == "mask"), "give --rank-mask or "
+                 "--on-peer-loss mask, not both");
       maskable.emplace(comm, mask_cfg);
       mask_x = Tensor(maskable->input_buffer().data(), cfg.in_dtype, {ctx.tokens, H});
       std::memcpy(mask_x.data(), in.x.data<void>(), in.x.nbytes());
@@ -406,7 +413,7 @@ void run_config(Communicator& comm, Context& ctx) {
       if (error.empty())
         error =
             reference::compare_bytes("y", y, reference::reference_combine(cfg, in, DType::bf16));
-      agree_on_check(comm, "pmoe AllToAll with rank_mask, " + where, error);
+      agree_on_check(comm, "pmoe AllToAll with " + twin + ", " + where, error);
     }
 
     const AllToAllBytes bytes = required_bytes(comm, cfg, all, counts);
@@ -446,8 +453,8 @@ void run_config(Communicator& comm, Context& ctx) {
     ctx.add("dispatch_combine", sum_of(both[0], both[1]), dispatch_bytes + combine_bytes, ws);
     if (maskable) {
       const size_t mask_ws = maskable->workspace_bytes();
-      ctx.add("dispatch_rank_mask", both[2], dispatch_bytes, mask_ws, median_of(copy_dispatch));
-      ctx.add("combine_rank_mask", both[3], combine_bytes, mask_ws, median_of(copy_combine));
+      ctx.add("dispatch_" + twin, both[2], dispatch_bytes, mask_ws, median_of(copy_dispatch));
+      ctx.add("combine_" + twin, both[3], combine_bytes, mask_ws, median_of(copy_combine));
     }
     ctx.add("dispatch_send", halves[0], 0, ws);
     ctx.add("dispatch_recv", halves[1], 0, ws);
@@ -807,6 +814,12 @@ void add_all_to_all_command(CLI::App& app) {
   cmd->add_flag("--rank-mask", o->rank_mask,
                 "also time the op made maskable (AllToAllConfig::rank_mask, nobody masked), in "
                 "turns with the plain one: rows dispatch_rank_mask and combine_rank_mask (CPU)");
+  cmd->add_option("--on-peer-loss", o->on_peer_loss,
+                  "mask: also time the op made with AllToAllConfig::on_peer_loss = mask (nobody "
+                  "lost), in turns with the plain one: rows dispatch_peer_loss_mask and "
+                  "combine_peer_loss_mask (CPU)")
+      ->check(CLI::IsMember({"fail", "mask"}))
+      ->capture_default_str();
   cmd->add_flag("--in-place,!--no-in-place", o->in_place,
                 "--device cuda: run dispatch/combine on the op's in-place buffers "
                 "(AllToAll::input_buffer(), expert_output_buffer()), as an MoE layer does "
