@@ -126,6 +126,55 @@ TEST(Moe, EpGoesOnWithoutAMaskedRankWhoseExpertsHaveReplicas) {
   for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
 }
 
+// on_peer_loss = mask: nobody masks rank 3; the others find it lost after the peer timeout, lose
+// that forward (PeerLost), and every later forward equals the reference (replicas serve it).
+TEST(Moe, EpGoesOnWhenARankIsLost) {
+  cpu::set_blas_threads(1);
+  const int W = 4;
+  const MoeConfig config = make_moe_config(16, 24, 4, 2, Activation::gelu, DType::f32);
+  EpMoeOptions options;
+  options.placement = ExpertPlacement::round_robin(4, 8);
+  options.on_peer_loss = OnPeerLoss::mask;
+  options.peer_timeout_s = 0.5;
+  const int batch = 11;
+  std::vector<std::string> errors(static_cast<size_t>(W));
+  run_ranks(W, [&](Communicator& comm) {
+    const int rank = comm.rank();
+    EpMoe ep(comm, config, shard_rows(batch, W, 0).size(), options);
+    int lost = 0;
+    for (int call = 0; call < 5; ++call) {
+      if (call == 2 && rank == 3) break;
+      const Buffer x = reference::make_moe_input(config, batch, 60 + uint64_t(call));
+      const RowRange mine = shard_rows(batch, W, rank);
+      Buffer y(config.dtype, {mine.size(), config.out_dim()});
+      const size_t row_bytes = size_t(config.feature_dim) * dtype_size(config.dtype);
+      try {
+        ep.forward(Tensor(x.data<std::byte>() + size_t(mine.begin) * row_bytes, config.dtype,
+                          {mine.size(), config.feature_dim}),
+                   y);
+      } catch (const PeerLost& e) {
+        ++lost;
+        if (e.ranks() != std::vector<int>{3} || e.first_call() != 3 || e.last_call() != 3)
+          errors[size_t(rank)] = std::string("an unexpected PeerLost: ") + e.what();
+        continue;
+      }
+      std::vector<int> rows;
+      for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);
+      const auto cmp = reference::compare_moe(config, reference::reference_moe(config, x, rows), y,
+                                              mine.begin, reference::moe_tolerance(config.dtype));
+      if (!cmp.error.empty() && errors[size_t(rank)].empty())
+        errors[size_t(rank)] = "call " + std::to_string(call) + ": " + cmp.error;
+    }
+    if (rank != 3) {
+      EXPECT_EQ(lost, 1) << "rank " << rank;
+      EXPECT_EQ(ep.rank_mask().live, (std::vector<uint8_t>{1, 1, 1, 0}));
+      EXPECT_TRUE(ep.lost_experts().empty());
+    }
+    comm.barrier();  // with the stopped rank
+  });
+  for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+}
+
 TEST(Moe, EpPlacementErrors) {
   run_ranks(2, [](Communicator& comm) {
     const MoeConfig config = make_moe_config(8, 8, 4, 2);
@@ -137,6 +186,10 @@ TEST(Moe, EpPlacementErrors) {
     EXPECT_THROW(EpMoe(comm, config, 4, odd_slots), Error);
     EpMoe plain(comm, config, 4);
     EXPECT_THROW(plain.mask_rank(1 - comm.rank(), ""), Error);  // not made maskable
+    EpMoeOptions two_halves;
+    two_halves.micro_batches = 2;
+    two_halves.on_peer_loss = OnPeerLoss::mask;
+    EXPECT_THROW(EpMoe(comm, config, 4, two_halves), Error);
   });
 }
 

@@ -33,16 +33,6 @@ namespace pmoe {
 // set (docs/gpu-all-to-all.md).
 enum class CrossNode : uint8_t { direct, hierarchical };
 
-// What a call does when a peer is lost (AllToAllConfig::on_peer_loss).
-//   fail: it throws pmoe::Error naming the peer, on every rank that waits for it, and the op is
-//         retired (the default).
-//   mask: the survivors mask the lost rank and go on (docs/robustness.md). A peer is lost when
-//         its process ends (node-local peers, seen within about 20 ms) or when a wait for it lasts
-//         peer_timeout_s. The survivors agree on the mask and on the first call that cannot
-//         stand; each throws pmoe::PeerLost for its calls from there, and its next call runs
-//         without the lost ranks.
-enum class OnPeerLoss : uint8_t { fail, mask };
-
 struct AllToAllConfig {
   int max_num_tokens = 0;     // tokens per rank per call, upper bound (>= 1)
   int num_experts = 0;        // global; divisible by the world size

@@ -1,5 +1,5 @@
-// Where experts live, and what becomes of a token's slot when the ranks that hold its expert are
-// masked. An AllToAll (and the MoE layers over it) takes both in its config.
+// Where experts live, what becomes of a token's slot when the ranks that hold its expert are
+// masked, and what an op does when it loses a peer. An AllToAll (and the MoE layers over it) takes both in its config.
 //
 // Without a placement, the router's indices name experts directly: expert e lives on rank
 // e / E_local. With one, they name logical experts, each served by one or more physical slots
@@ -37,6 +37,16 @@ enum class MaskedExperts : uint8_t {
   renormalize,  // the slot adds nothing; the token's remaining weights are divided by their sum
                 // (f32, in slot order), so that they add up to 1 again
 };
+
+// What a call does when a peer is lost (AllToAllConfig::on_peer_loss, EpMoeOptions::on_peer_loss).
+//   fail: it throws pmoe::Error naming the peer, on every rank that waits for it, and the op is
+//         retired (the default).
+//   mask: the survivors mask the lost rank and go on (docs/robustness.md). A peer is lost when
+//         its process ends (node-local peers, seen within about 20 ms) or when a wait for it lasts
+//         peer_timeout_s. The survivors agree on the mask and on the first call that cannot
+//         stand; each throws pmoe::PeerLost for its calls from there, and its next call runs
+//         without the lost ranks.
+enum class OnPeerLoss : uint8_t { fail, mask };
 
 // The live ranks of a group, and why each masked one is masked.
 struct RankMask {

@@ -31,12 +31,6 @@ CrossNode parse_cross_node(const std::string& name) {
 }
 
 // AllToAllConfig::masked_experts by its name.
-MaskedExperts parse_masked_experts(const std::string& name) {
-  if (name == "drop") return MaskedExperts::drop;
-  if (name == "renormalize") return MaskedExperts::renormalize;
-  throw Error("AllToAll: masked_experts must be 'drop' or 'renormalize', got '" + name + "'");
-}
-
 }  // namespace
 
 void bind_all_to_all(nb::module_& m) {
@@ -52,7 +46,8 @@ bit-identical run after run. Every call validates its arguments before sending a
              const std::string& out_dtype, bool in_place_buffers, int ranks_per_node,
              const std::string& cross_node, bool combine_sums_in_node, bool packed_expert_rows,
              const std::optional<std::vector<int32_t>>& placement, int num_logical_experts,
-             bool rank_mask, const std::string& masked_experts) {
+             bool rank_mask, const std::string& masked_experts, const std::string& on_peer_loss,
+             double peer_timeout_s) {
             AllToAllConfig c;
             c.max_num_tokens = max_num_tokens;
             c.num_experts = num_experts;
@@ -74,7 +69,9 @@ bit-identical run after run. Every call validates its arguments before sending a
                       : 1 + *std::max_element(placement->begin(), placement->end());
             }
             c.rank_mask = rank_mask;
-            c.masked_experts = parse_masked_experts(masked_experts);
+            c.masked_experts = parse_masked_experts("AllToAll", masked_experts);
+            c.on_peer_loss = parse_on_peer_loss("AllToAll", on_peer_loss);
+            c.peer_timeout_s = peer_timeout_s;
             nb::gil_scoped_release release;  // collective: peers are constructing too
             new (self) AllToAll(comm, c);
           },
@@ -85,7 +82,8 @@ bit-identical run after run. Every call validates its arguments before sending a
           nb::arg("cross_node") = "direct", nb::arg("combine_sums_in_node") = false,
           nb::arg("packed_expert_rows") = false, nb::arg("placement") = nb::none(),
           nb::arg("num_logical_experts") = 0, nb::arg("rank_mask") = false,
-          nb::arg("masked_experts") = "drop",
+          nb::arg("masked_experts") = "drop", nb::arg("on_peer_loss") = "fail",
+          nb::arg("peer_timeout_s") = 0.0,
           nb::keep_alive<1, 2>(),
           "Collective over comm. in_dtype: f32, bf16, f16 or f8e4m3 (then scale_block > 0 "
           "elements per f32 scale); out_dtype: f32, bf16 or f16. ranks_per_node > 0: ranks "
@@ -100,7 +98,10 @@ bit-identical run after run. Every call validates its arguments before sending a
           "replicas); indices then name logical experts in [0, num_logical_experts) (default: "
           "the largest in placement, plus one), each sent to a live slot. rank_mask: the op can "
           "mask ranks (mask_rank); masked_experts: 'drop' or 'renormalize', what an expert with "
-          "no live slot becomes (docs/robustness.md).")
+          "no live slot becomes. on_peer_loss: 'fail' (a lost peer fails the op on every rank) "
+          "or 'mask' (CPU, one node: the survivors mask it and go on; the call in which they "
+          "find it raises pmoe.PeerLost); peer_timeout_s: with 'mask', how long a wait for a "
+          "peer lasts before the peer is lost (0: PMOE_TIMEOUT_S) (docs/robustness.md).")
       .def(
           "dispatch",
           [](AllToAll& self, nb::handle x, nb::handle indices, nb::handle expert_num_tokens,
@@ -170,6 +171,9 @@ y        [m, H] out_dtype, out: y[t] = sum_j weights[t, j] * expert_y[row of (t,
       .def_prop_ro(
           "mask_reasons", [](const AllToAll& self) { return self.rank_mask().reasons; },
           "For each rank, the reason it was masked ('' for a live rank).")
+      .def_prop_ro("calls_started", &AllToAll::calls_started,
+                   "The number of the last call begun (from 1, the same on every rank); after a "
+                   "pmoe.PeerLost, the number the survivors agreed on.")
       .def("lost_experts", &AllToAll::lost_experts,
            "The logical experts (slots, without a placement) no live rank serves now.")
       .def("workspace_bytes", &AllToAll::workspace_bytes,

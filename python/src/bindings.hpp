@@ -3,8 +3,10 @@
 
 #include <nanobind/nanobind.h>
 
+#include <string>
 #include <vector>
 
+#include "pmoe/error.hpp"
 #include "pmoe/placement.hpp"
 
 namespace pmoe::python {
@@ -12,6 +14,20 @@ namespace pmoe::python {
 // A RankMask's live ranks as Python booleans (AllToAll's and EpMoe's live_ranks).
 inline std::vector<bool> live_flags(const RankMask& mask) {
   return std::vector<bool>(mask.live.begin(), mask.live.end());
+}
+
+// The keyword arguments AllToAll and EpMoe share: masked_experts ('drop', 'renormalize') and
+// on_peer_loss ('fail', 'mask'); `op` names the class in the error.
+inline MaskedExperts parse_masked_experts(const char* op, const std::string& name) {
+  if (name == "drop") return MaskedExperts::drop;
+  if (name == "renormalize") return MaskedExperts::renormalize;
+  throw Error(std::string(op) + ": masked_experts must be 'drop' or 'renormalize', got '" + name +
+              "'");
+}
+inline OnPeerLoss parse_on_peer_loss(const char* op, const std::string& name) {
+  if (name == "fail") return OnPeerLoss::fail;
+  if (name == "mask") return OnPeerLoss::mask;
+  throw Error(std::string(op) + ": on_peer_loss must be 'fail' or 'mask', got '" + name + "'");
 }
 
 void bind_comm(nanobind::module_& m);

@@ -134,7 +134,8 @@ two halves so one half's exchange overlaps the other's experts. Collective.)")
           "__init__",
           [](EpMoe* self, Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
              int micro_batches, const std::optional<std::vector<int32_t>>& placement,
-             bool rank_mask, const std::string& masked_experts) {
+             bool rank_mask, const std::string& masked_experts, const std::string& on_peer_loss,
+             double peer_timeout_s) {
             EpMoeOptions options;
             options.micro_batches = micro_batches;
             if (placement) {
@@ -142,22 +143,24 @@ two halves so one half's exchange overlaps the other's experts. Collective.)")
               options.placement.num_logical_experts = config.num_experts;
             }
             options.rank_mask = rank_mask;
-            PMOE_CHECK(masked_experts == "drop" || masked_experts == "renormalize",
-                       "EpMoe: masked_experts must be 'drop' or 'renormalize', got '",
-                       masked_experts, "'");
-            options.masked_experts = masked_experts == "drop" ? MaskedExperts::drop
-                                                              : MaskedExperts::renormalize;
+            options.masked_experts = parse_masked_experts("EpMoe", masked_experts);
+            options.on_peer_loss = parse_on_peer_loss("EpMoe", on_peer_loss);
+            options.peer_timeout_s = peer_timeout_s;
             nb::gil_scoped_release release;
             new (self) EpMoe(comm, config, max_tokens_per_rank, options);
           },
           nb::arg("comm"), nb::arg("config"), nb::arg("max_tokens_per_rank"),
           nb::arg("micro_batches") = 1, nb::kw_only(), nb::arg("placement") = nb::none(),
           nb::arg("rank_mask") = false, nb::arg("masked_experts") = "drop",
+          nb::arg("on_peer_loss") = "fail", nb::arg("peer_timeout_s") = 0.0,
           nb::keep_alive<1, 2>(),
           "placement: for each expert slot (a multiple of the ranks), the expert of config it "
           "serves; replicas spread the load and keep tokens when a masked rank held one. "
           "rank_mask: the layer can mask ranks (mask_rank); masked_experts: 'drop' or "
-          "'renormalize', what an expert with no live slot becomes (docs/robustness.md).")
+          "'renormalize', what an expert with no live slot becomes. on_peer_loss: 'fail' or "
+          "'mask' (CPU, micro_batches=1: the forward in which the survivors find a rank lost "
+          "raises pmoe.PeerLost, and the next runs without it); peer_timeout_s as AllToAll's "
+          "(docs/robustness.md).")
       .def("forward", &forward<EpMoe>, nb::arg("x"), nb::arg("y") = nb::none(), kForwardDoc)
       .def("mask_rank", &EpMoe::mask_rank, nb::arg("rank"), nb::arg("reason") = "",
            "rank_mask only: every live rank calls it between two forwards with the same rank, "

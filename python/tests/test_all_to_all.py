@@ -296,6 +296,60 @@ def test_replicas_and_a_masked_rank(masked_experts):
         assert not errors, errors
 
 
+def test_on_peer_loss_mask_goes_on_without_a_rank_that_stops():
+    """3 ranks, every expert on two ranks: rank 2 stops calling, the others find it lost after
+    peer_timeout_s, get one pmoe.PeerLost for that call, and go on; every call they finish equals
+    the no-failure reference (the replicas serve rank 2's experts)."""
+    world_size, max_tokens, hidden, top_k, slots, logical = 3, 5, 16, 3, 12, 6
+    placement = [s % logical for s in range(slots)]
+    errors = []
+    done = threading.Barrier(world_size)
+    assert issubclass(pmoe.PeerLost, pmoe.Error)
+
+    def rank_main(comm):
+        a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=slots,
+                            experts_per_token=top_k, hidden_dim=hidden, in_dtype="f32",
+                            out_dtype="f32", placement=placement, on_peer_loss="mask",
+                            peer_timeout_s=0.5)
+        local, rows = a2a.num_local_experts, world_size * max_tokens
+        counts = np.zeros(local, dtype=np.int32)
+        expert_x = np.zeros((local, rows, hidden), dtype=np.float32)
+        expert_y = np.zeros((local, rows, hidden), dtype=np.float32)
+        losses, finished = [], 0
+        try:
+            while finished < 4:
+                call = a2a.calls_started  # the survivors agree on it after a loss
+                if call == 2 and comm.rank == 2:
+                    return  # stops calling; keeps its op until every rank is done
+                inputs = [make_inputs(r, max_tokens - (r + call) % 3, logical, top_k, hidden,
+                                      "f32", seed=500 + call) for r in range(world_size)]
+                x, indices, weights = inputs[comm.rank]
+                y = np.zeros((len(x), hidden), dtype=np.float32)
+                try:
+                    a2a.dispatch(x, indices, counts, expert_x)
+                    for e in range(local):
+                        expert = placement[comm.rank * local + e]
+                        expert_y[e, :counts[e]] = expert_fn(expert_x[e, :counts[e]], expert)
+                    a2a.combine(expert_y, indices, weights, y)
+                except pmoe.PeerLost as lost:
+                    losses.append((lost.ranks, lost.first_call, lost.last_call,
+                                   a2a.calls_started))
+                    continue
+                np.testing.assert_array_equal(
+                    y, expected_combine(x, indices, weights, "f32", "f32", "f32"))
+                finished += 1
+            assert losses == [([2], 3, 3, 3)], losses
+            assert a2a.live_ranks == [True, True, False]
+            assert a2a.mask_reasons[2].startswith("lost: "), a2a.mask_reasons
+        except AssertionError as e:
+            errors.append(f"rank {comm.rank}: {e}")
+        finally:
+            done.wait(timeout=120)
+
+    pmoe.run_ranks(world_size, rank_main)
+    assert not errors, errors
+
+
 def test_a_placement_that_leaves_an_expert_without_a_slot_raises():
     def rank_main(comm):
         with pytest.raises(pmoe.Error, match="logical expert 2 has no slot"):

@@ -28,6 +28,7 @@
 #include "moe/ep_traffic.hpp"
 #include "moe/rows.hpp"
 #include "pmoe/all_to_all.hpp"
+#include "pmoe/error.hpp"
 
 namespace pmoe::detail {
 namespace {
@@ -113,16 +114,31 @@ class CpuEpMoe final : public MoeBackend {
 
   void dispatch(const Batch& b, Phase phase, MoeStats& stats) {
     const auto start = Clock::now();
-    exchanges_[size_t(b.index)]->dispatch(b.x, Tensor(), b.indices,
-                                          Tensor(batch_counts(b), DType::i32, {num_local_}),
-                                          expert_x_, Tensor(), phase);
+    following_losses([&] {
+      exchanges_[size_t(b.index)]->dispatch(b.x, Tensor(), b.indices,
+                                            Tensor(batch_counts(b), DType::i32, {num_local_}),
+                                            expert_x_, Tensor(), phase);
+    });
     stats.dispatch_s += seconds_since(start);
   }
 
   void combine(const Batch& b, Phase phase, MoeStats& stats) {
     const auto start = Clock::now();
-    exchanges_[size_t(b.index)]->combine(expert_y_, b.indices, b.weights, b.y, phase);
+    following_losses(
+        [&] { exchanges_[size_t(b.index)]->combine(expert_y_, b.indices, b.weights, b.y, phase); });
     stats.combine_s += seconds_since(start);
+  }
+
+  // An exchange that lost a peer (on_peer_loss = mask, one micro-batch) masked it: so must the
+  // layer's copy of its routing.
+  template <typename Exchange>
+  void following_losses(Exchange&& exchange) {
+    try {
+      exchange();
+    } catch (const PeerLost&) {
+      slot_table_->set_live(exchanges_.front()->rank_mask().live);
+      throw;
+    }
   }
 
   // Each local expert once over the rows it received.

@@ -33,6 +33,10 @@ void check_config(const MoeConfig& config, int world_size, int max_tokens,
   }
   PMOE_CHECK(options.micro_batches == 1 || options.micro_batches == 2,
              "EpMoe: micro_batches must be 1 or 2, got ", options.micro_batches);
+  // With two, a loss found by one half's exchange leaves the other half's mid-call.
+  PMOE_CHECK(options.on_peer_loss == OnPeerLoss::fail || options.micro_batches == 1,
+             "EpMoe: on_peer_loss = mask works with micro_batches = 1 so far, got ",
+             options.micro_batches);
 }
 
 const MoeConfig& validated(Communicator& comm, const MoeConfig& config, int max_tokens,
@@ -44,6 +48,7 @@ const MoeConfig& validated(Communicator& comm, const MoeConfig& config, int max_
         agree.field("micro_batches", options.micro_batches);
         agree.field("placement (its slots)", int64_t(options.placement.slot_expert.size()));
         agree.field("rank_mask", options.rank_mask, detail::show_bool);
+        agree.field("on_peer_loss (0 fail, 1 mask)", int64_t(options.on_peer_loss));
       },
       [&] { check_config(config, comm.size(), max_tokens, options); });
   return config;
@@ -116,6 +121,8 @@ AllToAllConfig ep_exchange_config(const MoeConfig& config, const EpMoeOptions& o
   a2a.placement = options.placement;
   a2a.rank_mask = options.rank_mask;
   a2a.masked_experts = options.masked_experts;
+  a2a.on_peer_loss = options.on_peer_loss;
+  a2a.peer_timeout_s = options.peer_timeout_s;
   return a2a;
 }
 
