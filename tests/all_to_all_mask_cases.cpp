@@ -124,7 +124,13 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c,
   // This rank stops calling. Its thread keeps the op and buffers until every rank is done, as a
   // dead process frees nothing: freeing device memory here would wait for the whole device,
   // where the others' kernels run.
-  auto stop = [&](int call) {
+  auto rejoins_at = [&](int r) {
+    for (const auto& [joining, at] : c.rejoins)
+      if (joining == r) return at;
+    return -1;
+  };
+  // Stops, and, where this rank rejoins, comes back: true once it has.
+  auto stop_or_rejoin = [&](int call) {
     stopped_at_ns[rank].store(now_ns());
     if (c.stopped_rank_returns) {
       const double timeout = cfg.peer_timeout_s;
@@ -141,7 +147,18 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c,
           fail(call, detail::cat("the returning rank's error does not say why: ", e.what()));
       }
     }
+    if (rejoins_at(rank) >= 0) {
+      a2a.rejoin();
+      if (a2a.calls_started() != rejoins_at(rank))
+        fail(call, detail::cat("rejoined with ", a2a.calls_started(), " calls where the others "
+                               "had made ", rejoins_at(rank)));
+      return true;
+    }
     comm.barrier();
+    return false;
+  };
+  auto stop = [&](int call) {
+    stop_or_rejoin(call);
     return first_error;
   };
   auto stops_here = [&](int call, StopPoint point) {
@@ -155,7 +172,17 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c,
   int last_call = c.calls;  // random_losses: moved on by each loss
   for (int call = 0; call < last_call;) {
     if (c.automatic) {
-      if (stops_here(call, StopPoint::before_call)) return stop(call);
+      for (const auto& [joining, at] : c.rejoins)
+        if (at == call && joining != rank && !routing.live[size_t(joining)]) {
+          a2a.unmask_rank(joining);
+          routing.live[size_t(joining)] = 1;
+        }
+      if (stops_here(call, StopPoint::before_call)) {
+        if (!stop_or_rejoin(call)) return first_error;
+        routing.live = a2a.rank_mask().live;
+        call = int(a2a.calls_started());
+        continue;
+      }
     } else {
       for (const auto& [stopped, at] : c.stops) {
         if (at != call) continue;

@@ -36,6 +36,9 @@ struct MaskCase {
   // The stopped rank comes back once the others went on (after 3 peer timeouts): its next call
   // must fail with a pmoe::Error (not a PeerLost) and write nothing.
   bool stopped_rank_returns = false;
+  // (rank, call): a rank that stopped (before_call) comes back: the others unmask it before that
+  // call, and it calls rejoin() and goes on from the call the others make next.
+  std::vector<std::pair<int, int>> rejoins;
   // Ranks are lost at moments the test does not choose (a process killed at random): any
   // PeerLost is taken as it comes, told to `losses`, and the run ends `calls_after_loss` calls
   // after the last one, without a final barrier (the dead take no part in one).

@@ -165,6 +165,38 @@ TEST(AllToAllPeerLoss, ARankTheOthersWentOnWithoutCannotCallAgain) {
   expect_mask_case(3, c);
 }
 
+// A rank found lost comes back: the others unmask it, it rejoins, and from then on every call is
+// the full group's again; once after a clean stop, once after its own call failed because the
+// others had gone on without it.
+TEST(AllToAllPeerLoss, ARankThatWasLostRejoinsAndTheGroupIsWholeAgain) {
+  for (bool refused_first : {false, true}) {
+    MaskCase c = automatic(4);
+    c.config.placement = ExpertPlacement::round_robin(8, 16);
+    c.calls = 8;
+    c.stops = {{3, 2}};
+    c.rejoins = {{3, 5}};
+    c.stopped_rank_returns = refused_first;
+    SCOPED_TRACE(refused_first);
+    expect_mask_case(4, c);
+  }
+}
+
+TEST(AllToAllPeerLoss, UnmaskAndRejoinRefuseWhatTheyCannotDo) {
+  run_ranks(2, [](Communicator& comm) {
+    AllToAllConfig cfg = make_config(4, 4, 2, 8);
+    cfg.rank_mask = true;
+    AllToAll manual(comm, cfg);
+    EXPECT_THROW(manual.unmask_rank(1 - comm.rank()), Error);  // no board: on_peer_loss fail
+    EXPECT_THROW(manual.rejoin(), Error);
+    cfg.on_peer_loss = OnPeerLoss::mask;
+    cfg.peer_timeout_s = 0.2;
+    AllToAll a2a(comm, cfg);
+    EXPECT_THROW(a2a.unmask_rank(1 - comm.rank()), Error);  // live
+    EXPECT_THROW(a2a.unmask_rank(5), Error);
+    comm.barrier();
+  });
+}
+
 // The agreement itself, with the calls a lost peer can leave the survivors in: rank 0 finished
 // call 5 (the dead rank had sent it everything) and began 6; ranks 1 and 2 are still in 5. All
 // three must agree that 5 is the first lost call and that the next is 7.

@@ -193,6 +193,17 @@ class AllToAll {
   // op no more. Throws pmoe::Error, changing nothing, for a rank out of range, this rank, or the
   // last live rank but this one.
   void mask_rank(int rank, const std::string& reason);
+  // on_peer_loss = mask: takes a masked `rank` back. Every live rank calls it between the same
+  // two calls, with the same rank, while `rank` calls rejoin(); it waits (bounded by the peer
+  // timeout plus the communicator's) until `rank` is joining, and from this rank's next dispatch
+  // on its slots serve again. Throws pmoe::Error, changing nothing, for a rank that is live, out
+  // of range, or that does not join in time.
+  void unmask_rank(int rank);
+  // on_peer_loss = mask, on a rank the others masked (it stopped, was held lost, or was drained):
+  // waits (bounded as unmask_rank) until every live rank has unmasked it, takes their mask and
+  // call count, and makes the op usable again, between calls. Its next call is the one the
+  // others make next.
+  void rejoin();
   // The live ranks and the reason each masked one was masked.
   const RankMask& rank_mask() const { return mask_; }
   // Logical experts (slots, without a placement) that no live rank serves now, ascending.

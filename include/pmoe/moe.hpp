@@ -257,6 +257,10 @@ class EpMoe {
   // options.rank_mask only: as AllToAll::mask_rank, for every exchange of the layer. Every live
   // rank calls it between two forwards with the same rank; the masked rank calls forward no more.
   void mask_rank(int rank, const std::string& reason);
+  // options.on_peer_loss = mask only: as AllToAll::unmask_rank and rejoin, for the layer's
+  // exchange. A rank that rejoins builds the same weights it had (they follow config.seed).
+  void unmask_rank(int rank);
+  void rejoin();
   const RankMask& rank_mask() const;
   std::vector<int> lost_experts() const;  // logical experts no live rank serves now
 

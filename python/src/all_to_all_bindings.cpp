@@ -164,6 +164,24 @@ y        [m, H] out_dtype, out: y[t] = sum_j weights[t, j] * expert_y[row of (t,
           "rank_mask only. Every live rank calls it between two calls with the same rank; from "
           "the next call on nobody sends to it or waits for it, and it calls the op no more. A "
           "rank cannot mask itself.")
+      .def(
+          "unmask_rank",
+          [](AllToAll& self, int rank) {
+            nb::gil_scoped_release release;  // waits for the rank to rejoin
+            self.unmask_rank(rank);
+          },
+          nb::arg("rank"),
+          "on_peer_loss='mask' only. Every live rank calls it between the same two calls with "
+          "the same rank, while that rank calls rejoin(); it waits for the rank, and from the "
+          "next call on the rank's slots serve again.")
+      .def(
+          "rejoin",
+          [](AllToAll& self) {
+            nb::gil_scoped_release release;  // waits for every live rank to unmask this one
+            self.rejoin();
+          },
+          "on_peer_loss='mask', on a rank the others masked: waits until every live rank has "
+          "unmasked it, takes their mask and call count, and makes the op usable again.")
       .def_prop_ro(
           "live_ranks",
           [](const AllToAll& self) { return live_flags(self.rank_mask()); },

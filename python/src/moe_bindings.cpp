@@ -165,6 +165,20 @@ two halves so one half's exchange overlaps the other's experts. Collective.)")
       .def("mask_rank", &EpMoe::mask_rank, nb::arg("rank"), nb::arg("reason") = "",
            "rank_mask only: every live rank calls it between two forwards with the same rank, "
            "which forwards no more.")
+      .def(
+          "unmask_rank",
+          [](EpMoe& self, int rank) {
+            nb::gil_scoped_release release;
+            self.unmask_rank(rank);
+          },
+          nb::arg("rank"), "on_peer_loss='mask' only: as AllToAll.unmask_rank.")
+      .def(
+          "rejoin",
+          [](EpMoe& self) {
+            nb::gil_scoped_release release;
+            self.rejoin();
+          },
+          "on_peer_loss='mask' only: as AllToAll.rejoin.")
       .def_prop_ro(
           "live_ranks",
           [](const EpMoe& self) { return live_flags(self.rank_mask()); },

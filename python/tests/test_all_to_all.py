@@ -296,10 +296,10 @@ def test_replicas_and_a_masked_rank(masked_experts):
         assert not errors, errors
 
 
-def test_on_peer_loss_mask_goes_on_without_a_rank_that_stops():
+def test_on_peer_loss_mask_goes_on_without_a_rank_that_stops_and_takes_it_back():
     """3 ranks, every expert on two ranks: rank 2 stops calling, the others find it lost after
-    peer_timeout_s, get one pmoe.PeerLost for that call, and go on; every call they finish equals
-    the no-failure reference (the replicas serve rank 2's experts)."""
+    peer_timeout_s, get one pmoe.PeerLost for that call, and go on; later they unmask it and it
+    rejoins. Every call any rank finishes equals the no-failure reference."""
     world_size, max_tokens, hidden, top_k, slots, logical = 3, 5, 16, 3, 12, 6
     placement = [s % logical for s in range(slots)]
     errors = []
@@ -315,12 +315,17 @@ def test_on_peer_loss_mask_goes_on_without_a_rank_that_stops():
         counts = np.zeros(local, dtype=np.int32)
         expert_x = np.zeros((local, rows, hidden), dtype=np.float32)
         expert_y = np.zeros((local, rows, hidden), dtype=np.float32)
-        losses, finished = [], 0
+        losses, stopped = [], False
         try:
-            while finished < 4:
+            while a2a.calls_started < 8:
                 call = a2a.calls_started  # the survivors agree on it after a loss
-                if call == 2 and comm.rank == 2:
-                    return  # stops calling; keeps its op until every rank is done
+                if call == 2 and comm.rank == 2 and not stopped:
+                    stopped = True  # stops calling, then comes back when the others unmask it
+                    a2a.rejoin()
+                    assert a2a.calls_started == 5, a2a.calls_started
+                    continue
+                if call == 5 and comm.rank != 2 and not a2a.live_ranks[2]:
+                    a2a.unmask_rank(2)
                 inputs = [make_inputs(r, max_tokens - (r + call) % 3, logical, top_k, hidden,
                                       "f32", seed=500 + call) for r in range(world_size)]
                 x, indices, weights = inputs[comm.rank]
@@ -334,13 +339,12 @@ def test_on_peer_loss_mask_goes_on_without_a_rank_that_stops():
                 except pmoe.PeerLost as lost:
                     losses.append((lost.ranks, lost.first_call, lost.last_call,
                                    a2a.calls_started))
+                    assert a2a.mask_reasons[2].startswith("lost: "), a2a.mask_reasons
                     continue
                 np.testing.assert_array_equal(
                     y, expected_combine(x, indices, weights, "f32", "f32", "f32"))
-                finished += 1
-            assert losses == [([2], 3, 3, 3)], losses
-            assert a2a.live_ranks == [True, True, False]
-            assert a2a.mask_reasons[2].startswith("lost: "), a2a.mask_reasons
+            assert losses == ([] if comm.rank == 2 else [([2], 3, 3, 3)]), losses
+            assert a2a.live_ranks == [True, True, True]
         except AssertionError as e:
             errors.append(f"rank {comm.rank}: {e}")
         finally:

@@ -186,6 +186,48 @@ void AllToAll::mask_rank(int rank, const std::string& reason) {
   backend_->set_routing(*slot_table_, mask_.live);
 }
 
+void AllToAll::unmask_rank(int rank) {
+  const char* op = "AllToAll::unmask_rank";
+  PMOE_CHECK(loss_board_, op, ": set AllToAllConfig::on_peer_loss = mask (the returning rank "
+             "learns the group's mask and call count from its board)");
+  PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this AllToAll is unusable (", broken_,
+             "); call rejoin() on it first");
+  PMOE_CHECK(next_ == Step::dispatch_send, op, " on rank ", rank_, ": unmask between calls "
+             "(after combine(recv)); the next step is ", detail::step_name(next_));
+  PMOE_CHECK(rank >= 0 && rank < world_size_, op, ": rank ", rank, " is outside [0, ",
+             world_size_, ")");
+  PMOE_CHECK(!mask_.live[size_t(rank)], op, " on rank ", rank_, ": rank ", rank, " is live");
+  loss_board_->await_joining(rank, loss_board_->peer_timeout_s() + comm_->timeout_s());
+  mask_.live[size_t(rank)] = 1;
+  mask_.reasons[size_t(rank)].clear();
+  slot_table_->set_live(mask_.live);
+  backend_->set_routing(*slot_table_, mask_.live);
+  loss_board_->post_mask(mask_.live, calls_started_);
+}
+
+void AllToAll::rejoin() {
+  const char* op = "AllToAll::rejoin";
+  PMOE_CHECK(loss_board_, op, ": set AllToAllConfig::on_peer_loss = mask");
+  PMOE_CHECK(next_ == Step::dispatch_send || !broken_.empty(), op, " on rank ", rank_,
+             ": rejoin between calls (after combine(recv)); the next step is ",
+             detail::step_name(next_));
+  const detail::LossBoard::Joined joined =
+      loss_board_->join(loss_board_->peer_timeout_s() + comm_->timeout_s());
+  for (int r = 0; r < world_size_; ++r) {
+    mask_.live[size_t(r)] = !joined.lost[size_t(r)];
+    if (!mask_.live[size_t(r)] && mask_.reasons[size_t(r)].empty())
+      mask_.reasons[size_t(r)] = "masked by the group while this rank was away";
+    if (mask_.live[size_t(r)]) mask_.reasons[size_t(r)].clear();
+  }
+  slot_table_->set_live(mask_.live);
+  backend_->set_routing(*slot_table_, mask_.live);
+  backend_->restart_at(joined.calls);
+  calls_started_ = calls_done_ = restarted_at_ = joined.calls;
+  next_ = Step::dispatch_send;
+  arriving_ = -1;
+  broken_.clear();
+}
+
 std::vector<int> AllToAll::lost_experts() const { return slot_table_->lost_experts(); }
 
 AllToAll::~AllToAll() = default;

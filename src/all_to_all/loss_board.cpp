@@ -15,6 +15,7 @@ struct LossBoard::Post {
   uint64_t posts;     // posts so far; 0: never posted
   int64_t calls_done;
   int64_t calls_started;
+  uint64_t joining;   // 1 while the rank waits in rejoin()
   uint8_t* lost() { return reinterpret_cast<uint8_t*>(this + 1); }
 };
 
@@ -27,7 +28,7 @@ std::atomic_ref<T> word(T& x) {
   return std::atomic_ref<T>(x);
 }
 
-size_t post_bytes(int size) { return (sizeof(uint64_t) * 4 + size_t(size) + 63) / 64 * 64; }
+size_t post_bytes(int size) { return (sizeof(LossBoard::Post) + size_t(size) + 63) / 64 * 64; }
 
 }  // namespace
 
@@ -62,6 +63,7 @@ LossBoard::Snapshot LossBoard::read(int r) const {
     s.posts = word(post.posts).load(std::memory_order_relaxed);
     s.calls_done = word(post.calls_done).load(std::memory_order_relaxed);
     s.calls_started = word(post.calls_started).load(std::memory_order_relaxed);
+    s.joining = word(post.joining).load(std::memory_order_relaxed) != 0;
     for (int x = 0; x < size_; ++x)
       s.lost[size_t(x)] = word(post.lost()[x]).load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
@@ -70,7 +72,7 @@ LossBoard::Snapshot LossBoard::read(int r) const {
 }
 
 void LossBoard::publish(const std::vector<uint8_t>& lost, int64_t calls_done,
-                        int64_t calls_started) {
+                        int64_t calls_started, bool joining) {
   Post& post = post_of(rank_);
   const uint64_t sequence = word(post.sequence).load(std::memory_order_relaxed);
   word(post.sequence).store(sequence + 1, std::memory_order_relaxed);
@@ -78,6 +80,7 @@ void LossBoard::publish(const std::vector<uint8_t>& lost, int64_t calls_done,
   word(post.posts).store(++my_posts_, std::memory_order_relaxed);
   word(post.calls_done).store(calls_done, std::memory_order_relaxed);
   word(post.calls_started).store(calls_started, std::memory_order_relaxed);
+  word(post.joining).store(joining ? 1 : 0, std::memory_order_relaxed);
   for (int x = 0; x < size_; ++x) word(post.lost()[x]).store(lost[size_t(x)], std::memory_order_relaxed);
   word(post.sequence).store(sequence + 2, std::memory_order_release);
 }
@@ -191,6 +194,63 @@ LossBoard::Outcome LossBoard::agree(const std::vector<uint8_t>& live,
     }
   }
   return out;
+}
+
+void LossBoard::post_mask(const std::vector<uint8_t>& live, int64_t calls) {
+  std::vector<uint8_t> lost(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) lost[size_t(r)] = !live[size_t(r)];
+  publish(lost, calls, calls);
+}
+
+void LossBoard::await_joining(int rank, double timeout_s) const {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  while (!read(rank).joining) {
+    group_->check_failed(rank_);
+    PMOE_CHECK(Clock::now() < deadline, "AllToAll::unmask_rank on rank ", rank_, ": rank ", rank,
+               " did not call rejoin() within ", timeout_s, " s; nothing changed");
+    std::this_thread::sleep_for(kNap);
+  }
+}
+
+LossBoard::Joined LossBoard::join(double timeout_s) {
+  const std::vector<uint8_t> none(static_cast<size_t>(size_), 0);
+  publish(none, 0, 0, /*joining=*/true);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    group_->check_failed(rank_);
+    // A set L that every rank outside it (this one aside) has posted, between calls, with one
+    // call count: L's ranks are masked, the others have all unmasked this rank.
+    std::vector<Snapshot> posts(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) posts[size_t(r)] = read(r);
+    auto agreed_on = [&](const Snapshot& model) {
+      if (!model.posts || model.lost[size_t(rank_)] || model.calls_done != model.calls_started)
+        return false;
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_ || model.lost[size_t(r)]) continue;
+        const Snapshot& s = posts[size_t(r)];
+        if (!s.posts || s.lost != model.lost || s.calls_started != model.calls_started ||
+            s.calls_done != model.calls_done)
+          return false;
+      }
+      return true;
+    };
+    const Snapshot* model = nullptr;
+    for (int r = 0; r < size_ && !model; ++r)
+      if (r != rank_ && agreed_on(posts[size_t(r)])) model = &posts[size_t(r)];
+    const bool agreed = model != nullptr;
+    if (agreed) {
+      Joined out{model->lost, model->calls_started};
+      publish(out.lost, out.calls, out.calls);
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_) seen_posts_[size_t(r)] = posts[size_t(r)].posts;
+      return out;
+    }
+    PMOE_CHECK(Clock::now() < deadline, "AllToAll::rejoin on rank ", rank_, ": the live ranks "
+               "did not all unmask this rank within ", timeout_s, " s (each calls "
+               "unmask_rank(", rank_, ") between the same two calls)");
+    std::this_thread::sleep_for(kNap);
+  }
 }
 
 }  // namespace pmoe::detail

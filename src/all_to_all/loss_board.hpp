@@ -66,16 +66,32 @@ class LossBoard {
   Outcome agree(const std::vector<uint8_t>& live, const PeerLossNoticed& noticed,
                 int64_t calls_done, int64_t calls_started);
 
- private:
+  // A rank that returns (rejoin, docs/robustness.md): it posts that it is joining and waits
+  // until every rank outside some set L (not holding it) has posted L, between calls, with one
+  // call count; it takes L as its mask and that count as its calls. Bounded by `timeout_s`.
+  struct Joined {
+    std::vector<uint8_t> lost;  // [W]
+    int64_t calls = 0;
+  };
+  Joined join(double timeout_s);
+  // On a live rank, in unmask_rank(rank): waits (bounded) until `rank` is joining.
+  void await_joining(int rank, double timeout_s) const;
+  // Posts this rank's mask and call count between calls (after unmask_rank), for a joining rank.
+  void post_mask(const std::vector<uint8_t>& live, int64_t calls);
+
   struct Post;
+
+ private:
   struct Snapshot {
     uint64_t posts = 0;           // 0: never posted
     int64_t calls_done = 0, calls_started = 0;
+    bool joining = false;
     std::vector<uint8_t> lost;    // [W]
   };
   Post& post_of(int r) const;
   Snapshot read(int r) const;
-  void publish(const std::vector<uint8_t>& lost, int64_t calls_done, int64_t calls_started);
+  void publish(const std::vector<uint8_t>& lost, int64_t calls_done, int64_t calls_started,
+               bool joining = false);
 
   int rank_, size_;
   double peer_timeout_s_;

@@ -70,8 +70,8 @@ class CpuEpMoe final : public MoeBackend {
     slot_table_ = std::make_unique<SlotTable>(a2a, world_size_);
   }
 
-  void mask_rank(int rank, const std::string& reason) override {
-    for (auto& exchange : exchanges_) exchange->mask_rank(rank, reason);
+  void change_membership(const std::function<void(AllToAll&)>& change) override {
+    for (auto& exchange : exchanges_) change(*exchange);
     slot_table_->set_live(exchanges_.front()->rank_mask().live);
   }
   const AllToAll& exchange() const override { return *exchanges_.front(); }

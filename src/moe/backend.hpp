@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 
 #include "pmoe/all_to_all.hpp"
@@ -26,12 +27,11 @@ class MoeBackend {
   virtual void finish_stats(MoeStats& stats) { (void)stats; }
   virtual size_t weight_bytes() const = 0;
   virtual size_t workspace_bytes() const = 0;
-  // EpMoe's: masks `rank` in every exchange of the layer (EpMoe::mask_rank), and the first
-  // exchange, whose mask and routing every exchange shares.
-  virtual void mask_rank(int rank, const std::string& reason) {
-    (void)rank;
-    (void)reason;
-    throw Error("mask_rank: this layer has no exchange to mask");
+  // EpMoe's: runs `change` (a mask_rank, unmask_rank or rejoin) on every exchange of the layer,
+  // and the first exchange, whose mask and routing every exchange shares.
+  virtual void change_membership(const std::function<void(AllToAll&)>& change) {
+    (void)change;
+    throw Error("this layer has no exchange whose ranks could change");
   }
   virtual const AllToAll& exchange() const { throw Error("this layer has no exchange"); }
 };

@@ -80,7 +80,13 @@ EpMoe::EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens_per_ran
     : impl_(std::make_unique<Impl>(comm, config, max_tokens_per_rank, options)) {}
 
 void EpMoe::mask_rank(int rank, const std::string& reason) {
-  impl_->backend->mask_rank(rank, reason);
+  impl_->backend->change_membership([&](AllToAll& a2a) { a2a.mask_rank(rank, reason); });
+}
+void EpMoe::unmask_rank(int rank) {
+  impl_->backend->change_membership([&](AllToAll& a2a) { a2a.unmask_rank(rank); });
+}
+void EpMoe::rejoin() {
+  impl_->backend->change_membership([](AllToAll& a2a) { a2a.rejoin(); });
 }
 const RankMask& EpMoe::rank_mask() const { return impl_->backend->exchange().rank_mask(); }
 std::vector<int> EpMoe::lost_experts() const {

@@ -128,8 +128,8 @@ class DeviceEpMoe final : public MoeBackend {
     if (rows_moved_) (void)cudaFreeHost(rows_moved_);
   }
 
-  void mask_rank(int rank, const std::string& reason) override {
-    for (auto& exchange : exchanges_) exchange->mask_rank(rank, reason);
+  void change_membership(const std::function<void(AllToAll&)>& change) override {
+    for (auto& exchange : exchanges_) change(*exchange);
   }
   const AllToAll& exchange() const override { return *exchanges_.front(); }
 
