@@ -20,6 +20,7 @@
 #include "comm/routed_memory.hpp"
 #include "comm/shm_segment.hpp"
 #include "comm/node_occupancy.hpp"
+#include "comm/peer_watch.hpp"
 #include "comm/socket_transport.hpp"
 #include "core/device_runtime.hpp"
 #include "pmoe/error.hpp"
@@ -132,6 +133,13 @@ SocketCommunicator::SocketCommunicator(Listener&& listener, int rank,
     if (nodes[size_t(r)] == nodes[size_t(rank_)]) node_ranks_.push_back(r);
   // Waits block early where this node's ranks outnumber its CPUs (torchrun's 4 ranks on 2 cores).
   detail::note_node_occupancy(*this, node_ranks_);
+  // Node-local peers are watched, as MPI's are: a dead one fails a wait at once, or is masked
+  // within about 20 ms by an op made with on_peer_loss = mask.
+  const auto self = detail::PeerWatch::self();
+  const auto identities_bytes = all_gather(std::as_bytes(std::span(&self, 1)));
+  std::vector<detail::PeerWatch::Identity> identities(static_cast<size_t>(size_));
+  std::memcpy(identities.data(), identities_bytes.data(), identities_bytes.size());
+  group()->set_peer_watch(std::make_shared<detail::PeerWatch>(rank_, node_ranks_, identities));
   if (device.kind == Device::Kind::cuda) {
     // Every rank learns whether every rank has its stream, so none waits for a failed one.
     detail::agree_on_step(

@@ -217,8 +217,12 @@ class _Op:
         self.ready_for_combine(indices)
         y = torch.empty(indices.shape[0], self.hidden, dtype=self._torch_dtype(),
                         device=self.device)
-        with self.order():
-            self.op.combine(expert_y, indices, weights, y)
+        try:
+            with self.order():
+                self.op.combine(expert_y, indices, weights, y)
+        except _pmoe.PeerLost:
+            self.pending = None  # the op is between calls again, its call lost
+            raise
         self.pending = None
         return y
 
@@ -258,15 +262,22 @@ class AllToAll:
     (dispatch_packed(a2a, x, indices, weights) returns each row's weight, for the experts to
     apply; combine_packed then only sums): two ops instead of three, and a forward and backward
     exchange two rounds fewer. The padded dispatch/combine refuse such an AllToAll.
+    on_peer_loss: "fail" (the default) or "mask" (the CPU, every rank on one node): a rank whose
+    process ends, or that does not answer for peer_timeout_s seconds (0: PMOE_TIMEOUT_S), is
+    masked by the survivors, and the call in which they find it raises pmoe.PeerLost (run its
+    tokens again); later calls go on without its experts (their slots add nothing).
+    live_ranks and mask_reasons say who is masked and why (docs/robustness.md).
     """
 
     def __init__(self, comm, *, max_num_tokens, num_experts, experts_per_token, hidden_dim,
-                 dtype=torch.float32, in_place_buffers=False, weighted_dispatch=False):
+                 dtype=torch.float32, in_place_buffers=False, weighted_dispatch=False,
+                 on_peer_loss="fail", peer_timeout_s=0.0):
         if dtype not in _PMOE_DTYPE:
             raise _error(f"pmoe.torch.AllToAll: dtype must be torch.float32, torch.bfloat16 or "
                          f"torch.float16, got {dtype} (pmoe's ops have no float64 path)")
         config = dict(max_num_tokens=max_num_tokens, num_experts=num_experts,
-                      experts_per_token=experts_per_token)
+                      experts_per_token=experts_per_token, on_peer_loss=on_peer_loss,
+                      peer_timeout_s=float(peer_timeout_s))
         _agree(comm, dict(config, hidden_dim=hidden_dim, dtype=str(dtype),
                           weighted_dispatch=bool(weighted_dispatch)))
         self.comm = comm
@@ -302,6 +313,16 @@ class AllToAll:
 
     def _ops(self):
         return [op for op in (self._forward, self._backward, self._slots) if op is not None]
+
+    @property
+    def live_ranks(self):
+        """For each rank, True unless the forward exchange masked it (on_peer_loss="mask")."""
+        return self._forward.op.live_ranks
+
+    @property
+    def mask_reasons(self):
+        """For each rank, why the forward exchange masked it ("" for a live rank)."""
+        return self._forward.op.mask_reasons
 
     def settles(self):
         """Empty calls made so far to complete dispatch/combine pairs autograd ran half of."""

@@ -60,10 +60,16 @@ class EpMoE(nn.Module):
     float16). Parameters live on the communicator's device (the CPU or its GPU) and start random
     from torch's CPU generator (the same values on either device); load_dense() sets them from
     full tensors (the same on every rank), e.g. to match a single-process model.
+    on_peer_loss, peer_timeout_s: as pmoe.torch.AllToAll's. With "mask" a forward in which the
+    survivors find a rank lost raises pmoe.PeerLost, and later forwards go on without that rank's
+    experts (self.a2a.live_ranks says which). For serving: run the lost forward's tokens again.
+    For training a lost rank takes its experts' weights and optimizer state with it: the
+    backward's exchanges raise pmoe.PeerLost too, and the way on is a restart from a checkpoint
+    (docs/robustness.md).
     """
 
     def __init__(self, comm, *, hidden_dim, ffn_dim, num_experts, top_k, max_num_tokens,
-                 swiglu=False, dtype=torch.float32):
+                 swiglu=False, dtype=torch.float32, on_peer_loss="fail", peer_timeout_s=0.0):
         super().__init__()
         self.comm = comm
         self.top_k = top_k
@@ -75,7 +81,8 @@ class EpMoE(nn.Module):
                               f"(pmoe.torch.communicator(device=None)), or a GPU with CUDA torch "
                               f"and pmoe's CUDA backend")
         self.a2a = AllToAll(comm, max_num_tokens=max_num_tokens, num_experts=num_experts,
-                            experts_per_token=top_k, hidden_dim=hidden_dim, dtype=dtype)
+                            experts_per_token=top_k, hidden_dim=hidden_dim, dtype=dtype,
+                            on_peer_loss=on_peer_loss, peer_timeout_s=peer_timeout_s)
         local = self.a2a.num_local_experts
         self.first_expert = self.a2a.first_expert
         self.router = nn.Linear(hidden_dim, num_experts, bias=False, dtype=dtype)
