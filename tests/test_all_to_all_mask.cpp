@@ -120,7 +120,7 @@ TEST(AllToAllMask, BadPlacementsAndMasksAreRefusedBeforeAnythingMoves) {
 
 // on_peer_loss = mask: ranks stop without a word, and the others find them lost after the peer
 // timeout. Generous for 4 thread ranks on 2 shared cores, where a live rank may wait its turn.
-constexpr double kPeerTimeout = 0.5;
+constexpr double kPeerTimeout = 1.0;
 
 MaskCase automatic(int W) {
   MaskCase c = base(W);

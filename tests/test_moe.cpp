@@ -136,7 +136,7 @@ TEST(Moe, EpGoesOnWhenARankIsLostAndTakesItBack) {
   EpMoeOptions options;
   options.placement = ExpertPlacement::round_robin(4, 8);
   options.on_peer_loss = OnPeerLoss::mask;
-  options.peer_timeout_s = 0.5;
+  options.peer_timeout_s = 1.0;
   const int batch = 11;
   std::vector<std::string> errors(static_cast<size_t>(W));
   run_ranks(W, [&](Communicator& comm) {

@@ -310,7 +310,7 @@ def test_on_peer_loss_mask_goes_on_without_a_rank_that_stops_and_takes_it_back()
         a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=slots,
                             experts_per_token=top_k, hidden_dim=hidden, in_dtype="f32",
                             out_dtype="f32", placement=placement, on_peer_loss="mask",
-                            peer_timeout_s=0.5)
+                            peer_timeout_s=1.0)
         local, rows = a2a.num_local_experts, world_size * max_tokens
         counts = np.zeros(local, dtype=np.int32)
         expert_x = np.zeros((local, rows, hidden), dtype=np.float32)
