@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
-# The checks that need the lent GPU machine, run there through the device tool with the kit that
-# scripts/device_kit.sh packs here (every GPU program the build makes, the libraries the machine
-# lacks, an Open MPI runtime; the machine's own CUDA libraries are found by the kit's env.sh):
+# pmoe's checks that need an NVIDIA GPU, run on the GPU machine from the device kit that
+# scripts/device_kit.sh packs on a build machine (every GPU program the build makes, the libraries
+# the GPU machine lacks, an Open MPI runtime; the machine's own CUDA libraries are found by the
+# kit's env.sh). The guide, with what the GPU machine needs, the order to run things in and what
+# each result file means: docs/gpu.md, "Running the checks on a GPU machine".
 #
-#   run(command="bash scripts/device_checks.sh", carry=[".devkit"], timeout_s=540)
-#   scripts/device_checks.sh PART...       # those parts only, by name
-#   scripts/device_checks.sh --dry-run     # here, no GPU: the kit unpacked in a temporary folder,
-#                                          # every program's libraries resolved, every part's
-#                                          # commands found, the default parts' bound summed
+#   bash scripts/device_checks.sh            # on the GPU machine: the default parts, 480 s at most
+#   bash scripts/device_checks.sh PART...    # those parts only, by name
+#   scripts/device_checks.sh --dry-run       # on the build machine, no GPU: the kit unpacked in a
+#                                            # temporary folder, every program's libraries
+#                                            # resolved, every part's commands found, the default
+#                                            # parts' bound summed
+#   --kit FILE                               # the kit to unpack (default .devkit/kit.tar.gz)
+#
+# Run it from the root of a checkout of the commit the kit was built from (the parts read tools/,
+# tests/static/, python/ and bench/results/, and python_build builds the whole tree), with
+# .devkit/kit.tar.gz copied there, and .whl/ (scripts/device_wheels.sh) for the python parts. The
+# results go into the output directory: $OUT where set, else /tmp/pmoe-out; the work files into
+# /tmp/pmoe-results, the unpacked kit into /tmp/pmoe-kit.
 #
 # The first part of a default run, and of any run that names it, is `perf` where
 # scripts/device_perf.sh exists (the exchange's performance, within 240 s; docs/gpu.md).
 #
 # Every command runs under `timeout` (bounded, below), for its own bound or what is left of its
 # part's budget, whichever is less, so a part never takes more than its budget. Budgets, in
-# seconds (PMOE_BUDGET_<part>=S overrides one). A run of the default parts is bounded by
-# 50 + 150 + 140 + 40 = 380 s, within DEFAULT_LIMIT_S = 390: a session's 900 s of device time, less
-# 120 for the machine's start, holds two such runs (a rerun after a fix). 50 is what runs around
-# the parts: unpacking 20, env.sh's probes 15, nvidia-smi 5, packing the results 10.
+# seconds (PMOE_BUDGET_<part>=S overrides one). The checks are sized for 15 minutes of GPU time
+# in all, of which the machine's start takes about 2, so that a run of the default parts can be
+# repeated once after a fix: a run of tests, bench and static (the default parts where
+# device_perf.sh is absent) is bounded by 50 + 150 + 140 + 40 = 380 s, within DEFAULT_LIMIT_S =
+# 390 = (900 - 120) / 2. 50 is what runs around the parts: unpacking 20, env.sh's probes 15,
+# nvidia-smi 5, packing the results 10.
 #   tests         150  every GPU test program: test_cuda_all_to_all_gpu (the CPU cases on one GPU
 #                      at W = 1, 2, 4, 8, graph replays, a rank that never arrives),
 #                      test_cuda_moe_gpu (the MoE layers), test_cuda_cublas_gpu,
@@ -40,8 +52,8 @@
 #                      shared memory, and the blocks per SM it keeps resident (kernels_sm_90a.md)
 #   perf          240  scripts/device_perf.sh, where it exists: first, on a GPU nothing else has
 #                      used yet; the default parts are then perf, tests and static (50 + 240 +
-#                      150 + 40 = 480 s, one call within CALL_LIMIT_S = 560), bench by name, and
-#                      a rerun without perf is bounded by 240 s
+#                      150 + 40 = 480 s, within CALL_LIMIT_S = 560 for one invocation), bench by
+#                      name, and a rerun without perf is bounded by 240 s
 # By name only:
 #   moe            60  pmoe-bench moe --device cuda, 1 rank, bf16, batch 1024, at the Mixtral-8x7B and
 #                      DeepSeek-V3 presets: the expert stage's TFLOP/s on the library grouped GEMM
@@ -51,7 +63,7 @@
 #   overlap_cuda  140  test_cuda_overlap_gpu and test_cuda_graph_gpu, then pmoe-bench ag-gemm /
 #                      gemm-rs --device cuda, f16, 2 and 4 thread ranks sharing the GPU, pieces
 #                      moved by the copy engines and (--copy kernel) by a copy kernel (a default
-#                      part until the static one joined: all four do not fit twice in a lease)
+#                      part until the static one joined: all four do not fit twice in 15 minutes)
 #   python        420  on the module python_build installed, with the machine's libraries only
 #                      (none of the kit's): importing torch and pmoe (which C++ runtime loads),
 #                      then pmoe.torch and a transformers model with ep_implementation="pmoe" on
@@ -77,9 +89,11 @@
 #                      or later; PMOE_NCCL_LIBRARY points the GIN path at it), where the gin part
 #                      uses the one env.sh found (the toolkit's 2.28 first)
 # A part that fails is reported and the next one still runs; the exit status says whether all
-# passed. The device tool brings back at most 8 files from $OUT, so the logs and JSON of every part
-# go into $OUT/results.tar.gz, beside $OUT/summary.txt, $OUT/all_to_all_ratios.json and
-# $OUT/kernels_sm_90a.md (the static part's tables).
+# passed. Into $OUT go summary.txt (a line a part: passed or FAILED, and its seconds),
+# all_to_all_ratios.json (the bench part's three exchanges side by side), kernels_sm_90a.md (the
+# static part's tables), results.tar.gz (the logs and JSON of every part), and device_perf.sh's
+# three perf_<GPU> files. Eight files at most, with plain names: the GPU machines this was sized
+# for return no more from a run, and stop a command after 600 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 IMAGE=scripts/device_image.txt
@@ -88,7 +102,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
     --kit) archive=$2; shift ;;
-    -*) echo "device_checks.sh: unknown option '$1' (--dry-run, --kit FILE)" >&2; exit 2 ;;
+    -*) echo "device_checks.sh: unknown option '$1' (--dry-run, --kit FILE; docs/gpu.md)" >&2
+        exit 2 ;;
     *) parts+=("$1") ;;
   esac
   shift
@@ -97,20 +112,21 @@ done
 declare -A BUDGET=([tests]=150 [bench]=140 [static]=40 [moe]=60 [overlap_cuda]=140 [python]=420
                    [python_build]=360 [overlap]=240 [gin]=300 [gin_wheel]=300 [perf]=240)
 DEFAULT_PARTS=(tests bench static)
-# The exchange's performance (a colleague's scripts/device_perf.sh), first where it exists: on a GPU
-# that nothing has warmed or fragmented yet, within its own 240 s.
+# The exchange's performance (scripts/device_perf.sh), first where it exists: on a GPU that
+# nothing has warmed or fragmented yet, within its own 240 s.
 # bench stays by name then: perf measures the exchange, and perf + tests + bench + static would
-# not fit one call.
+# not fit one invocation (CALL_LIMIT_S).
 PERF_SCRIPT=scripts/device_perf.sh
 PERF_LIMIT_S=240
 [ -e "$PERF_SCRIPT" ] && DEFAULT_PARTS=(perf tests static)
 FIXED_S=50         # around the parts: unpacking 20 (a few seconds for the ~31 MiB kit), env.sh's
                    # probes 15, nvidia-smi 5, packing the results 10
-LEASE_S=900        # a session's device time, all calls together
-START_S=120        # what the machine's start takes of it (assumed: "minutes", the device README)
-DEFAULT_LIMIT_S=$(((LEASE_S - START_S) / 2))  # 390: room for a rerun of the default parts
-                                               # (perf, measured once, not counted)
-CALL_LIMIT_S=560   # one call's timeout_s (the device tool's limit is 600 s a command)
+GPU_TIME_S=900     # the GPU time the checks are sized for: 15 minutes, every run together
+START_S=120        # what the machine's start takes of it (assumed: a remote machine takes minutes)
+DEFAULT_LIMIT_S=$(((GPU_TIME_S - START_S) / 2))  # 390: room for a rerun of the default parts
+                                                  # (perf, measured once, not counted)
+CALL_LIMIT_S=560   # one invocation's bound, under the 600 s after which the GPU machines this
+                   # was sized for stop a command
 KILL_AFTER_S=5     # a command that ignores SIGTERM gets SIGKILL this much later
 for part in "${!BUDGET[@]}"; do
   override=PMOE_BUDGET_$part
@@ -136,7 +152,8 @@ else
 fi
 rm -rf "$KIT" "$WORK"
 mkdir -p "$OUT" "$KIT" "$WORK"
-[ -e "$archive" ] || { echo "no kit at $archive: run scripts/device_kit.sh here first"; exit 2; }
+[ -e "$archive" ] || { echo "no kit at $archive: pack it with scripts/device_kit.sh on the build" \
+                              "machine and copy it here (docs/gpu.md)"; exit 2; }
 timeout 20 tar -xzf "$archive" -C "$KIT" || { echo "could not unpack $archive"; exit 2; }
 # The dry run too: the machine that built the kit has the CUDA libraries, so env.sh must find them.
 # shellcheck source=/dev/null
@@ -271,10 +288,11 @@ part_perf() {
 # The Python module is built the way `pip install` builds it in a plain PyTorch environment: the
 # machine's own compiler, CUDA and libraries, and nothing of the kit: no LIBRARY_PATH or CPATH
 # into it, none of its libraries on LD_LIBRARY_PATH, not its mpicxx (PMOE_MPI=OFF: torchrun needs
-# no MPI). The H200 lease's module, built with the kit's paths and MPI, carried a copy of
-# libstdc++'s stream code and crashed at its first formatted number (docs/gpu.md). OpenBLAS is
-# the machine's own libopenblas.so.0 where it has one (the kit's copy where not, said so), with
-# the two headers the kit carries, through a prefix of this run's own.
+# no MPI). The module built on the H200 with the kit's paths and MPI carried a copy of
+# libstdc++'s stream code and crashed at its first formatted number (docs/gpu.md, "The module
+# that crashed on the H200"). OpenBLAS is the machine's own libopenblas.so.0 where it has one (the
+# kit's copy where not, said so), with the two headers the kit carries, through a prefix of this
+# run's own.
 # env's -u options must come before its assignments (it stops at the first NAME=VALUE).
 machine_env_make() {
   local unset=(-u OPAL_PREFIX -u PMOE_NCCL_LIBRARY) set=() name dir value
@@ -463,7 +481,8 @@ for part in "${parts[@]}"; do
     failed+=("$part")
   fi
 done
-# At most 8 files come back from $OUT: everything in one archive, and the two to read first.
+# At most 8 files in $OUT (the header says why): everything in one archive, and the ones to read
+# first beside it.
 cp "$WORK/summary.txt" "$OUT/"
 [ -e "$WORK/all_to_all_ratios.json" ] && cp "$WORK/all_to_all_ratios.json" "$OUT/"
 [ -e "$WORK/kernels_sm_90a.md" ] && cp "$WORK/kernels_sm_90a.md" "$OUT/"

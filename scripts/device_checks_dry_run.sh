@@ -1,23 +1,25 @@
 # The dry run of scripts/device_checks.sh, sourced by it after it has unpacked the kit into a
 # temporary folder and sourced the kit's env.sh (`device_checks.sh --dry-run`; ctest's
-# devkit.dry_run). Needs no GPU. It fails, naming each finding, when:
+# devkit.dry_run). Runs on the build machine and needs no GPU; it tells, before any GPU time is
+# spent, whether the kit will start on the GPU machine (docs/gpu.md, "Running the checks on a GPU
+# machine"). It fails, naming each finding, when:
 #   - a program or library of the kit needs a library that resolves neither inside the kit nor to
-#     one the lent machine has (the `lib` lines of scripts/device_image.txt, from the device
-#     tool's KINDS.md): such a library is found here only because this machine has it;
+#     one the GPU machine has (the `lib` lines of scripts/device_image.txt): such a library is
+#     found here only because the build machine has it;
 #   - a command of any part (each goes through `bounded`, which here only notes it) is neither in
-#     the kit nor on the lent machine (the `cmd` lines); for env and mpirun, the program they
+#     the kit nor on the GPU machine (the `cmd` lines); for env and mpirun, the program they
 #     start is checked too;
 #   - a program of the kit is run by no part;
 #   - a Python script a part runs (tools/*.py: torch's baselines) is not in the tree;
 #   - the default parts' budgets and FIXED_S (unpacking, env.sh, nvidia-smi, packing the results)
-#     add up to more than CALL_LIMIT_S (one call), or, perf left out (it is measured once), to
-#     more than DEFAULT_LIMIT_S (a rerun in the same lease);
+#     add up to more than CALL_LIMIT_S (one invocation), or, perf left out (it is measured once), to
+#     more than DEFAULT_LIMIT_S (room for a rerun within the same 15 minutes of GPU time);
 #   - scripts/device_perf.sh, where it exists, fails its own --dry-run (part_perf runs it).
 
 # Each finding goes to stderr (the parts' own output is set aside here) and is counted.
 dry_fail() { echo "FAIL: $*" | tee -a "$WORK/failures" >&2; }
 
-# What device_image.txt says the lent machine has, read once: "lib NAME" and "cmd NAME".
+# What device_image.txt says the GPU machine has, read once: "lib NAME" and "cmd NAME".
 declare -A IMAGE_HAS=()
 while read -r kind name _; do
   [ "$kind" = lib ] || [ "$kind" = cmd ] && IMAGE_HAS["$kind $name"]=1
@@ -29,7 +31,7 @@ check_program() {
   path=$(command -v "$1") || path=""
   case "$path" in "$KIT"/*) return 0 ;; esac
   image_has cmd "$(basename "$1")" && return 0
-  dry_fail "part $PART runs '$1', which is neither in the kit nor on the lent machine's list ($IMAGE)"
+  dry_fail "part $PART runs '$1', which is neither in the kit nor on the GPU machine's list ($IMAGE)"
 }
 
 # bounded's stand-in: notes the command, checks its program and the one env or mpirun starts.
@@ -64,7 +66,7 @@ dry_check() {
 }
 
 # Every ELF file of the kit: each library ldd resolves with the kit's env must be inside the kit
-# or on the lent machine's list; one not found here must be on that list.
+# or on the GPU machine's list; one not found here must be on that list.
 check_libraries() {
   local file line name target magic files=0
   while read -r file; do
@@ -76,18 +78,18 @@ check_libraries() {
       case "$line" in
         *"=> not found"*)
           image_has lib "$name" ||
-            dry_fail "${file#"$KIT"/} needs $name: not in the kit, not on the lent machine's list" ;;
+            dry_fail "${file#"$KIT"/} needs $name: not in the kit, not on the GPU machine's list" ;;
         *"=> /"*)
           target=${line#*=> }
           target=${target%% *}
           case "$target" in "$KIT"/*) ;; *)
             image_has lib "$name" ||
               dry_fail "${file#"$KIT"/} needs $name, found here at $target only: the kit lacks it" \
-                       "and the lent machine's list does not name it" ;;
+                       "and the GPU machine's list does not name it" ;;
           esac ;;
         /*|linux-vdso*)
           image_has lib "$(basename "$name")" ||
-            dry_fail "${file#"$KIT"/} needs $name, not on the lent machine's list" ;;
+            dry_fail "${file#"$KIT"/} needs $name, not on the GPU machine's list" ;;
       esac
     done < <(ldd "$file" 2>/dev/null)
   done < <(find "$KIT" -type f)
@@ -121,7 +123,7 @@ dry_run_main() {
   done
   [ "$bound" -le "$CALL_LIMIT_S" ] ||
     dry_fail "a run of the default parts (${DEFAULT_PARTS[*]}) is bounded by $bound s, over" \
-             "one call's $CALL_LIMIT_S s"
+             "one invocation's bound, $CALL_LIMIT_S s"
   [ "$rerun" -le "$DEFAULT_LIMIT_S" ] ||
     dry_fail "a rerun of the default parts but perf is bounded by $rerun s, over" \
              "$DEFAULT_LIMIT_S s"

@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
-# Packs what the lent GPU machine lacks into one archive, .devkit/kit.tar.gz (ignored by git), which
-# the device tool carries: every GPU program the build makes (the *_gpu tests and pmoe-bench,
-# listed by CMake in build/default/devkit_programs.txt; nvcc here is the device's 13.0, so no
-# device time goes to compiling), the shared libraries they need that the machine has no copy of
-# (OpenBLAS, Boost.Context, Open MPI's), and a relocatable Open MPI 4.1 runtime
-# (mpirun, its plugins and help files), because that machine has no apt, no BLAS and no MPI.
+# Run on the build machine (x86_64 Debian or Ubuntu with the CUDA toolkit and what
+# scripts/setup.sh installs, Open MPI 4.1 and OpenBLAS among it), not on the GPU machine. Packs
+# what the GPU machine lacks into one archive, .devkit/kit.tar.gz (ignored by git), to copy into
+# the checkout there: every GPU program the build makes (the *_gpu tests and pmoe-bench, listed by
+# CMake in build/default/devkit_programs.txt; nvcc here is the GPU machine's 13.0, so no GPU time
+# goes to compiling), the shared libraries they need that the GPU machine has no copy of
+# (OpenBLAS, Boost.Context, Open MPI's), and a relocatable Open MPI 4.1 runtime (mpirun, its
+# plugins and help files), because that machine has no package manager, no BLAS and no MPI. Takes
+# a build of the default preset, then a few seconds to 40 s to pack.
 #
-# It carries no CUDA library: the machine has cudart, cuBLAS and NCCL (scripts/device_image.txt,
-# from the device tool's KINDS.md), and the kit's env.sh (scripts/device_kit_env.sh) finds them
-# there. cuBLAS alone would be 570 MB, and the tool carries 64 MiB in all (the working tree's
-# ~3.4 MB included). The kit packs to about 31 MiB; ctest's devkit.size fails above 48 MiB, and
-# the target is 40 MiB, which leaves room for a wheel or two (docs/gpu.md).
+# It carries no CUDA library: the GPU machine has cudart, cuBLAS and NCCL
+# (scripts/device_image.txt), and the kit's env.sh (scripts/device_kit_env.sh) finds them there.
+# cuBLAS alone would be 570 MB; the kit, the wheels and the checkout (~3.4 MB) travel together
+# within 64 MiB, the most the GPU machines this was sized for accept. The kit packs to about
+# 31 MiB; ctest's devkit.size fails above 48 MiB, and the target is 40 MiB, which leaves room for
+# a wheel or two (docs/gpu.md).
 #
 #   scripts/device_kit.sh              # configure and build (default preset), stage, pack
 #   scripts/device_kit.sh --list       # the programs it would pack, one name a line
 #   scripts/device_kit.sh --no-build --build DIR --stage DIR --out FILE
 #                                      # pack what DIR already holds (ctest's devkit.size)
 #
-# On the device (see docs/gpu.md, "Running the GPU checks"):
-#   run(command="bash scripts/device_checks.sh", carry=[".devkit"])
-# which unpacks it to /tmp/pmoe-kit and sources its env.sh.
+# Then, on the build machine, `scripts/device_checks.sh --dry-run` checks the kit, and on the GPU
+# machine `bash scripts/device_checks.sh` unpacks it to /tmp/pmoe-kit, sources its env.sh and
+# runs the checks (docs/gpu.md, "Running the checks on a GPU machine").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=build/default
@@ -36,7 +40,7 @@ while [ $# -gt 0 ]; do
     --stage) KIT=$2; shift ;;
     --out) ARCHIVE=$2; shift ;;
     *) echo "device_kit.sh: unknown argument '$1' (--list, --no-build, --build DIR, --stage DIR," \
-            "--out FILE)" >&2; exit 2 ;;
+            "--out FILE; docs/gpu.md)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -72,7 +76,7 @@ cp -L /usr/bin/orterun /usr/bin/orted /usr/bin/opal_wrapper "$KIT/usr/bin/"
 ln -s orterun "$KIT/usr/bin/mpirun"
 ln -s opal_wrapper "$KIT/usr/bin/mpicxx"  # the wrapper reads its mode from its name
 
-# Every library an ELF file in the kit loads, except those the lent machine has (the C library,
+# Every library an ELF file in the kit loads, except those the GPU machine has (the C library,
 # the GPU driver, CUDA's runtime, cuBLAS, NCCL: the `lib` lines of device_image.txt).
 mapfile -t provided < <(awk '$1 == "lib" {print $2}' "$IMAGE")
 is_provided() {
@@ -105,7 +109,7 @@ for link in "$KIT/usr/lib/$MULTIARCH"/{openmpi,pmix2}/lib/*.so; do
   ln -sf "../../../lib/$target" "$KIT/usr/lib/$MULTIARCH/$target"
 done
 
-# For building the Python module there (it needs the device's Python): OpenBLAS's headers and
+# For building the Python module with the GPU machine's Python: OpenBLAS's headers and
 # unversioned names of the libraries that FindBLAS and `mpicxx -showme:link` ask for, in one
 # prefix for CMAKE_PREFIX_PATH and LIBRARY_PATH. Only those: an unversioned libgcc_s.so here
 # would hide the toolchain's linker script of that name (which also pulls in libgcc.a).

@@ -1,9 +1,12 @@
-# The device kit's env.sh (scripts/device_kit.sh copies this file into the kit): source it on the
-# lent GPU machine. It puts the kit's programs, libraries and Open MPI runtime on the paths, and
-# finds the CUDA libraries the kit does not carry (scripts/device_image.txt: the machine has them,
-# and cuBLAS alone is 570 MB, far over the device tool's 64 MiB carry limit) in the machine's
+# The device kit's env.sh (scripts/device_kit.sh copies this file into the kit).
+# scripts/device_checks.sh and scripts/device_perf.sh source it on the GPU machine; to run a kit
+# program by hand there, `source /tmp/pmoe-kit/env.sh` once device_checks.sh has unpacked the kit.
+# It puts the kit's programs, libraries and Open MPI runtime on the paths, and finds the CUDA
+# libraries the kit does not carry (scripts/device_image.txt: the machine has them, and cuBLAS
+# alone is 570 MB, far over the 64 MiB the kit, wheels and checkout must fit in) in the machine's
 # own folders. Returns 1, after naming each library it did not find and where it looked, when one
-# is missing; the kit's programs would not start without it.
+# is missing; the kit's programs would not start without it. PMOE_CUDA_LIBS=DIR:DIR names folders
+# to search first (docs/gpu.md, "Running the checks on a GPU machine").
 KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export OPAL_PREFIX="$KIT/usr"
 # The machine's own PATH, for builds that must not see the kit's mpicxx (the Python module's).

@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# The exchange's performance part, which a lease of the GPU machine runs first (issue 40), in one
-# call of at most BUDGET_S = 240 s, with the kit that scripts/device_kit.sh packs here:
+# The exchange's performance on one NVIDIA GPU (pmoe's AllToAll against torch and a plain copy,
+# each kernel under Nsight Compute), within BUDGET_S = 240 s, from the kit that
+# scripts/device_kit.sh packs on the build machine. scripts/device_checks.sh runs it first, as its
+# perf part; it also runs alone. The guide: docs/gpu.md, "Running the checks on a GPU machine".
 #
-#   run(command="bash scripts/device_perf.sh", carry=[".devkit"], timeout_s=300)
+#   bash scripts/device_perf.sh [--out DIR]          # on the GPU machine: unpacks the kit
+#                                                    # (.devkit/kit.tar.gz, or --kit FILE) to
+#                                                    # /tmp/pmoe-perf-kit
 #   scripts/device_perf.sh --kit-dir /tmp/pmoe-kit   # a kit already unpacked, its env.sh sourced
-#   scripts/device_perf.sh --dry-run [--bench FILE]   # here, no GPU (ctest's perf.dry_run)
+#   scripts/device_perf.sh --dry-run [--bench FILE]  # on the build machine, no GPU (ctest's
+#                                                    # perf.dry_run)
+#
+# Run it from the root of a checkout of the commit the kit was built from (it reads tools/ and
+# bench/results/). It needs on the GPU machine: nvidia-smi, ncu (Nsight Compute: on the PATH, in
+# /usr/local/cuda/bin or /opt/nvidia/nsight-compute; without it the kernels are not profiled and
+# the run fails), and python3 with a CUDA build of PyTorch (torch's step and the report).
 #
 # What runs, in this order, each command under `timeout` for its own bound or what is left of the
 # budget (less what the report and packing need), whichever is less:
@@ -16,7 +26,7 @@
 #              expert_x and expert_y, E x m rows, to the host: 3.8 GB each at 1024 tokens, whatever
 #              the EP size), so EP 1 at 1024 costs what all of EP 8 at 128 does, on one thread, and
 #              EP 2, 4, 8 at 1024 would cost 2, 4 and 8 times that (and 60 GB of GPU memory at EP 8):
-#              they do not fit the 240 s; add them to BENCH_RUNS on a lease of their own. The NCCL
+#              they do not fit the 240 s; add them to BENCH_RUNS for a run of their own. The NCCL
 #              all-to-all-v row runs at EP 1 (on one GPU NCCL refuses two ranks).
 #   torch      tools/torch_local_exchange.py: for the same (EP, tokens), torch's exchange of the
 #              same rows in one process (index_select to expert order, index_add_ back in f32) and
@@ -31,16 +41,21 @@
 #              prediction for this GPU (tools/pmoe-bench/kernel_model.hpp) from the emulated
 #              device's counts committed in PREDICTED (pmoe-bench all-to-all --gpu), so every
 #              run checks the model
-# Results ($OUT, named with the GPU's model as nvidia-smi gives it, e.g. NVIDIA_H200): perf_GPU.md
-# (the report; also printed last), perf_GPU.json, and perf_GPU_raw.tar.gz (every JSON, CSV, log
-# and ncu report). Three files: device_checks.sh's four beside them stay within the device tool's
-# eight.
+# Results go into the output directory: --out DIR, else $OUT where set, else /tmp/pmoe-out (the
+# work files into /tmp/pmoe-perf). Named with the GPU's model as nvidia-smi gives it, other
+# characters than letters, digits, '.', '_' and '-' made '_' (e.g. NVIDIA_H200): perf_GPU.md (the
+# report; also printed last), perf_GPU.json (its rows), and perf_GPU_raw.tar.gz (every JSON, CSV,
+# log and ncu report). A missed target is printed NOT met in the report, not a failure; the exit
+# status says whether every step ran. Three files, with plain names: with device_checks.sh's four
+# beside them, the output directory stays within the eight files that the GPU machines this was
+# sized for return from a run.
 #
 # The dry run needs no GPU: the same commands, built by the same functions, with the bench run on
 # the emulated device at 1 token a rank and one iteration (so every flag and shape is parsed and
 # the check runs), torch's script on the CPU, the report on what they wrote and on a CSV in ncu's
 # layout (--self-test), the ncu filter matched against the kernels in src/cuda/all_to_all, every
-# program found (ncu: on the lent machine only, by KINDS.md), and the budgets summed.
+# program found (ncu only where it is installed: the GPU machine needs it, the build machine does
+# not), and the budgets summed. Its output goes to a temporary folder, or to --out DIR.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$(pwd)
@@ -72,7 +87,7 @@ while [ $# -gt 0 ]; do
     --bench) bench=$2; shift ;;
     --out) out_dir=$2; shift ;;
     *) echo "device_perf.sh: unknown argument '$1' (--dry-run, --kit FILE, --kit-dir DIR," \
-            "--bench FILE, --out DIR)" >&2; exit 2 ;;
+            "--bench FILE, --out DIR; docs/gpu.md)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -98,7 +113,9 @@ elif [ -z "$bench" ]; then
   kit_dir=$([ "$dry_run" = 1 ] && echo "$scratch/kit" || echo /tmp/pmoe-perf-kit)
   rm -rf "$kit_dir"
   mkdir -p "$kit_dir"
-  [ -e "$archive" ] || { echo "device_perf.sh: no kit at $archive: run scripts/device_kit.sh here first"; exit 2; }
+  [ -e "$archive" ] || { echo "device_perf.sh: no kit at $archive: pack it with" \
+                                "scripts/device_kit.sh on the build machine and copy it here" \
+                                "(docs/gpu.md)"; exit 2; }
   timeout 15 tar -xzf "$archive" -C "$kit_dir" || { echo "device_perf.sh: could not unpack $archive"; exit 2; }
   # shellcheck source=/dev/null
   source "$kit_dir/env.sh" || { echo "device_perf.sh: the kit's env.sh found no CUDA libraries (above)"; exit 2; }
@@ -236,7 +253,7 @@ PY
   if NCU=$(find_ncu); then
     timeout 20 "$NCU" --version > /dev/null || fail "$NCU --version failed"
   else
-    echo "ncu: not on this machine; on the lent one (KINDS.md: Nsight Compute read counters there)"
+    echo "ncu: not on this machine; the GPU machine needs it (Nsight Compute), the dry run does not"
   fi
   # Python: both scripts compile; torch's runs on the CPU over the bench's JSON; the report
   # parses ncu's layout and reads what the others wrote.
@@ -256,7 +273,7 @@ sys.path.insert(0, "tools")
 import device_perf_report as r
 open(sys.argv[1], "w").write(r.SELF_TEST_CSV)
 PY
-  # The committed predictions the lease's report reads: each has both GPUs' predictions.
+  # The committed predictions the GPU run's report reads: each has both GPUs' predictions.
   python3 - "${PREDICTED[@]}" <<'PY' || fail "the committed kernel-model predictions (above)"
 import json, sys
 for path in sys.argv[1:]:
@@ -284,11 +301,12 @@ PY
   fi
   timeout 10 tar -czf "$OUT/perf_$(gpu_tag "emulated CUDA device")_raw.tar.gz" -C "$WORK" . ||
     fail "packing"
-  # What comes back: at most 3 files of names the device tool brings back.
+  # At most 3 files in the output directory, with plain names (the header says why).
   local files
   files=$(ls "$OUT")
   [ "$(wc -l <<< "$files")" -le 3 ] || fail "more than 3 files in \$OUT: $files"
-  ! grep -q '[^A-Za-z0-9._-]' <<< "$files" || fail "a file name the device tool drops: $files"
+  ! grep -q '[^A-Za-z0-9._-]' <<< "$files" ||
+    fail "a file name with characters other than letters, digits, '.', '_' and '-': $files"
   for program in python3 timeout tar nvidia-smi; do
     command -v "$program" >/dev/null || [ "$program" = nvidia-smi ] ||
       fail "$program is not here"

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Downloads into .whl/ (ignored by git) the Python wheels the lent GPU machine lacks for the
-# python part of scripts/device_checks.sh: transformers >= 5.23 (its image has 5.17.0, which has
-# no expert-parallel registry; device tool KINDS.md). Its other needs (huggingface_hub,
-# tokenizers, safetensors, ...) are in the image at versions it accepts. About 13 MB; carry it
-# beside the kit:
-#   run(command="bash scripts/device_checks.sh python", carry=[".devkit", ".whl"])
+# Run on the build machine (it needs pip and network access; the GPU machine needs neither).
+# Downloads into .whl/ (ignored by git) the Python wheels the GPU machine lacks for the python
+# parts of scripts/device_checks.sh: transformers >= 5.23 (the GPU machine's image has 5.17.0,
+# which has no expert-parallel registry), at the version pinned in python/constraints.txt. Its
+# other needs (huggingface_hub, tokenizers, safetensors, ...) are in the image at versions it
+# accepts. About 13 MB, plus the build requirements below; chosen for the GPU machine's Python,
+# 3.12 on x86_64. Copy .whl/ beside .devkit/ into the checkout on the GPU machine, then run there:
+#   bash scripts/device_checks.sh python
+# (docs/gpu.md, "Running the checks on a GPU machine").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The version the tests ran on here (python/constraints.txt).

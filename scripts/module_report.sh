@@ -10,7 +10,7 @@
 # the module's link line, the std:: symbols the module defines (count, and the runtime's own ones
 # by name), its NEEDED and RUNPATH entries, and ldd.
 #
-# Why (docs/gpu.md, "The module that crashed on the H200"): the module built on the lent machine
+# Why (docs/gpu.md, "The module that crashed on the H200"): the module built on the GPU machine
 # defined libstdc++'s stream and locale code itself (std::ostream::_M_insert<long>,
 # std::codecvt<char16_t, ...>::do_unshift, ...), which only linking libstdc++.a puts there; in a
 # process that has already loaded the machine's libstdc++.so.6 (torch has), the two copies share

@@ -206,7 +206,7 @@ void print_torch_grouped_mm(const Options& o, const std::vector<nlohmann::json>&
   if (std::FILE* f = std::fopen(script.c_str(), "r")) {
     std::fclose(f);
   } else {
-    script = "tools/torch_grouped_mm.py";  // a copy of the tree elsewhere (a lent GPU's)
+    script = "tools/torch_grouped_mm.py";  // a copy of the tree elsewhere (a GPU machine's)
   }
   std::printf("\nThe same expert stage, pmoe against torch._grouped_mm on this device\n\n");
   int last_batch = -1;
