@@ -22,6 +22,7 @@ struct LossBoard::Post {
 namespace {
 
 constexpr auto kNap = std::chrono::microseconds(200);
+constexpr int kMaxTries = 1000;  // yields while a post is being written (a write takes ~1 us)
 
 template <typename T>
 std::atomic_ref<T> word(T& x) {
@@ -54,9 +55,11 @@ LossBoard::Snapshot LossBoard::read(int r) const {
   Post& post = post_of(r);
   Snapshot s;
   s.lost.resize(size_t(size_));
-  for (;;) {
+  for (int tries = 0;; ++tries) {
     const uint64_t before = word(post.sequence).load(std::memory_order_acquire);
     if (before & 1) {
+      // A writer killed in the middle of its post leaves it odd for ever: read as no post.
+      if (tries > kMaxTries) return Snapshot{0, 0, 0, false, std::vector<uint8_t>(size_t(size_))};
       std::this_thread::yield();
       continue;
     }
