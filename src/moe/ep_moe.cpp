@@ -5,7 +5,7 @@
 #include "backends/registry.hpp"
 #include "moe/backend.hpp"
 #include "moe/expert_slots.hpp"
-#include "moe/layer_args.hpp"
+#include "moe/layer_core.hpp"
 
 namespace pmoe {
 
@@ -56,19 +56,13 @@ const MoeConfig& validated(Communicator& comm, const MoeConfig& config, int max_
 
 }  // namespace
 
-struct EpMoe::Impl {
-  Impl(Communicator& comm, const MoeConfig& config_in, int max_tokens,
-       const EpMoeOptions& options)
-      : config(validated(comm, config_in, max_tokens, options)),
-        max_tokens(max_tokens),
-        micro_batches(options.micro_batches),
-        device(comm.device()),
-        backend(detail::backends(device).make_ep_moe(comm, config, max_tokens, options)) {}
-  MoeConfig config;
-  int max_tokens, micro_batches;
-  Device device;
-  std::unique_ptr<detail::MoeBackend> backend;
-  MoeStats stats;
+struct EpMoe::Impl : detail::LayerCore {
+  Impl(Communicator& comm, const MoeConfig& config, int max_tokens, const EpMoeOptions& options)
+      : LayerCore(validated(comm, config, max_tokens, options), max_tokens, comm.device()),
+        micro_batches(options.micro_batches) {
+    backend = detail::backends(device).make_ep_moe(comm, config, max_tokens, options);
+  }
+  int micro_batches;
 };
 
 EpMoe::EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
@@ -96,21 +90,14 @@ std::vector<int> EpMoe::lost_experts() const {
 EpMoe::~EpMoe() = default;
 
 void EpMoe::forward(const Tensor& x, const Tensor& y) {
-  Impl& p = *impl_;
-  detail::check_forward("EpMoe::forward", p.config, p.max_tokens, "max_tokens_per_rank", x, y,
-                        p.device);
-  p.stats = MoeStats();
-  p.backend->forward(x, y, p.stats);
+  impl_->forward("EpMoe::forward", "max_tokens_per_rank", x, y);
 }
 
 const MoeConfig& EpMoe::config() const { return impl_->config; }
 int EpMoe::micro_batches() const { return impl_->micro_batches; }
 size_t EpMoe::weight_bytes() const { return impl_->backend->weight_bytes(); }
 size_t EpMoe::workspace_bytes() const { return impl_->backend->workspace_bytes(); }
-const MoeStats& EpMoe::last_stats() const {
-  impl_->backend->finish_stats(impl_->stats);
-  return impl_->stats;
-}
+const MoeStats& EpMoe::last_stats() const { return impl_->last_stats(); }
 
 namespace detail {
 

@@ -2,21 +2,15 @@
 // tensors; the backend for the device (src/backends/registry.hpp) does the work: the CPU's
 // (src/cpu/simple_moe.cpp) or a device's (src/cuda/moe/simple_moe.cu).
 #include "backends/registry.hpp"
-#include "moe/layer_args.hpp"
+#include "moe/layer_core.hpp"
 
 namespace pmoe {
 
-struct SimpleMoe::Impl {
+struct SimpleMoe::Impl : detail::LayerCore {
   Impl(const MoeConfig& config, int max_tokens, Device device, Stream stream)
-      : config(config),
-        max_tokens(max_tokens),
-        device(device),
-        backend(detail::backends(device).make_simple_moe(config, max_tokens, device, stream)) {}
-  MoeConfig config;
-  int max_tokens;
-  Device device;
-  std::unique_ptr<detail::MoeBackend> backend;
-  MoeStats stats;
+      : LayerCore(config, max_tokens, device) {
+    backend = detail::backends(device).make_simple_moe(config, max_tokens, device, stream);
+  }
 };
 
 namespace {
@@ -36,19 +30,13 @@ SimpleMoe::SimpleMoe(const MoeConfig& config, int max_tokens, Device device, Str
 SimpleMoe::~SimpleMoe() = default;
 
 void SimpleMoe::forward(const Tensor& x, const Tensor& y) {
-  Impl& p = *impl_;
-  detail::check_forward("SimpleMoe::forward", p.config, p.max_tokens, "max_tokens", x, y, p.device);
-  p.stats = MoeStats();
-  p.backend->forward(x, y, p.stats);
+  impl_->forward("SimpleMoe::forward", "max_tokens", x, y);
 }
 
 const MoeConfig& SimpleMoe::config() const { return impl_->config; }
 Device SimpleMoe::device() const { return impl_->device; }
 size_t SimpleMoe::weight_bytes() const { return impl_->backend->weight_bytes(); }
 size_t SimpleMoe::workspace_bytes() const { return impl_->backend->workspace_bytes(); }
-const MoeStats& SimpleMoe::last_stats() const {
-  impl_->backend->finish_stats(impl_->stats);
-  return impl_->stats;
-}
+const MoeStats& SimpleMoe::last_stats() const { return impl_->last_stats(); }
 
 }  // namespace pmoe

@@ -3,7 +3,7 @@
 // the communicator's device (src/backends/registry.hpp) does the work: the CPU's
 // (src/cpu/tp_moe.cpp) or a device's (src/cuda/moe/tp_moe.cu).
 #include "backends/registry.hpp"
-#include "moe/layer_args.hpp"
+#include "moe/layer_core.hpp"
 
 namespace pmoe {
 
@@ -31,17 +31,11 @@ const MoeConfig& validated(Communicator& comm, const MoeConfig& config, int max_
 
 }  // namespace
 
-struct TpMoe::Impl {
-  Impl(Communicator& comm, const MoeConfig& config_in, int max_tokens)
-      : config(validated(comm, config_in, max_tokens)),
-        max_tokens(max_tokens),
-        device(comm.device()),
-        backend(detail::backends(device).make_tp_moe(comm, config, max_tokens)) {}
-  MoeConfig config;
-  int max_tokens;
-  Device device;
-  std::unique_ptr<detail::MoeBackend> backend;
-  MoeStats stats;
+struct TpMoe::Impl : detail::LayerCore {
+  Impl(Communicator& comm, const MoeConfig& config, int max_tokens)
+      : LayerCore(validated(comm, config, max_tokens), max_tokens, comm.device()) {
+    backend = detail::backends(device).make_tp_moe(comm, config, max_tokens);
+  }
 };
 
 TpMoe::TpMoe(Communicator& comm, const MoeConfig& config, int max_tokens)
@@ -50,18 +44,12 @@ TpMoe::TpMoe(Communicator& comm, const MoeConfig& config, int max_tokens)
 TpMoe::~TpMoe() = default;
 
 void TpMoe::forward(const Tensor& x, const Tensor& y) {
-  Impl& p = *impl_;
-  detail::check_forward("TpMoe::forward", p.config, p.max_tokens, "max_tokens", x, y, p.device);
-  p.stats = MoeStats();
-  p.backend->forward(x, y, p.stats);
+  impl_->forward("TpMoe::forward", "max_tokens", x, y);
 }
 
 const MoeConfig& TpMoe::config() const { return impl_->config; }
 size_t TpMoe::weight_bytes() const { return impl_->backend->weight_bytes(); }
 size_t TpMoe::workspace_bytes() const { return impl_->backend->workspace_bytes(); }
-const MoeStats& TpMoe::last_stats() const {
-  impl_->backend->finish_stats(impl_->stats);
-  return impl_->stats;
-}
+const MoeStats& TpMoe::last_stats() const { return impl_->last_stats(); }
 
 }  // namespace pmoe
