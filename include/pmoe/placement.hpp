@@ -1,5 +1,6 @@
 // Where experts live, what becomes of a token's slot when the ranks that hold its expert are
-// masked, and what an op does when it loses a peer. An AllToAll (and the MoE layers over it) takes both in its config.
+// masked, and what an op does when it loses a peer. An AllToAll (and the MoE layers over it)
+// takes them in its config.
 //
 // Without a placement, the router's indices name experts directly: expert e lives on rank
 // e / E_local. With one, they name logical experts, each served by one or more physical slots

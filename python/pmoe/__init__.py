@@ -18,7 +18,8 @@ from ._pmoe import (AllGatherGemm, AllToAll, Communicator, EpMoe, Error, GemmRed
 from ._pmoe import __version__  # CMakeLists.txt's project(VERSION), which pyproject.toml reads
 
 __all__ = ["AllGatherGemm", "AllToAll", "Communicator", "EpMoe", "Error", "GemmReduceScatter",
-           "MoeConfig", "PeerLost", "SimpleMoe", "SocketCommunicator", "SocketListener", "TpMoe", "copy",
+           "MoeConfig", "PeerLost", "SimpleMoe", "SocketCommunicator", "SocketListener", "TpMoe",
+           "copy",
            "cuda_available", "cuda_emulated", "has_mpi", "moe_weights", "mpi_world", "run_ranks",
            "zeros"]
 # A build without MPI (PMOE_MPI=OFF, or none found: what torchrun needs) has no MpiCommunicator,

@@ -16,7 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-WORLD, HIDDEN, FFN, EXPERTS, TOP_K, TOKENS, VICTIM, KILLED_AT, FORWARDS = 4, 16, 24, 8, 2, 6, 3, 2, 6
+WORLD, HIDDEN, FFN, EXPERTS, TOP_K, TOKENS = 4, 16, 24, 8, 2, 6
+VICTIM, KILLED_AT, FORWARDS = 3, 2, 6  # rank 3 dies before forward 2 (0-based) of 6
 
 
 def _dense_weights():

@@ -84,7 +84,8 @@ void LossBoard::publish(const std::vector<uint8_t>& lost, int64_t calls_done,
   word(post.calls_done).store(calls_done, std::memory_order_relaxed);
   word(post.calls_started).store(calls_started, std::memory_order_relaxed);
   word(post.joining).store(joining ? 1 : 0, std::memory_order_relaxed);
-  for (int x = 0; x < size_; ++x) word(post.lost()[x]).store(lost[size_t(x)], std::memory_order_relaxed);
+  for (int x = 0; x < size_; ++x)
+    word(post.lost()[x]).store(lost[size_t(x)], std::memory_order_relaxed);
   word(post.sequence).store(sequence + 2, std::memory_order_release);
 }
 

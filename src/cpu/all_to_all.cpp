@@ -236,7 +236,8 @@ class CpuAllToAll final : public AllToAllBackend {
 
  private:
   void wait_for_dispatch(int source) {
-    await(layout_.dispatch_signal(source), {"AllToAll::dispatch(recv)", source, "its dispatch data"});
+    await(layout_.dispatch_signal(source),
+          {"AllToAll::dispatch(recv)", source, "its dispatch data"});
   }
   // Waits for this call's `slot` signal; with a loss watch, a lost peer ends the wait.
   void await(int slot, const WaitFor& what) {

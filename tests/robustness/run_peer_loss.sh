@@ -31,7 +31,8 @@ for trial in $(seq 1 "$trials"); do
   verdict=ok
   if [ "$ok" -ne 3 ]; then
     verdict="FAIL: $ok of 3 survivors went on"
-  elif [ "$(grep '^peer-loss: rank [0-9]* ok ' "$work/out" | awk '{print $6, $8}' | sort -u | wc -l)" -ne 1 ]; then
+  elif [ "$(grep '^peer-loss: rank [0-9]* ok ' "$work/out" | awk '{print $6, $8}' |
+            sort -u | wc -l)" -ne 1 ]; then
     verdict="FAIL: the survivors disagree on the lost call or the next call"
   elif awk -v e="$elapsed" 'BEGIN{exit !(e > 30)}'; then
     verdict="FAIL: the trial took ${elapsed} s"

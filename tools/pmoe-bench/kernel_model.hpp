@@ -26,8 +26,8 @@
 //
 // An op is its kernels in stream order (dependent launches: each kernel's time adds). The host
 // side, for times taken with events recorded before the host's launches (bench rows before graph
-// replay, and every measurement of the f564735 run on the H200): + host_launch per launch of each rank, the
-// ranks' host threads launching in turn.
+// replay, and every measurement of the f564735 run on the H200): + host_launch per launch of each
+// rank, the ranks' host threads launching in turn.
 #pragma once
 
 #include <string>
