@@ -83,6 +83,24 @@ TEST(Moe, EpWithReplicasMatchesReference) {
     }
 }
 
+// One forward of this rank's shard of a `batch`-token input made from `seed`, compared with the
+// reference for those tokens: "" or what differs. PeerLost and other errors propagate.
+std::string forward_shard(EpMoe& ep, Communicator& comm, int batch, uint64_t seed) {
+  const MoeConfig& config = ep.config();
+  const Buffer x = reference::make_moe_input(config, batch, seed);
+  const RowRange mine = shard_rows(batch, comm.size(), comm.rank());
+  Buffer y(config.dtype, {mine.size(), config.out_dim()});
+  const size_t row_bytes = size_t(config.feature_dim) * dtype_size(config.dtype);
+  ep.forward(Tensor(x.data<std::byte>() + size_t(mine.begin) * row_bytes, config.dtype,
+                    {mine.size(), config.feature_dim}),
+             y);
+  std::vector<int> rows;
+  for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);
+  return reference::compare_moe(config, reference::reference_moe(config, x, rows), y, mine.begin,
+                                reference::moe_tolerance(config.dtype))
+      .error;
+}
+
 // 4 ranks, every expert on two of them (rank r + 2 holds rank r's): rank 3 stops after two
 // forwards, the others mask it, and every later forward of theirs still matches the reference
 // for their tokens: no token lost. The stopped rank keeps its layer until all are done.
@@ -107,19 +125,9 @@ TEST(Moe, EpGoesOnWithoutAMaskedRankWhoseExpertsHaveReplicas) {
         EXPECT_TRUE(ep.lost_experts().empty());
         EXPECT_EQ(ep.rank_mask().live, live);
       }
-      const Buffer x = reference::make_moe_input(config, batch, 40 + uint64_t(call));
-      const RowRange mine = shard_rows(batch, W, rank);
-      Buffer y(config.dtype, {mine.size(), config.out_dim()});
-      const size_t row_bytes = size_t(config.feature_dim) * dtype_size(config.dtype);
-      ep.forward(Tensor(x.data<std::byte>() + size_t(mine.begin) * row_bytes, config.dtype,
-                        {mine.size(), config.feature_dim}),
-                 y);
-      std::vector<int> rows;
-      for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);
-      const auto cmp = reference::compare_moe(config, reference::reference_moe(config, x, rows), y,
-                                              mine.begin, reference::moe_tolerance(config.dtype));
-      if (!cmp.error.empty() && errors[size_t(rank)].empty())
-        errors[size_t(rank)] = "call " + std::to_string(call) + ": " + cmp.error;
+      const std::string error = forward_shard(ep, comm, batch, 40 + uint64_t(call));
+      if (!error.empty() && errors[size_t(rank)].empty())
+        errors[size_t(rank)] = "call " + std::to_string(call) + ": " + error;
     }
     comm.barrier();  // with the stopped rank
   });
@@ -150,26 +158,17 @@ TEST(Moe, EpGoesOnWhenARankIsLostAndTakesItBack) {
         continue;
       }
       if (call == 4 && rank != 3) ep.unmask_rank(3);
-      const Buffer x = reference::make_moe_input(config, batch, 60 + uint64_t(call));
-      const RowRange mine = shard_rows(batch, W, rank);
-      Buffer y(config.dtype, {mine.size(), config.out_dim()});
-      const size_t row_bytes = size_t(config.feature_dim) * dtype_size(config.dtype);
+      std::string error;
       try {
-        ep.forward(Tensor(x.data<std::byte>() + size_t(mine.begin) * row_bytes, config.dtype,
-                          {mine.size(), config.feature_dim}),
-                   y);
+        error = forward_shard(ep, comm, batch, 60 + uint64_t(call));
       } catch (const PeerLost& e) {
         ++lost;
         if (e.ranks() != std::vector<int>{3} || e.first_call() != 3 || e.last_call() != 3)
           errors[size_t(rank)] = std::string("an unexpected PeerLost: ") + e.what();
         continue;
       }
-      std::vector<int> rows;
-      for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);
-      const auto cmp = reference::compare_moe(config, reference::reference_moe(config, x, rows), y,
-                                              mine.begin, reference::moe_tolerance(config.dtype));
-      if (!cmp.error.empty() && errors[size_t(rank)].empty())
-        errors[size_t(rank)] = "call " + std::to_string(call) + ": " + cmp.error;
+      if (!error.empty() && errors[size_t(rank)].empty())
+        errors[size_t(rank)] = "call " + std::to_string(call) + ": " + error;
     }
     EXPECT_EQ(lost, rank == 3 ? 0 : 1) << "rank " << rank;
     EXPECT_EQ(ep.rank_mask().live, (std::vector<uint8_t>{1, 1, 1, 1}));

@@ -225,6 +225,24 @@ def test_arriving_rows_needs_packed_rows():
     pmoe.run_ranks(1, rank_main)
 
 
+def run_checked(world_size, rank_main):
+    """Runs rank_main(comm) on world_size thread ranks. A rank's failed assertion is kept, and the
+    rank still meets the others at the end, as a rank that stopped calling keeps its op until
+    every rank is done; the test then fails with every rank's."""
+    errors, done = [], threading.Barrier(world_size)
+
+    def checked(comm):
+        try:
+            rank_main(comm)
+        except AssertionError as e:
+            errors.append(f"rank {comm.rank}: {e}")
+        finally:
+            done.wait(timeout=120)
+
+    pmoe.run_ranks(world_size, checked)
+    assert not errors, errors
+
+
 @pytest.mark.parametrize("masked_experts", ["drop", "renormalize"])
 def test_replicas_and_a_masked_rank(masked_experts):
     """4 ranks, 8 logical experts on 16 slots (two replicas each, rank r + 2 holding rank r's):
@@ -235,8 +253,6 @@ def test_replicas_and_a_masked_rank(masked_experts):
         slots = 16 if placed else 8
         logical = 8
         placement = [s % logical for s in range(slots)] if placed else None
-        errors = []
-        done = threading.Barrier(world_size)
 
         def rank_main(comm):
             a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=slots,
@@ -248,52 +264,46 @@ def test_replicas_and_a_masked_rank(masked_experts):
             expert_x = np.zeros((local, rows, hidden), dtype=np.float32)
             expert_y = np.zeros((local, rows, hidden), dtype=np.float32)
             live = [True] * world_size
-            try:
-                for call in range(4):
-                    if call == 2:
-                        if comm.rank == 3:
-                            return  # stops calling; keeps its op until every rank is done
-                        a2a.mask_rank(3, "drained")
-                        live[3] = False
-                        assert a2a.live_ranks == live
-                        assert a2a.mask_reasons[3] == "drained"
-                        assert a2a.lost_experts() == ([] if placed else [6, 7])
-                    inputs = [make_inputs(r, max_tokens - (r + call) % 3, logical, top_k, hidden,
-                                          "f32", seed=300 + call) for r in range(world_size)]
-                    x, indices, weights = inputs[comm.rank]
-                    y = np.zeros((len(x), hidden), dtype=np.float32)
-                    a2a.dispatch(x, indices, counts, expert_x)
-                    for e in range(local):
-                        slot = comm.rank * local + e
-                        expert = placement[slot] if placed else slot
-                        expert_y[e, :counts[e]] = expert_fn(expert_x[e, :counts[e]], expert)
-                    a2a.combine(expert_y, indices, weights, y)
-                    # The reference with the mask this call used: an expert on no live rank
-                    # is dropped, and with renormalize the token's other weights rescaled.
-                    want_indices, want_weights = indices.copy(), weights.copy()
-                    for t in range(len(x)):
-                        lost = False
-                        for j in range(top_k):
-                            e = want_indices[t, j]
-                            served = [s for s in range(slots)
-                                      if (placement[s] if placed else s) == e and live[s // local]]
-                            if not served:
-                                want_indices[t, j], lost = -1, True
-                        kept = np.float32(0)
-                        for j in range(top_k):
-                            if want_indices[t, j] >= 0:
-                                kept = np.float32(kept + want_weights[t, j])
-                        if masked_experts == "renormalize" and lost and kept > 0:
-                            want_weights[t] = (want_weights[t] / kept).astype(np.float32)
-                    np.testing.assert_array_equal(
-                        y, expected_combine(x, want_indices, want_weights, "f32", "f32", "f32"))
-            except AssertionError as e:
-                errors.append(f"rank {comm.rank}: {e}")
-            finally:
-                done.wait(timeout=120)
+            for call in range(4):
+                if call == 2:
+                    if comm.rank == 3:
+                        return  # stops calling; keeps its op until every rank is done
+                    a2a.mask_rank(3, "drained")
+                    live[3] = False
+                    assert a2a.live_ranks == live
+                    assert a2a.mask_reasons[3] == "drained"
+                    assert a2a.lost_experts() == ([] if placed else [6, 7])
+                inputs = [make_inputs(r, max_tokens - (r + call) % 3, logical, top_k, hidden,
+                                      "f32", seed=300 + call) for r in range(world_size)]
+                x, indices, weights = inputs[comm.rank]
+                y = np.zeros((len(x), hidden), dtype=np.float32)
+                a2a.dispatch(x, indices, counts, expert_x)
+                for e in range(local):
+                    slot = comm.rank * local + e
+                    expert = placement[slot] if placed else slot
+                    expert_y[e, :counts[e]] = expert_fn(expert_x[e, :counts[e]], expert)
+                a2a.combine(expert_y, indices, weights, y)
+                # The reference with the mask this call used: an expert on no live rank
+                # is dropped, and with renormalize the token's other weights rescaled.
+                want_indices, want_weights = indices.copy(), weights.copy()
+                for t in range(len(x)):
+                    lost = False
+                    for j in range(top_k):
+                        e = want_indices[t, j]
+                        served = [s for s in range(slots)
+                                  if (placement[s] if placed else s) == e and live[s // local]]
+                        if not served:
+                            want_indices[t, j], lost = -1, True
+                    kept = np.float32(0)
+                    for j in range(top_k):
+                        if want_indices[t, j] >= 0:
+                            kept = np.float32(kept + want_weights[t, j])
+                    if masked_experts == "renormalize" and lost and kept > 0:
+                        want_weights[t] = (want_weights[t] / kept).astype(np.float32)
+                np.testing.assert_array_equal(
+                    y, expected_combine(x, want_indices, want_weights, "f32", "f32", "f32"))
 
-        pmoe.run_ranks(world_size, rank_main)
-        assert not errors, errors
+        run_checked(world_size, rank_main)
 
 
 def test_on_peer_loss_mask_goes_on_without_a_rank_that_stops_and_takes_it_back():
@@ -302,8 +312,6 @@ def test_on_peer_loss_mask_goes_on_without_a_rank_that_stops_and_takes_it_back()
     rejoins. Every call any rank finishes equals the no-failure reference."""
     world_size, max_tokens, hidden, top_k, slots, logical = 3, 5, 16, 3, 12, 6
     placement = [s % logical for s in range(slots)]
-    errors = []
-    done = threading.Barrier(world_size)
     assert issubclass(pmoe.PeerLost, pmoe.Error)
 
     def rank_main(comm):
@@ -316,42 +324,36 @@ def test_on_peer_loss_mask_goes_on_without_a_rank_that_stops_and_takes_it_back()
         expert_x = np.zeros((local, rows, hidden), dtype=np.float32)
         expert_y = np.zeros((local, rows, hidden), dtype=np.float32)
         losses, stopped = [], False
-        try:
-            while a2a.calls_started < 8:
-                call = a2a.calls_started  # the survivors agree on it after a loss
-                if call == 2 and comm.rank == 2 and not stopped:
-                    stopped = True  # stops calling, then comes back when the others unmask it
-                    a2a.rejoin()
-                    assert a2a.calls_started == 5, a2a.calls_started
-                    continue
-                if call == 5 and comm.rank != 2 and not a2a.live_ranks[2]:
-                    a2a.unmask_rank(2)
-                inputs = [make_inputs(r, max_tokens - (r + call) % 3, logical, top_k, hidden,
-                                      "f32", seed=500 + call) for r in range(world_size)]
-                x, indices, weights = inputs[comm.rank]
-                y = np.zeros((len(x), hidden), dtype=np.float32)
-                try:
-                    a2a.dispatch(x, indices, counts, expert_x)
-                    for e in range(local):
-                        expert = placement[comm.rank * local + e]
-                        expert_y[e, :counts[e]] = expert_fn(expert_x[e, :counts[e]], expert)
-                    a2a.combine(expert_y, indices, weights, y)
-                except pmoe.PeerLost as lost:
-                    losses.append((lost.ranks, lost.first_call, lost.last_call,
-                                   a2a.calls_started))
-                    assert a2a.mask_reasons[2].startswith("lost: "), a2a.mask_reasons
-                    continue
-                np.testing.assert_array_equal(
-                    y, expected_combine(x, indices, weights, "f32", "f32", "f32"))
-            assert losses == ([] if comm.rank == 2 else [([2], 3, 3, 3)]), losses
-            assert a2a.live_ranks == [True, True, True]
-        except AssertionError as e:
-            errors.append(f"rank {comm.rank}: {e}")
-        finally:
-            done.wait(timeout=120)
+        while a2a.calls_started < 8:
+            call = a2a.calls_started  # the survivors agree on it after a loss
+            if call == 2 and comm.rank == 2 and not stopped:
+                stopped = True  # stops calling, then comes back when the others unmask it
+                a2a.rejoin()
+                assert a2a.calls_started == 5, a2a.calls_started
+                continue
+            if call == 5 and comm.rank != 2 and not a2a.live_ranks[2]:
+                a2a.unmask_rank(2)
+            inputs = [make_inputs(r, max_tokens - (r + call) % 3, logical, top_k, hidden,
+                                  "f32", seed=500 + call) for r in range(world_size)]
+            x, indices, weights = inputs[comm.rank]
+            y = np.zeros((len(x), hidden), dtype=np.float32)
+            try:
+                a2a.dispatch(x, indices, counts, expert_x)
+                for e in range(local):
+                    expert = placement[comm.rank * local + e]
+                    expert_y[e, :counts[e]] = expert_fn(expert_x[e, :counts[e]], expert)
+                a2a.combine(expert_y, indices, weights, y)
+            except pmoe.PeerLost as lost:
+                losses.append((lost.ranks, lost.first_call, lost.last_call,
+                               a2a.calls_started))
+                assert a2a.mask_reasons[2].startswith("lost: "), a2a.mask_reasons
+                continue
+            np.testing.assert_array_equal(
+                y, expected_combine(x, indices, weights, "f32", "f32", "f32"))
+        assert losses == ([] if comm.rank == 2 else [([2], 3, 3, 3)]), losses
+        assert a2a.live_ranks == [True, True, True]
 
-    pmoe.run_ranks(world_size, rank_main)
-    assert not errors, errors
+    run_checked(world_size, rank_main)
 
 
 def test_a_placement_that_leaves_an_expert_without_a_slot_raises():

@@ -5,13 +5,14 @@
 #include <thread>
 
 #include "comm/group.hpp"
+#include "comm/sequence_lock.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe::detail {
 
 // One rank's post: this header, then W bytes (1: the rank holds that rank lost).
 struct LossBoard::Post {
-  uint64_t sequence;  // odd while being written
+  uint64_t sequence;  // comm/sequence_lock.hpp
   uint64_t posts;     // posts so far; 0: never posted
   int64_t calls_done;
   int64_t calls_started;
@@ -55,38 +56,33 @@ LossBoard::Snapshot LossBoard::read(int r) const {
   Post& post = post_of(r);
   Snapshot s;
   s.lost.resize(size_t(size_));
-  for (int tries = 0;; ++tries) {
-    const uint64_t before = word(post.sequence).load(std::memory_order_acquire);
-    if (before & 1) {
-      // A writer killed in the middle of its post leaves it odd for ever: read as no post.
-      if (tries > kMaxTries) return Snapshot{0, 0, 0, false, std::vector<uint8_t>(size_t(size_))};
-      std::this_thread::yield();
-      continue;
-    }
+  auto load = [&] {
     s.posts = word(post.posts).load(std::memory_order_relaxed);
     s.calls_done = word(post.calls_done).load(std::memory_order_relaxed);
     s.calls_started = word(post.calls_started).load(std::memory_order_relaxed);
     s.joining = word(post.joining).load(std::memory_order_relaxed) != 0;
     for (int x = 0; x < size_; ++x)
       s.lost[size_t(x)] = word(post.lost()[x]).load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (word(post.sequence).load(std::memory_order_relaxed) == before) return s;
+  };
+  for (int tries = 0; !read_sequenced(post.sequence, load); ++tries) {
+    // A writer killed in the middle of its post leaves it odd for ever: read as no post.
+    if (tries > kMaxTries) return Snapshot{0, 0, 0, false, std::vector<uint8_t>(size_t(size_))};
+    std::this_thread::yield();
   }
+  return s;
 }
 
 void LossBoard::publish(const std::vector<uint8_t>& lost, int64_t calls_done,
                         int64_t calls_started, bool joining) {
   Post& post = post_of(rank_);
-  const uint64_t sequence = word(post.sequence).load(std::memory_order_relaxed);
-  word(post.sequence).store(sequence + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  word(post.posts).store(++my_posts_, std::memory_order_relaxed);
-  word(post.calls_done).store(calls_done, std::memory_order_relaxed);
-  word(post.calls_started).store(calls_started, std::memory_order_relaxed);
-  word(post.joining).store(joining ? 1 : 0, std::memory_order_relaxed);
-  for (int x = 0; x < size_; ++x)
-    word(post.lost()[x]).store(lost[size_t(x)], std::memory_order_relaxed);
-  word(post.sequence).store(sequence + 2, std::memory_order_release);
+  write_sequenced(post.sequence, [&] {
+    word(post.posts).store(++my_posts_, std::memory_order_relaxed);
+    word(post.calls_done).store(calls_done, std::memory_order_relaxed);
+    word(post.calls_started).store(calls_started, std::memory_order_relaxed);
+    word(post.joining).store(joining ? 1 : 0, std::memory_order_relaxed);
+    for (int x = 0; x < size_; ++x)
+      word(post.lost()[x]).store(lost[size_t(x)], std::memory_order_relaxed);
+  });
 }
 
 void LossBoard::watch(int peer, Clock::time_point since, const std::vector<uint8_t>& live) {

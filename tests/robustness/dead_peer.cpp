@@ -6,32 +6,22 @@
 //   "dead-peer: rank R ok <latency ms> <message>" or "dead-peer: rank R FAIL <why>".
 // Survivors leave with _exit(): MPI cannot finalize with a dead peer.
 #include <mpi.h>
-#include <signal.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
-#include <thread>
 
 #include "all_to_all_cases.hpp"
+#include "killed_rank.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/mpi_communicator.hpp"
 
 namespace {
 
-int64_t monotonic_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using pmoe::testing::monotonic_ns;
 
 [[noreturn]] void leave(int rank, bool ok, const std::string& text) {
-  std::printf("dead-peer: rank %d %s %s\n", rank, ok ? "ok" : "FAIL", text.c_str());
-  std::fflush(stdout);
-  _exit(ok ? 0 : 1);
+  pmoe::testing::leave("dead-peer", rank, ok, text);
 }
 
 }  // namespace
@@ -57,11 +47,7 @@ int main(int argc, char** argv) {
     // Dies at a random moment 100..400 ms after set-up, in whatever call it is in.
     std::srand(unsigned(getpid()));
     const int delay_ms = 100 + std::rand() % 300;
-    std::thread([delay_ms, &stamp_file] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-      std::ofstream(stamp_file) << monotonic_ns() << "\n";
-      raise(SIGKILL);
-    }).detach();
+    pmoe::testing::kill_self_after(delay_ms, stamp_file);
   }
   try {
     const auto result = pmoe::testing::run_all_to_all_case(comm, c);
@@ -69,8 +55,7 @@ int main(int argc, char** argv) {
   } catch (const pmoe::Error& e) {
     const int64_t noticed = monotonic_ns();
     if (rank == victim) leave(rank, false, std::string("the victim itself failed: ") + e.what());
-    int64_t killed = 0;
-    std::ifstream(stamp_file) >> killed;
+    const int64_t killed = pmoe::testing::kill_stamp(stamp_file);
     if (killed == 0) leave(rank, false, std::string("error before the kill: ") + e.what());
     const double latency_ms = double(noticed - killed) / 1e6;
     const std::string message = e.what();

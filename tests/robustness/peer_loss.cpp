@@ -10,34 +10,23 @@
 //   "peer-loss: rank R FAIL <why>"
 // Survivors leave with _exit(): MPI cannot finalize with a dead peer.
 #include <mpi.h>
-#include <signal.h>
-#include <unistd.h>
 
-#include <chrono>
-#include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <random>
 #include <string>
-#include <thread>
 
 #include "all_to_all_cases.hpp"
 #include "all_to_all_mask_cases.hpp"
+#include "killed_rank.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/mpi_communicator.hpp"
 
 namespace {
 
-int64_t monotonic_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using pmoe::testing::monotonic_ns;
 
 [[noreturn]] void leave(int rank, bool ok, const std::string& text) {
-  std::printf("peer-loss: rank %d %s %s\n", rank, ok ? "ok" : "FAIL", text.c_str());
-  std::fflush(stdout);
-  _exit(ok ? 0 : 1);
+  pmoe::testing::leave("peer-loss", rank, ok, text);
 }
 
 }  // namespace
@@ -71,11 +60,7 @@ int main(int argc, char** argv) {
     if (rank != victim) return;
     std::mt19937 random(seed);
     const int delay_ms = 20 + int(random() % 180);
-    std::thread([delay_ms, &stamp_file] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-      std::ofstream(stamp_file) << monotonic_ns() << "\n";
-      raise(SIGKILL);
-    }).detach();
+    pmoe::testing::kill_self_after(delay_ms, stamp_file);
   };
   std::vector<pmoe::testing::LossReport> losses;
   std::string error;
@@ -91,8 +76,7 @@ int main(int argc, char** argv) {
   const pmoe::testing::LossReport& loss = losses[0];
   if (loss.ranks != std::vector<int>{victim})
     leave(rank, false, "the PeerLost does not name the victim alone: " + loss.message);
-  int64_t killed = 0;
-  std::ifstream(stamp_file) >> killed;
+  const int64_t killed = pmoe::testing::kill_stamp(stamp_file);
   if (killed == 0) leave(rank, false, "no kill stamp: " + loss.message);
   const double latency_ms = double(loss.noticed_ns - killed) / 1e6;
   leave(rank, true, pmoe::detail::cat(latency_ms, " first=", loss.first_call, " last=",
