@@ -116,6 +116,8 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c,
     if (!host) synchronize(comm.stream());
     try {
       a2a.check_errors();
+    } catch (const PeerLost&) {
+      throw;  // on a device, a loss the kernels met: the call's own handler takes it
     } catch (const Error& e) {
       fail(call, e.what());
     }
@@ -265,6 +267,7 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c,
       } else {
         run_phase([&](Phase phase) { a2a.combine(d_expert_y, d_indices, d_weights, d_y, phase); });
       }
+      finish(call);
     } catch (const PeerLost& e) {
       if (!c.automatic && !c.random_losses) throw;
       const int64_t noticed = now_ns();
@@ -298,7 +301,6 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c,
       call = int(a2a.calls_started());
       continue;
     }
-    finish(call);
     copy(y, d_y);
 
     // The reference: experts with no live slot dropped, and with renormalize the weights kept

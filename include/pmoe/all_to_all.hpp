@@ -170,8 +170,11 @@ class AllToAll {
   // and the op is retired (build a new one), as after a failed wait on the CPU. A bad index or
   // bound_m does not: every rank finishes its call (dispatch and combine both skip the slot,
   // m is clamped), the error is raised once, here, on the rank that passed it, and the op goes
-  // on. A no-op on the CPU, where every error is raised by the call that meets it.
-  void check_errors() const;
+  // on. With on_peer_loss = mask, a peer the kernels found lost (or another survivor did) is
+  // raised as pmoe::PeerLost, as the next call would raise it: the survivors have agreed and
+  // masked it, and this rank's calls it names are lost. A no-op on the CPU, where every error is
+  // raised by the call that meets it.
+  void check_errors();
 
   // In-place buffers (config.in_place_buffers): memory of this op that peers on the same node
   // can read directly. Passing a view of the first m rows of input_buffer() (and of

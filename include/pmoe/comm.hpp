@@ -63,6 +63,10 @@ class Communicator {
 
   // Collective: every rank allocates `bytes` of zeroed data plus `signal_slots` zeroed signals.
   virtual std::unique_ptr<SymmetricMemory> alloc_symmetric(size_t bytes, int signal_slots) = 0;
+  // Collective, as alloc_symmetric, but in host memory whatever the device: for small boards
+  // that the ranks' host threads read and write beside a device's kernels. Ranks off this rank's
+  // node get no mapping (peer() returns null for them).
+  virtual std::unique_ptr<SymmetricMemory> alloc_host_symmetric(size_t bytes);
 
   // Throws if the group has failed (another thread rank threw). Cheap; ops call it at entry.
   void check_group() const;

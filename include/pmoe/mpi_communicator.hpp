@@ -35,10 +35,14 @@ class MpiCommunicator final : public Communicator {
   void broadcast(std::span<std::byte> data, int root) override;
   std::vector<int> node_ranks() const override { return node_ranks_; }
   std::unique_ptr<SymmetricMemory> alloc_symmetric(size_t bytes, int signal_slots) override;
+  std::unique_ptr<SymmetricMemory> alloc_host_symmetric(size_t bytes) override;
 
   MPI_Comm comm() const { return comm_; }
 
  private:
+  // alloc_symmetric in `where`'s memory: this rank's device, or the host.
+  std::unique_ptr<SymmetricMemory> alloc_symmetric_in(Device where, size_t bytes,
+                                                      int signal_slots);
   // Completes `request` with a bounded wait; `what` names the operation for the error.
   void wait(MPI_Request& request, const char* what);
 

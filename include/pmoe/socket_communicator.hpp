@@ -61,8 +61,12 @@ class SocketCommunicator final : public Communicator {
   void broadcast(std::span<std::byte> data, int root) override;
   std::vector<int> node_ranks() const override { return node_ranks_; }
   std::unique_ptr<SymmetricMemory> alloc_symmetric(size_t bytes, int signal_slots) override;
+  std::unique_ptr<SymmetricMemory> alloc_host_symmetric(size_t bytes) override;
 
  private:
+  // alloc_symmetric in `where`'s memory: this rank's device, or the host.
+  std::unique_ptr<SymmetricMemory> alloc_symmetric_in(Device where, size_t bytes,
+                                                      int signal_slots);
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> node_ranks_;

@@ -153,17 +153,11 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device devi
   backend_ = detail::backends(device).make_all_to_all(comm, config_);
   backend_->set_routing(*slot_table_, mask_.live);
   if (config_.on_peer_loss == OnPeerLoss::mask) {
-    PMOE_CHECK(device.kind == Device::Kind::cpu, "AllToAll: on_peer_loss = mask runs on the "
-               "CPU backend so far; on ", device.str(), " use on_peer_loss = fail with "
-               "rank_mask and mask_rank()");
     const double timeout =
         config_.peer_timeout_s > 0 ? config_.peer_timeout_s : comm.timeout_s();
     loss_board_ = std::make_unique<detail::LossBoard>(comm, timeout);
-    backend_->set_loss_watch(
-        [this](int peer, detail::LossBoard::Clock::time_point since) {
-          loss_board_->watch(peer, since, mask_.live);
-        },
-        timeout + comm.timeout_s());  // a backstop: the watch gives up on a peer first
+    // A backstop: the board ends a wait on a lost peer first.
+    backend_->set_loss_board(*loss_board_, timeout + comm.timeout_s());
   }
 }
 
@@ -202,6 +196,7 @@ void AllToAll::unmask_rank(int rank) {
   mask_.reasons[size_t(rank)].clear();
   slot_table_->set_live(mask_.live);
   backend_->set_routing(*slot_table_, mask_.live);
+  calls_started_ = calls_done_ = backend_->calls_made(calls_started_);
   loss_board_->post_mask(mask_.live, calls_started_);
 }
 
@@ -306,7 +301,9 @@ void AllToAll::retire_excluded(const std::string& why) {
 
 void AllToAll::go_on_without(const detail::PeerLossNoticed& noticed) {
   const detail::LossBoard::Outcome out =
-      loss_board_->agree(mask_.live, noticed, calls_done_, calls_started_);
+      loss_board_->agree(mask_.live, noticed,
+                         noticed.calls_done >= 0 ? noticed.calls_done : calls_done_,
+                         noticed.calls_started >= 0 ? noticed.calls_started : calls_started_);
   if (out.excluded) retire_excluded(out.excluded_why);
   std::string names;
   for (size_t i = 0; i < out.lost.size(); ++i) {
@@ -320,7 +317,7 @@ void AllToAll::go_on_without(const detail::PeerLossNoticed& noticed) {
   backend_->restart_at(out.calls_base);
   // Calls this rank returned before the last agreement were judged then.
   const int64_t first = std::max(out.first_lost_call, restarted_at_ + 1);
-  const int64_t last = calls_started_;
+  const int64_t last = noticed.calls_started >= 0 ? noticed.calls_started : calls_started_;
   calls_started_ = calls_done_ = restarted_at_ = out.calls_base;
   next_ = Step::dispatch_send;
   arriving_ = -1;
@@ -523,6 +520,12 @@ Tensor AllToAll::slots_on_host(const Tensor& idx32, int64_t m, const Tensor& wei
   return Tensor(routed_slots_.data(), DType::i32, {idx32.size(0), int64_t(k)});
 }
 
-void AllToAll::check_errors() const { backend_->check_errors(); }
+void AllToAll::check_errors() {
+  try {
+    backend_->check_errors();
+  } catch (const detail::PeerLossNoticed& noticed) {  // a device's kernels found a peer lost
+    go_on_without(noticed);
+  }
+}
 
 }  // namespace pmoe

@@ -4,10 +4,8 @@
 // and the phase.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -16,6 +14,7 @@
 namespace pmoe::detail {
 
 class SlotTable;  // all_to_all/slot_table.hpp
+class LossBoard;  // all_to_all/loss_board.hpp
 
 struct DispatchArgs {
   Tensor x, x_scale, indices, expert_num_tokens, expert_x, expert_x_scale;
@@ -53,16 +52,19 @@ class AllToAllBackend {
   // its backend needs the live ranks only). Called between calls.
   virtual void set_routing(const SlotTable& table, const std::vector<uint8_t>& live) = 0;
 
-  // on_peer_loss = mask (the CPU backend): between polls, a wait for rank `peer` that began at
-  // `since` calls watch(peer, since), which throws to end it when a peer is lost
-  // (all_to_all/loss_board.hpp); `timeout_s` is the waits' backstop.
-  using LossWatch = std::function<void(int peer, std::chrono::steady_clock::time_point since)>;
-  virtual void set_loss_watch(LossWatch watch, double timeout_s) {
-    (void)watch, (void)timeout_s;
+  // on_peer_loss = mask: the backend's waits end when `board` has news (LossBoard::watch on the
+  // CPU, between a wait's polls; a watcher thread and the kernels' abort word on a device), by
+  // throwing LossBoard's PeerLossNoticed from the op's call; `backstop_s` bounds a host wait
+  // that the board never ends. The board outlives the backend.
+  virtual void set_loss_board(LossBoard& board, double backstop_s) {
+    (void)board, (void)backstop_s;
   }
   // After the survivors agreed on a lost peer: the calls in flight are abandoned and the next
   // call is calls_base + 1 on every survivor (its signals carry that epoch).
   virtual void restart_at(int64_t calls_base) { (void)calls_base; }
+  // Between calls: the calls this rank has made, `host_count` where the host saw them all (a
+  // device's graph replays pass no host count: its kernels count them).
+  virtual int64_t calls_made(int64_t host_count) { return host_count; }
 };
 
 }  // namespace pmoe::detail

@@ -39,7 +39,7 @@ LossBoard::LossBoard(Communicator& comm, double peer_timeout_s)
       size_(comm.size()),
       peer_timeout_s_(peer_timeout_s),
       group_(group_of(comm)),
-      memory_(comm.alloc_symmetric(post_bytes(comm.size()), 0)),
+      memory_(comm.alloc_host_symmetric(post_bytes(comm.size()))),
       seen_posts_(size_t(comm.size()), 0) {
   for (int r = 0; r < size_; ++r)
     PMOE_CHECK(memory_->peer(r) != nullptr, "AllToAll: on_peer_loss = mask needs every rank's "
@@ -108,6 +108,20 @@ void LossBoard::watch(int peer, Clock::time_point since, const std::vector<uint8
     noticed.reasons.push_back(cat("awaited for more than ", peer_timeout_s_, " s"));
   }
   if (!noticed.suspects.empty()) throw noticed;
+}
+
+bool LossBoard::news(const std::vector<uint8_t>& live, std::vector<uint64_t>& seen) const {
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || !live[size_t(r)]) continue;
+    if (group_->peer_ended(r)) return true;
+    const uint64_t posts = word(post_of(r).posts).load(std::memory_order_acquire);
+    if (posts == seen[size_t(r)]) continue;
+    const Snapshot s = read(r);
+    seen[size_t(r)] = s.posts;
+    for (int x = 0; x < size_; ++x)
+      if (s.lost[size_t(x)] && live[size_t(x)]) return true;
+  }
+  return false;
 }
 
 std::string LossBoard::held_lost_by(const std::vector<uint8_t>& live) const {

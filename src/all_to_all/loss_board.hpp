@@ -30,6 +30,10 @@ class Group;
 struct PeerLossNoticed {
   std::vector<int> suspects;         // ranks this rank found lost itself
   std::vector<std::string> reasons;  // why, one per suspect
+  // The calls this rank finished and began, where the op's host counts are not the device's (a
+  // device's calls end after their launch returned, and graph replays pass no host count): the
+  // device's counts; -1: the op's own.
+  int64_t calls_done = -1, calls_started = -1;
 };
 
 class LossBoard {
@@ -46,6 +50,14 @@ class LossBoard {
   // In a wait for `peer` that began at `since`, with `live` this rank's mask: throws
   // PeerLossNoticed (see above), or returns.
   void watch(int peer, Clock::time_point since, const std::vector<uint8_t>& live);
+
+  // For a watcher beside the op's thread (a device's kernels wait where the host cannot watch):
+  // whether a live peer's process ended, or a live peer's post that changed since `seen` (its
+  // post counts, updated here) holds a live rank lost. Reads only; safe beside the op's calls.
+  bool news(const std::vector<uint8_t>& live, std::vector<uint64_t>& seen) const;
+  // Each rank's post count when this rank last read its post (in watch, agree or join): the
+  // `seen` of a watcher that starts from what this rank already took into account.
+  const std::vector<uint64_t>& seen_posts() const { return seen_posts_; }
 
   // Before this rank writes into its peers' memory (each send step): "" while no live peer
   // holds this rank lost, else why. A rank the others went on without must not write into

@@ -39,6 +39,12 @@ Stream Communicator::side_stream() {
 
 void Communicator::check_group() const { group_->check(rank()); }
 
+std::unique_ptr<SymmetricMemory> Communicator::alloc_host_symmetric(size_t bytes) {
+  PMOE_CHECK(device_.kind == Device::Kind::cpu, "alloc_host_symmetric: this communicator "
+             "allocates symmetric memory on ", device_.str(), " only");
+  return alloc_symmetric(bytes, 0);
+}
+
 namespace detail {
 const std::shared_ptr<Group>& group_of(const Communicator& comm) { return comm.group_; }
 }  // namespace detail

@@ -188,6 +188,16 @@ void MpiCommunicator::broadcast(std::span<std::byte> data, int root) {
 
 std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
                                                                   int signal_slots) {
+  return alloc_symmetric_in(device(), bytes, signal_slots);
+}
+
+std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_host_symmetric(size_t bytes) {
+  return alloc_symmetric_in(Device::cpu(), bytes, 0);
+}
+
+std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric_in(Device where,
+                                                                     size_t bytes,
+                                                                     int signal_slots) {
   PMOE_CHECK(signal_slots >= 0, "alloc_symmetric: negative signal count ", signal_slots);
   const size_t data_bytes = (bytes + 63) / 64 * 64;
   const size_t total = data_bytes + size_t(signal_slots) * SymmetricMemory::kSignalBytes;
@@ -208,7 +218,7 @@ std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
     regions->transport = transport_;
     regions->serial = serial;
   };
-  if (device().kind == Device::Kind::cuda) {
+  if (where.kind == Device::Kind::cuda) {
     detail::map_device_segments(regions->device_segments, data, total, *this, node_ranks_, agree);
     find_signals();
   } else {
@@ -224,7 +234,7 @@ std::unique_ptr<SymmetricMemory> MpiCommunicator::alloc_symmetric(size_t bytes,
   }
   return std::make_unique<MpiSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
                                               std::move(signals), regions, group(), timeout_s(),
-                                              device());
+                                              where);
 }
 
 }  // namespace pmoe

@@ -182,6 +182,16 @@ void SocketCommunicator::broadcast(std::span<std::byte> data, int root) {
 
 std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric(size_t bytes,
                                                                      int signal_slots) {
+  return alloc_symmetric_in(device(), bytes, signal_slots);
+}
+
+std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_host_symmetric(size_t bytes) {
+  return alloc_symmetric_in(Device::cpu(), bytes, 0);
+}
+
+std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric_in(Device where,
+                                                                        size_t bytes,
+                                                                        int signal_slots) {
   PMOE_CHECK(signal_slots >= 0, "alloc_symmetric: negative signal count ", signal_slots);
   const size_t data_bytes = (bytes + 63) / 64 * 64;
   const size_t total = data_bytes + size_t(signal_slots) * SymmetricMemory::kSignalBytes;
@@ -219,7 +229,7 @@ std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric(size_t byte
     regions->serial = serial;
     transport_->add_region(serial, data[size_t(rank_)], signals[size_t(rank_)]);
   };
-  if (device().kind == Device::Kind::cuda) {
+  if (where.kind == Device::Kind::cuda) {
     // Kernels load and store node peers' device memory; nothing arrives as a TCP frame.
     detail::map_device_segments(regions->device_segments, data, total, *this, node_ranks_, agree);
     for (int r = 0; r < size_; ++r)
@@ -233,7 +243,7 @@ std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric(size_t byte
   }
   return std::make_unique<SocketSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
                                                  std::move(signals), regions, group(), timeout_s(),
-                                                 device());
+                                                 where);
 }
 
 }  // namespace pmoe

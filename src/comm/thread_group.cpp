@@ -105,10 +105,18 @@ class ThreadCommunicator final : public Communicator {
   }
 
   std::unique_ptr<SymmetricMemory> alloc_symmetric(size_t bytes, int signal_slots) override {
+    return alloc_symmetric_in(device(), bytes, signal_slots);
+  }
+  std::unique_ptr<SymmetricMemory> alloc_host_symmetric(size_t bytes) override {
+    return alloc_symmetric_in(Device::cpu(), bytes, 0);
+  }
+
+ private:
+  std::unique_ptr<SymmetricMemory> alloc_symmetric_in(Device where, size_t bytes,
+                                                      int signal_slots) {
     PMOE_CHECK(signal_slots >= 0, "alloc_symmetric: negative signal count ", signal_slots);
     const size_t data_bytes = (bytes + 63) / 64 * 64;
     const size_t total = data_bytes + size_t(signal_slots) * SymmetricMemory::kSignalBytes;
-    const Device where = device();
     std::shared_ptr<std::byte> region;
     if (where.kind == Device::Kind::cpu) {
       region.reset(static_cast<std::byte*>(aligned_alloc_zeroed(total)),
@@ -140,10 +148,9 @@ class ThreadCommunicator final : public Communicator {
     }
     return std::make_unique<ThreadSymmetricMemory>(
         rank_, bytes, signal_slots, std::move(data), std::move(signals), owned, group_,
-        timeout_s(), device());
+        timeout_s(), where);
   }
 
- private:
   std::shared_ptr<ThreadGroup> group_;
   int rank_;
 };

@@ -16,6 +16,7 @@
 
 #include "all_to_all/backend.hpp"
 #include "all_to_all/layout.hpp"
+#include "all_to_all/loss_board.hpp"
 #include "all_to_all/route.hpp"
 #include "comm/node_split.hpp"
 #include "cpu/reduce.hpp"
@@ -47,9 +48,9 @@ class CpuAllToAll final : public AllToAllBackend {
   }
 
   void set_routing(const SlotTable&, const std::vector<uint8_t>& live) override { live_ = live; }
-  void set_loss_watch(LossWatch watch, double timeout_s) override {
-    loss_watch_ = std::move(watch);
-    loss_timeout_s_ = timeout_s;
+  void set_loss_board(LossBoard& board, double backstop_s) override {
+    loss_board_ = &board;
+    loss_timeout_s_ = backstop_s;
   }
   // Signals only grow: from calls_base + 1 on, what the abandoned calls left reads as stale.
   void restart_at(int64_t calls_base) override { epoch_ = uint64_t(calls_base); }
@@ -241,11 +242,11 @@ class CpuAllToAll final : public AllToAllBackend {
   }
   // Waits for this call's `slot` signal; with a loss watch, a lost peer ends the wait.
   void await(int slot, const WaitFor& what) {
-    if (!loss_watch_) return memory_->wait_signal(slot, epoch_, what);
+    if (!loss_board_) return memory_->wait_signal(slot, epoch_, what);
     std::optional<std::chrono::steady_clock::time_point> since;  // the first poll after the spin
     memory_->wait_signal(slot, epoch_, what, [&] {
       if (!since) since = std::chrono::steady_clock::now();
-      loss_watch_(what.peer, *since);
+      loss_board_->watch(what.peer, *since, live_);
     }, loss_timeout_s_);
   }
   // Rows of local expert e that `source` sent this call (its block head; after its signal).
@@ -314,7 +315,7 @@ class CpuAllToAll final : public AllToAllBackend {
   std::vector<int64_t> first_row_;  // packed_expert_rows: each local expert's first row
   std::vector<Route> routes_;       // this call's received rows, for combine
   std::vector<uint8_t> live_;       // ranks not masked (AllToAll::mask_rank)
-  LossWatch loss_watch_;            // on_peer_loss = mask: ends a wait on a lost peer
+  LossBoard* loss_board_ = nullptr;  // on_peer_loss = mask: ends a wait on a lost peer
   double loss_timeout_s_ = 0;
 };
 

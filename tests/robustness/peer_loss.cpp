@@ -1,11 +1,12 @@
 // Topology: W MPI processes on one node (mpiexec --enable-recovery, so that the launcher lets the
-// survivors run on after one dies), shared-memory transport, an AllToAll made with
-// on_peer_loss = mask and a placement that gives every expert two slots W / 2 ranks apart. One
-// rank (VICTIM) SIGKILLs itself at a random moment while every rank loops over checked
-// dispatch/combine calls: sending, waiting or landing rows, whatever it is in. Each survivor must
-// get one pmoe::PeerLost naming the victim, then finish 10 more calls, each equal to the plain
-// reference with the victim's slots served by their replicas (no token lost). Every survivor
-// prints one line that run_peer_loss.sh checks and compares with the others':
+// survivors run on after one dies), shared-memory transport (or one GPU with
+// PMOE_TEST_DEVICE=cuda), an AllToAll made with on_peer_loss = mask and a placement that gives
+// every expert two slots W / 2 ranks apart. One rank (VICTIM) SIGKILLs itself at a random moment
+// while every rank loops over checked dispatch/combine calls: sending, waiting or landing rows,
+// whatever it is in. Each survivor must get one pmoe::PeerLost naming the victim, then finish 10
+// more calls, each equal to the plain reference with the victim's slots served by their replicas
+// (no token lost). Every survivor prints one line that run_peer_loss.sh checks and compares with
+// the others':
 //   "peer-loss: rank R ok <ms from kill to PeerLost> first=F last=L next=N"
 //   "peer-loss: rank R FAIL <why>"
 // Survivors leave with _exit(): MPI cannot finalize with a dead peer.
@@ -42,7 +43,11 @@ int main(int argc, char** argv) {
   const int victim = std::atoi(argv[2]);
   const unsigned seed = unsigned(std::atoi(argv[3]));
 
-  pmoe::MpiCommunicator comm(MPI_COMM_WORLD);
+  // PMOE_TEST_DEVICE=cuda: the processes share the GPU (the emulated one under
+  // PMOE_CUDA_EMULATE=1), and their kernels wait where the host cannot watch.
+  const char* device_name = std::getenv("PMOE_TEST_DEVICE");
+  const bool on_gpu = device_name && std::string(device_name) == "cuda";
+  pmoe::MpiCommunicator comm(MPI_COMM_WORLD, on_gpu ? pmoe::Device::cuda(0) : pmoe::Device::cpu());
   pmoe::testing::MaskCase c;
   c.config = pmoe::testing::make_config(/*max_tokens=*/16, /*experts=*/4 * size, /*top_k=*/3,
                                         /*hidden=*/64);

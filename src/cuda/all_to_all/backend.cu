@@ -16,16 +16,20 @@
 #include <cuda/atomic>
 
 #include "all_to_all/backend.hpp"
+#include "all_to_all/loss_board.hpp"
 #include "all_to_all/slot_table.hpp"
 #include "core/device_runtime.hpp"
 #include "all_to_all/layout.hpp"
 #include "all_to_all/step.hpp"
+#include "cuda/all_to_all/error_text.hpp"
 #include "cuda/all_to_all/kernels.hpp"
+#include "cuda/all_to_all/peer_loss.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/sm_count.hpp"
 #include "cuda/transport/remote_setup.hpp"
+#include "comm/group.hpp"
 #include "comm/node_split.hpp"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR {
@@ -130,11 +134,13 @@ class CudaAllToAll final : public AllToAllBackend {
     const size_t epoch = reserve(sizeof(uint64_t));
     const size_t counters = reserve(sizeof(uint32_t) * cuda::kBlockCounters);
     const size_t error = reserve(sizeof(cuda::ErrorWord));
+    error_at_ = error;
     const size_t owners_ready = reserve(sizeof(int32_t));
     const size_t round = reserve(sizeof(cuda::Round));  // zeroed: dispatch(send) comes first
     // i64 indices narrowed for the kernels, one copy per op: combine's must outlive dispatch's.
     const size_t index_count = size_t(config.max_num_tokens) * config.experts_per_token;
     const size_t dispatch_indices = reserve(sizeof(int32_t) * index_count);
+    calls_state_end_ = dispatch_indices;  // what a call leaves in scratch lies before this
     const size_t combine_indices = reserve(sizeof(int32_t) * index_count);
     // A placement's or a mask's routing (set_routing): the slot table, the live ranks, and
     // combine's weights after the mask.
@@ -170,19 +176,29 @@ class CudaAllToAll final : public AllToAllBackend {
     table_slots_ = reinterpret_cast<int32_t*>(base + table_slots);
     live_ = reinterpret_cast<int32_t*>(base + live);
     combine_weights_ = reinterpret_cast<float*>(base + combine_weights);
-    routes_slots_ = !config.placement.empty() || config.rank_mask;
-    p.live = config.rank_mask ? live_ : nullptr;
-    PMOE_CUDA_CHECK(cudaHostAlloc(&error_host_, sizeof(cuda::ErrorWord), cudaHostAllocMapped));
-    std::memset(error_host_, 0, sizeof(cuda::ErrorWord));
+    routes_slots_ = !config.placement.empty() || config.maskable();
+    p.live = config.maskable() ? live_ : nullptr;
+    // The error word's mirror, then (on_peer_loss = mask) the abort word, host-mapped.
+    PMOE_CUDA_CHECK(cudaHostAlloc(&error_host_, sizeof(cuda::ErrorWord) + 64, cudaHostAllocMapped));
+    std::memset(error_host_, 0, sizeof(cuda::ErrorWord) + 64);
     cuda::ErrorWord* mirror = nullptr;
     PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mirror), error_host_, 0));
     PMOE_CUDA_CHECK(cudaMemcpy(&p.error->host_mirror, &mirror, sizeof mirror,
                                cudaMemcpyHostToDevice));
+    if (config.on_peer_loss == OnPeerLoss::mask) {
+      auto* abort_host = reinterpret_cast<int32_t*>(static_cast<cuda::ErrorWord*>(error_host_) + 1);
+      int32_t* abort_device = reinterpret_cast<int32_t*>(mirror + 1);
+      PMOE_CUDA_CHECK(cudaMemcpy(&p.error->abort, &abort_device, sizeof abort_device,
+                                 cudaMemcpyHostToDevice));
+      loss_ = std::make_unique<DevicePeerLoss>(abort_host);
+    }
     // The memset and the copy ran on the legacy stream, which the rank's non-blocking stream does
     // not wait for, and a copy from pageable memory may still be in flight when cudaMemcpy
     // returns: wait for both before any kernel can read the scratch.
     PMOE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
-    p.timeout_ns = uint64_t(comm.timeout_s() * 1e9);
+    // With on_peer_loss = mask a wait ends at the peer timeout: the peer is then a suspect.
+    p.timeout_ns = uint64_t(
+        (loss_ && config.peer_timeout_s > 0 ? config.peer_timeout_s : comm.timeout_s()) * 1e9);
     const int sms = cuda::sm_count(device_.index);
     // Ranks that share a GPU share its SMs: each launches its share of the grid. Their grids
     // then run side by side in one wave, where whole grids each would queue behind each other
@@ -229,7 +245,8 @@ class CudaAllToAll final : public AllToAllBackend {
   // and the op is retired. A non-fatal one (a bad index or bound_m, which every rank got past) is
   // raised once: its record is cleared here, and on the device before the next launch.
   void check_errors() const override {
-    const ErrorRecord r = recorded();
+    check_loss();
+    const cuda::ErrorRecord r = recorded();
     if (r.code == cuda::kOk) return;
     if (!cuda::is_fatal(r.code)) {
       std::atomic_ref<int32_t>(static_cast<cuda::ErrorWord*>(error_host_)->code)
@@ -278,6 +295,8 @@ class CudaAllToAll final : public AllToAllBackend {
   // stream order: after every kernel already enqueued, before any enqueued later. No wait for the
   // device: at construction a peer may already spin in its first dispatch.
   void set_routing(const SlotTable& table, const std::vector<uint8_t>& live) override {
+    live_ranks_ = live;
+    if (loss_) loss_->restart(live, /*clear=*/false);
     if (!routes_slots_) return;  // no placement, no mask: indices are slots
     rewrites_ = table.rewrites();
     table_view_ = {table_first_, table_slots_, table.logical_experts(),
@@ -303,15 +322,78 @@ class CudaAllToAll final : public AllToAllBackend {
     cuda::launch_combine_recv(with_combine(a), stream_, blocks_, waited);
   }
 
+  void set_loss_board(LossBoard& board, double) override { loss_->attach(board, live_ranks_); }
+  int64_t calls_made(int64_t) override {
+    PMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return int64_t(device_round().first);
+  }
+  // The abandoned calls' kernels have ended (check_loss, or a rejoin between calls): what they
+  // left in scratch is cleared and the epoch set, in stream order before the next call's
+  // kernels, which a graph captured earlier also reads from here.
+  void restart_at(int64_t calls_base) override {
+    if (!loss_) return;
+    PMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    auto* base = static_cast<std::byte*>(scratch_);
+    PMOE_CUDA_CHECK(cudaMemsetAsync(base, 0, error_at_, stream_));
+    PMOE_CUDA_CHECK(cudaMemsetAsync(base + error_at_, 0, offsetof(cuda::ErrorWord, host_mirror),
+                                    stream_));
+    const size_t after_error = error_at_ + (sizeof(cuda::ErrorWord) + 255) / 256 * 256;
+    PMOE_CUDA_CHECK(cudaMemsetAsync(base + after_error, 0, calls_state_end_ - after_error,
+                                    stream_));  // the round too: dispatch(send) comes next
+    restart_epoch_ = uint64_t(calls_base);
+    PMOE_CUDA_CHECK(cudaMemcpyAsync(params_.epoch, &restart_epoch_, sizeof restart_epoch_,
+                                    cudaMemcpyHostToDevice, stream_));
+    PMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memset(error_host_, 0, offsetof(cuda::ErrorWord, host_mirror));
+    reset_pending_ = recv_waited_ = false;
+    loss_->restart(live_ranks_, /*clear=*/true);
+  }
+
  private:
-  struct ErrorRecord {
-    int32_t code, detail, step, value;
-  };
+  // on_peer_loss = mask, at each call and in check_errors(): a wait that timed out or ended on
+  // the abort word, or news the watcher left there, ends this rank's calls in flight: every wait
+  // is made to end, the stream drained, and PeerLossNoticed thrown for the op's agreement, with
+  // the calls this rank's kernels finished (those before the failed wait's epoch).
+  void check_loss() const {
+    if (!loss_) return;
+    cuda::ErrorRecord r = recorded();
+    bool lost_wait = r.code == cuda::kTimeout || r.code == cuda::kAborted;
+    if (!lost_wait && !loss_->abort_set()) return;
+    loss_->set_abort();
+    PMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    r = recorded();
+    lost_wait = r.code == cuda::kTimeout || r.code == cuda::kAborted;
+    PeerLossNoticed noticed;
+    if (r.code == cuda::kTimeout) {
+      noticed.suspects = {r.detail};
+      noticed.reasons = {cat("awaited for more than ", params_.timeout_ns / 1e9, " s")};
+    }
+    if (cuda::is_fatal(r.code) && !lost_wait) raise(r);
+    const auto [epoch, round] = device_round();
+    noticed.calls_started = int64_t(epoch);
+    if (lost_wait)
+      noticed.calls_done = int64_t(r.call) - 1;
+    else  // every kernel ran to its end: the last call did unless only its dispatch ran
+      noticed.calls_done =
+          int64_t(epoch) - (round.next_step == int32_t(Step::dispatch_send) ? 0 : 1);
+    throw noticed;
+  }
+
+  // After a stream synchronisation: the calls the device began (dispatch(send) counts them in
+  // the epoch) and the step it expects next.
+  std::pair<uint64_t, cuda::Round> device_round() const {
+    std::pair<uint64_t, cuda::Round> out;
+    PMOE_CUDA_CHECK(cudaMemcpy(&out.first, params_.epoch, sizeof out.first,
+                               cudaMemcpyDeviceToHost));
+    PMOE_CUDA_CHECK(cudaMemcpy(&out.second, params_.round, sizeof out.second,
+                               cudaMemcpyDeviceToHost));
+    return out;
+  }
 
   // The host-mapped mirror, which a kernel may be writing: atomically, the code first (a kernel
   // stores it last, with release), through cuda::atomic_ref, whose loads the emulated device
   // judges (src/cuda/emulator/host_view.hpp).
-  ErrorRecord recorded() const {
+  cuda::ErrorRecord recorded() const {
     auto& e = *static_cast<cuda::ErrorWord*>(error_host_);
     auto load = [](int32_t& field, ::cuda::memory_order order) {
       return ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>(field).load(order);
@@ -319,59 +401,28 @@ class CudaAllToAll final : public AllToAllBackend {
     const int32_t code = load(e.code, ::cuda::memory_order_acquire);
     return {code, load(e.detail, ::cuda::memory_order_relaxed),
             load(e.step, ::cuda::memory_order_relaxed),
-            load(e.value, ::cuda::memory_order_relaxed)};
+            load(e.value, ::cuda::memory_order_relaxed),
+            ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(e.call).load(
+                ::cuda::memory_order_relaxed)};
   }
 
-  [[noreturn]] void raise(const ErrorRecord& r) const {
-    const char* kernel = step_name(r.step);
-    switch (r.code) {
-      case cuda::kTimeout:
-        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, " (", device_.str(),
-                        "): rank ", r.detail, node_of(r.detail), " did not arrive within ",
-                        params_.timeout_ns / 1e9, " s", relayed_by(r.detail, r.step, r.value)));
-      case cuda::kNoRemote:
-        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": rank ", r.detail,
-                        node_of(r.detail), " is on another node and this build has no remote "
-                        "path to it"));
-      case cuda::kTooManyTokens:
-        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": bound_m = ",
-                        r.detail, " is outside [0, ", r.value,
-                        "], the rows given (the call went on with m clamped to that range)"));
-      case cuda::kBadIndex:
-        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": indices[",
-                        r.detail / params_.top_k, ", ", r.detail % params_.top_k, "] = ",
-                        r.value, " is outside [-1, ", params_.num_local_experts * params_.world_size,
-                        ") or repeats an expert of its row (the slot was skipped)",
-                        r.value == INT32_MIN ? "; an int64 index outside int32 reads as this" : ""));
-      case cuda::kStepOrder:
-        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, " (", device_.str(),
-                        "): the device ran ", kernel, " where it expected ", step_name(r.detail),
-                        ": steps out of order, as when a CUDA graph of dispatch or combine is "
-                        "replayed twice in a row (each dispatch must be followed by one combine); "
-                        "the step did nothing, and this AllToAll is unusable: create a new one"));
-      case cuda::kTokensMismatch:
-        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": combine's m = ",
-                        r.detail, " differs from the m = ", r.value, " of the dispatch it follows "
-                        "(bound_m, or the rows given); only the first ", std::min(r.detail, r.value),
-                        " rows of y were combined"));
-      case cuda::kDtypeMismatch:
-        throw Error(cat("AllToAll::", kernel, " on rank ", params_.rank, ": rank ", r.detail,
-                        " sent expert_y as ", dtype_name(DType(r.value)), " but this rank's is ",
-                        dtype_name(DType(params_.y_dtype)),
-                        "; every rank must pass the same expert_y dtype"));
-      default:
-        throw Error(cat("AllToAll on rank ", params_.rank, ": device error code ", r.code));
-    }
+  [[noreturn]] void raise(const cuda::ErrorRecord& r) const {
+    cuda::raise_recorded(r, params_, device_.str(), ranks_per_node());
   }
 
-  // At every launch: a peer thread rank that already threw (its kernels will never signal) and a
-  // fatal error the kernels recorded raise here, before more kernels wait for nothing. A
-  // non-fatal one is left to check_errors(): raising it here would stop this rank's next phase
-  // while its peers wait for it. A record check_errors() cleared is cleared on the device too,
-  // in stream order, before this launch.
+  // At every launch: a peer thread rank that already threw (its kernels will never signal), a
+  // node peer whose process ended (with on_peer_loss = mask the watcher takes that as news
+  // instead) and a fatal error the kernels recorded raise here, before more kernels wait for
+  // nothing. A non-fatal one is left to check_errors(): raising it here would stop this rank's
+  // next phase while its peers wait for it. A record check_errors() cleared is cleared on the
+  // device too, in stream order, before this launch.
   void enter() const {
-    comm_.check_group();
-    const ErrorRecord r = recorded();
+    if (loss_)
+      group_of(comm_)->check_failed(comm_.rank());
+    else
+      comm_.check_group();
+    check_loss();
+    const cuda::ErrorRecord r = recorded();
     if (cuda::is_fatal(r.code)) raise(r);
     if (reset_pending_) {
       PMOE_CUDA_CHECK(cudaMemsetAsync(params_.error, 0, offsetof(cuda::ErrorWord, host_mirror),
@@ -380,7 +431,6 @@ class CudaAllToAll final : public AllToAllBackend {
     }
   }
 
-  // The kernels read i32 indices: the caller's, or i64 ones narrowed into `narrowed` by
   // The indices the kernels read: the caller's, or their staged copy (stage_indices() at the
   // send; the recv reads the same copy).
   const int32_t* indices_for_kernels(const Tensor& indices, bool routed,
@@ -475,32 +525,6 @@ class CudaAllToAll final : public AllToAllBackend {
     const int W = comm_.size(), n = config_.ranks_per_node;
     return n > 0 && n < W ? n : W;
   }
-  // In hierarchical mode a source on another node reaches this rank's dispatch(recv) through
-  // this node's relay for it: name that rank too, since it may be the one that is missing.
-  // In node-summed combine, the one rank of another node this rank waits for is its peer there,
-  // for either side of the relay's work (`awaited`, a TimeoutWait): say which.
-  std::string relayed_by(int source, int32_t step, int32_t awaited) const {
-    const int R = layout_.ranks_per_node;
-    if (layout_.node_sum && step == int32_t(Step::combine_recv) && source / R != params_.rank / R)
-      return awaited == cuda::kAwaitedWeights
-                 ? cat("; this rank waited for the weights of its tokens, to sum node ",
-                       params_.rank / R, "'s rows of them (node-summed combine)")
-                 : cat("; this rank waited for node ", source / R, "'s partial sums of its "
-                       "tokens, which rank ", source, " sums and sends (node-summed combine)");
-    if (!layout_.hierarchical || step != int32_t(Step::dispatch_recv) ||
-        source / R == params_.rank / R)
-      return "";
-    const int relay = layout_.peer_on_node(source, params_.rank / R);
-    if (relay == params_.rank) return "";  // this rank waited for the relay block itself
-    return cat("; its tokens come through rank ", relay, ", this node's relay for it");
-  }
-  // ", on node 1 (this rank is on node 0)" where the world is split into nodes, else "".
-  std::string node_of(int peer) const {
-    const int n = ranks_per_node();
-    if (n == comm_.size()) return "";
-    return cat(" (node ", peer / n, "; this rank is on node ", params_.rank / n, ")");
-  }
-
   Communicator& comm_;
   AllToAllConfig config_;
   AllToAllLayout layout_;
@@ -526,6 +550,10 @@ class CudaAllToAll final : public AllToAllBackend {
   ::pmoe::detail::SlotTableView table_view_{};
   std::vector<int32_t> routing_upload_;  // the table and live ranks as last sent (set_routing)
   void* error_host_ = nullptr;
+  size_t error_at_ = 0, calls_state_end_ = 0;  // in scratch_: the error word; past a call's state
+  std::unique_ptr<DevicePeerLoss> loss_;  // on_peer_loss = mask
+  std::vector<uint8_t> live_ranks_;       // as set_routing() last gave them
+  uint64_t restart_epoch_ = 0;            // restart_at()'s copy source
   mutable bool reset_pending_ = false;  // check_errors() raised a non-fatal error
   bool recv_waited_ = false;  // the last send kernel also did the receive's waits
   int blocks_ = 1;

@@ -48,16 +48,19 @@ __device__ __forceinline__ void fence_for_peers(bool device_scope) {
 // memory (atomics on host-mapped memory are not atomic over PCIe); the winner then copies the
 // word to its host-mapped mirror, which the host reads without synchronizing.
 __device__ __forceinline__ void report(ErrorWord* error, int32_t code, int32_t detail, Step step,
-                                      int32_t value = 0) {
+                                      int32_t value = 0, uint64_t call = 0) {
   if (atomicCAS(&error->code, kOk, code) == kOk) {
     error->detail = detail;
     error->step = int32_t(step);
     error->value = value;
+    error->call = call;
     using HostWord = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
     ErrorWord* mirror = error->host_mirror;
     HostWord(mirror->detail).store(detail, ::cuda::memory_order_relaxed);
     HostWord(mirror->step).store(int32_t(step), ::cuda::memory_order_relaxed);
     HostWord(mirror->value).store(value, ::cuda::memory_order_relaxed);
+    ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(mirror->call)
+        .store(call, ::cuda::memory_order_relaxed);
     __threadfence_system();
     // Last: the host reads the code first.
     HostWord(mirror->code).store(code, ::cuda::memory_order_release);
@@ -66,26 +69,33 @@ __device__ __forceinline__ void report(ErrorWord* error, int32_t code, int32_t d
 }
 
 // Spins until read() >= value; false (and an error report naming `peer`, with `awaited` for the
-// host's message: a TimeoutWait) after the timeout, or once another thread reported a fatal
-// error. read() is a signal read with acquire.
+// host's message: a TimeoutWait) after the timeout, once another thread reported a fatal error,
+// or once the host set the abort word (on_peer_loss = mask). read() is a signal read with
+// acquire; `value` is the epoch awaited, the call the report names.
 template <typename Read>
 __device__ __forceinline__ bool wait_until_at_least(Read read, uint64_t value, uint64_t timeout_ns,
                                                    ErrorWord* error, int peer, Step step,
                                                    int32_t awaited = kAwaitedData) {
   const uint64_t start = global_timer_ns();
-  while (read() < value) {
+  for (uint32_t polls = 0; read() < value; ++polls) {
     if (global_timer_ns() - start > timeout_ns) {
-      report(error, kTimeout, peer, step, awaited);
+      report(error, kTimeout, peer, step, awaited, value);
       return false;
     }
     const int32_t code = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(error->code)
                              .load(::cuda::memory_order_relaxed);
     if (is_fatal(code)) return false;
+    // The abort word lies across the host link: read it once in 32 polls.
+    if (error->abort && polls % 32 == 31 &&
+        ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>(*error->abort)
+            .load(::cuda::memory_order_relaxed)) {
+      report(error, kAborted, peer, step, awaited, value);
+      return false;
+    }
     __nanosleep(100);
   }
   return true;
 }
-
 
 // Spins until `word` >= value, as wait_until_at_least says (a signal of system scope: the
 // writer may be on another GPU).

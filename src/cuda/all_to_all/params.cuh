@@ -54,6 +54,8 @@ enum ErrorCode : int32_t {
   kTokensMismatch = 6, // combine's m differs from its dispatch's (detail: combine's, value:
                        // dispatch's)
   kNoRemote = 7,       // a put to a remote peer on a path that has none (detail: the peer)
+  kAborted = 8,        // on_peer_loss = mask: a wait ended on the abort word, as the host's
+                       // watcher found a peer lost (detail: the peer awaited)
 };
 
 // What a timed-out wait waited for (ErrorWord::value of kTimeout), for the host's message.
@@ -75,7 +77,8 @@ struct Round {
 // index or m is only reported: the slot counts as -1 (m as clamped, combine's m as dispatch's)
 // and every rank still completes, so that peers do not combine stale rows.
 __host__ __device__ inline bool is_fatal(int32_t code) {
-  return code == kTimeout || code == kDtypeMismatch || code == kStepOrder || code == kNoRemote;
+  return code == kTimeout || code == kDtypeMismatch || code == kStepOrder || code == kNoRemote ||
+         code == kAborted;
 }
 
 // In device memory, where kernels race for it with atomicCAS; the winner copies it to
@@ -85,7 +88,11 @@ struct ErrorWord {
   int32_t detail;  // the peer (timeout), m (too many tokens) or the flat index position
   int32_t step;    // the Step whose kernel reported it
   int32_t value;   // the offending index value (bad index); a TimeoutWait (timeout)
+  uint64_t call;   // a failed wait's epoch: the call it failed in (the calls before it ended)
   ErrorWord* host_mirror;  // device pointer to the host-mapped copy (unused in the copy itself)
+  // on_peer_loss = mask: host-mapped, set by the host's watcher when a peer is found lost, polled
+  // by every wait so that the rank's kernels end; null otherwise. Unused in the copy.
+  int32_t* abort;
 };
 
 // block_counters: last_block() of send_tokens and of return_rows; 1 when a block of send_tokens
