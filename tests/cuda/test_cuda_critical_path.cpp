@@ -43,12 +43,16 @@ struct Counted {
 
 // W ranks sharing emulated GPU 0, `tokens` tokens each at DeepSeek-V3's shape. In place: the
 // tokens and expert outputs in the op's own buffers, as an MoE layer passes them.
+// How an op is made maskable, if at all.
+enum class Maskable { no, rank_mask, on_peer_loss };
+
 Counted counted_case(int W, int tokens, bool split, bool in_place = false, int hidden = 7168,
-                     bool rank_mask = false) {
+                     Maskable maskable = Maskable::no) {
   AllToAllCase c;
   c.config = make_config(tokens, 256, 8, hidden, DType::bf16, DType::bf16);
   c.config.in_place_buffers = in_place;
-  c.config.rank_mask = rank_mask;
+  c.config.rank_mask = maskable == Maskable::rank_mask;
+  if (maskable == Maskable::on_peer_loss) c.config.on_peer_loss = OnPeerLoss::mask;
   c.in_place = in_place;
   c.tokens = TokenCounts::full;
   c.split_phases = split;
@@ -229,25 +233,30 @@ __global__ void copy_row(std::byte* dst, const std::byte* src, size_t bytes, int
 // An op made maskable, with nobody masked, runs the same kernels as a plain one: the same grids,
 // barrier rounds, serial steps, bytes and fences (the mask is a few words the waits read, and an
 // eager call routes no index).
+// Both ways of making an op maskable: rank_mask, and on_peer_loss = mask, whose waits also poll
+// the abort word (not counted: a host-mapped word, read once in 32 polls of a wait that spins).
 TEST(CriticalPath, AMaskNobodyUsesCostsNothingCounted) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   const Counted plain = counted_case(2, 64, false, true, 1024);
-  const Counted maskable = counted_case(2, 64, false, true, 1024, /*rank_mask=*/true);
-  ASSERT_EQ(plain.kernels.size(), maskable.kernels.size());
-  for (size_t i = 0; i < plain.kernels.size(); ++i) {
-    const KernelCounts &a = plain.kernels[i], &b = maskable.kernels[i];
-    EXPECT_EQ(a.kernel, b.kernel);
-    EXPECT_EQ(a.launches, b.launches) << a.kernel;
-    EXPECT_EQ(a.blocks, b.blocks) << a.kernel;
-    EXPECT_EQ(a.barrier_rounds, b.barrier_rounds) << a.kernel;
-    // send_tokens' most steps are its last block's, and which block comes last varies run to
-    // run (its budget holds either way); every other kernel's are the same every run.
-    if (a.kernel != "send_tokens") {
-      EXPECT_EQ(a.serial_steps, b.serial_steps) << a.kernel;
+  for (Maskable how : {Maskable::rank_mask, Maskable::on_peer_loss}) {
+    SCOPED_TRACE(int(how));
+    const Counted maskable = counted_case(2, 64, false, true, 1024, how);
+    ASSERT_EQ(plain.kernels.size(), maskable.kernels.size());
+    for (size_t i = 0; i < plain.kernels.size(); ++i) {
+      const KernelCounts &a = plain.kernels[i], &b = maskable.kernels[i];
+      EXPECT_EQ(a.kernel, b.kernel);
+      EXPECT_EQ(a.launches, b.launches) << a.kernel;
+      EXPECT_EQ(a.blocks, b.blocks) << a.kernel;
+      EXPECT_EQ(a.barrier_rounds, b.barrier_rounds) << a.kernel;
+      // send_tokens' most steps are its last block's, and which block comes last varies run to
+      // run (its budget holds either way); every other kernel's are the same every run.
+      if (a.kernel != "send_tokens") {
+        EXPECT_EQ(a.serial_steps, b.serial_steps) << a.kernel;
+      }
+      EXPECT_EQ(a.total_bytes_read, b.total_bytes_read) << a.kernel;
+      EXPECT_EQ(a.total_bytes_written, b.total_bytes_written) << a.kernel;
+      EXPECT_EQ(a.system_fences, b.system_fences) << a.kernel;
     }
-    EXPECT_EQ(a.total_bytes_read, b.total_bytes_read) << a.kernel;
-    EXPECT_EQ(a.total_bytes_written, b.total_bytes_written) << a.kernel;
-    EXPECT_EQ(a.system_fences, b.system_fences) << a.kernel;
   }
 }
 

@@ -72,7 +72,8 @@ class DeviceEpMoe final : public MoeBackend {
         wire_(std::max(config.feature_dim, config.out_dim())),
         per_batch_((max_tokens + options.micro_batches - 1) / options.micro_batches),
         micro_batches_(options.micro_batches),
-        counts_logical_rows_(options.placement.empty() && !options.rank_mask),
+        counts_logical_rows_(options.placement.empty() && !options.rank_mask &&
+                             options.on_peer_loss == OnPeerLoss::fail),
         main_((set_device(comm.device()), static_cast<cudaStream_t>(comm.stream().handle))),
         experts_stream_(micro_batches_ == 2
                             ? static_cast<cudaStream_t>(comm.side_stream().handle)
