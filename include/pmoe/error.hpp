@@ -28,7 +28,9 @@ class PeerLost : public Error {
            int64_t last_call)
       : Error(message), ranks_(std::move(ranks)), first_call_(first_call), last_call_(last_call) {}
   const std::vector<int>& ranks() const { return ranks_; }  // newly masked, ascending
-  int64_t first_call() const { return first_call_; }        // calls are numbered from 1
+  // This rank's lost calls, numbered from 1. None (first_call() == last_call() + 1) where a
+  // device's check_errors() found the loss after every call of this rank had finished.
+  int64_t first_call() const { return first_call_; }
   int64_t last_call() const { return last_call_; }
 
  private:

@@ -300,10 +300,12 @@ void AllToAll::retire_excluded(const std::string& why) {
 }
 
 void AllToAll::go_on_without(const detail::PeerLossNoticed& noticed) {
-  const detail::LossBoard::Outcome out =
-      loss_board_->agree(mask_.live, noticed,
-                         noticed.calls_done >= 0 ? noticed.calls_done : calls_done_,
-                         noticed.calls_started >= 0 ? noticed.calls_started : calls_started_);
+  // A device's counts, where it gave them: its kernels finish after the host's calls return, and
+  // graph replays pass no host count. A call the host began counts even if its kernels never
+  // ran: the caller made it, and it throws.
+  const int64_t done = noticed.calls_done >= 0 ? noticed.calls_done : calls_done_;
+  const int64_t begun = std::max(noticed.calls_started, calls_started_);
+  const detail::LossBoard::Outcome out = loss_board_->agree(mask_.live, noticed, done, begun);
   if (out.excluded) retire_excluded(out.excluded_why);
   std::string names;
   for (size_t i = 0; i < out.lost.size(); ++i) {
@@ -317,16 +319,21 @@ void AllToAll::go_on_without(const detail::PeerLossNoticed& noticed) {
   backend_->restart_at(out.calls_base);
   // Calls this rank returned before the last agreement were judged then.
   const int64_t first = std::max(out.first_lost_call, restarted_at_ + 1);
-  const int64_t last = noticed.calls_started >= 0 ? noticed.calls_started : calls_started_;
+  const int64_t last = begun;
   calls_started_ = calls_done_ = restarted_at_ = out.calls_base;
   next_ = Step::dispatch_send;
   arriving_ = -1;
+  // A device's check_errors() can find the loss after this rank's calls all finished: then
+  // none of them is lost (the survivors lost calls this rank never began).
+  const std::string calls =
+      first > last    ? std::string("No call of this rank is lost")
+      : first == last ? detail::cat("Call ", first, " of this rank is lost (run its tokens again)")
+                      : detail::cat("Calls ", first, "..", last, " of this rank are lost (run "
+                                    "their tokens again)");
   throw PeerLost(detail::cat("AllToAll on rank ", rank_, ": lost rank(s) ", names, "; the "
-                             "survivors masked them and go on. Call", first == last ? " " : "s ",
-                             first, first == last ? "" : detail::cat("..", last), " of this rank ",
-                             first == last ? "is" : "are", " lost (run their tokens again); "
-                             "the next call is ", calls_started_ + 1, " on every survivor"),
-                 out.lost, first, last);
+                             "survivors masked them and go on. ", calls, "; the next call is ",
+                             calls_started_ + 1, " on every survivor"),
+                 out.lost, std::min(first, last + 1), last);
 }
 
 int64_t AllToAll::tokens_this_call(const char* op, int64_t rows, const Tensor& bound_m) const {
