@@ -269,6 +269,11 @@ class EpMoe {
   // config.dtype (out). Arguments are checked before anything is sent; a rejected call throws
   // pmoe::Error and leaves the layer usable.
   void forward(const Tensor& x, const Tensor& y);
+  // On a GPU a forward returns before its kernels ran. After synchronizing the stream, this
+  // raises what they recorded (AllToAll::check_errors for each exchange), pmoe::PeerLost
+  // included: a forward whose exchange lost a peer is known before its output is used. A no-op
+  // on the CPU, whose forward raises everything itself.
+  void check_errors();
 
   const MoeConfig& config() const;
   int micro_batches() const;

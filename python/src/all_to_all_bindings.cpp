@@ -192,6 +192,15 @@ y        [m, H] out_dtype, out: y[t] = sum_j weights[t, j] * expert_y[row of (t,
       .def_prop_ro("calls_started", &AllToAll::calls_started,
                    "The number of the last call begun (from 1, the same on every rank); after a "
                    "pmoe.PeerLost, the number the survivors agreed on.")
+      .def(
+          "check_errors",
+          [](AllToAll& self) {
+            nb::gil_scoped_release release;  // a lost peer: drains the stream, then agrees
+            self.check_errors();
+          },
+          "On a GPU, after synchronizing the stream: raises the first error the kernels "
+          "recorded (a bad index, a peer that never arrived), pmoe.PeerLost included with "
+          "on_peer_loss='mask'. A no-op on the CPU, whose calls raise everything themselves.")
       .def("lost_experts", &AllToAll::lost_experts,
            "The logical experts (slots, without a placement) no live rank serves now.")
       .def("workspace_bytes", &AllToAll::workspace_bytes,

@@ -158,7 +158,7 @@ two halves so one half's exchange overlaps the other's experts. Collective.)")
           "serves; replicas spread the load and keep tokens when a masked rank held one. "
           "rank_mask: the layer can mask ranks (mask_rank); masked_experts: 'drop' or "
           "'renormalize', what an expert with no live slot becomes. on_peer_loss: 'fail' or "
-          "'mask' (CPU, micro_batches=1: the forward in which the survivors find a rank lost "
+          "'mask' (micro_batches=1: the forward in which the survivors find a rank lost "
           "raises pmoe.PeerLost, and the next runs without it); peer_timeout_s as AllToAll's "
           "(docs/robustness.md).")
       .def("forward", &forward<EpMoe>, nb::arg("x"), nb::arg("y") = nb::none(), kForwardDoc)
@@ -183,6 +183,14 @@ two halves so one half's exchange overlaps the other's experts. Collective.)")
           "live_ranks",
           [](const EpMoe& self) { return live_flags(self.rank_mask()); },
           "For each rank, True unless it was masked.")
+      .def(
+          "check_errors",
+          [](EpMoe& self) {
+            nb::gil_scoped_release release;  // a lost peer: drains the stream, then agrees
+            self.check_errors();
+          },
+          "On a GPU, after synchronizing the stream: raises what the forward's kernels "
+          "recorded, pmoe.PeerLost included. A no-op on the CPU.")
       .def("lost_experts", &EpMoe::lost_experts, "The experts no live rank serves now.")
       .def("weight_bytes", &EpMoe::weight_bytes);
 }

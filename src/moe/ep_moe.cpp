@@ -82,6 +82,9 @@ void EpMoe::unmask_rank(int rank) {
 void EpMoe::rejoin() {
   impl_->backend->change_membership([](AllToAll& a2a) { a2a.rejoin(); });
 }
+void EpMoe::check_errors() {
+  impl_->backend->change_membership([](AllToAll& a2a) { a2a.check_errors(); });
+}
 const RankMask& EpMoe::rank_mask() const { return impl_->backend->exchange().rank_mask(); }
 std::vector<int> EpMoe::lost_experts() const {
   return impl_->backend->exchange().lost_experts();

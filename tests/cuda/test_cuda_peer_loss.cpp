@@ -10,8 +10,12 @@
 #include "all_to_all_cases.hpp"
 #include "all_to_all_mask_cases.hpp"
 #include "cuda/cuda_test_flavor.hpp"
+#include "moe_cases.hpp"
 #include "pmoe/all_to_all.hpp"
 #include "pmoe/error.hpp"
+#include "pmoe/moe.hpp"
+#include "pmoe/stream.hpp"
+#include "reference/moe_reference.hpp"
 
 namespace pmoe::testing {
 namespace {
@@ -90,6 +94,83 @@ TEST(AllToAllCudaPeerLoss, ARankThatWasLostRejoinsAndTheGroupIsWholeAgain) {
   c.stops = {{2, 2}};
   c.rejoins = {{2, 5}};
   expect_on_device(3, c);
+}
+
+// One EpMoe forward of this rank's shard of a `batch`-token input from `seed`, on the device
+// (through d_x and d_y, made once: freeing device memory waits for the whole device, where the
+// peers' kernels may wait for this rank), checked (check_errors() after the stream) and compared
+// with the reference: "" or what differs. PeerLost propagates, from the forward or the check.
+std::string forward_shard_on_device(EpMoe& ep, Communicator& comm, int batch, uint64_t seed,
+                                    const Buffer& d_x, const Buffer& d_y) {
+  const MoeConfig& config = ep.config();
+  const Buffer x = reference::make_moe_input(config, batch, seed);
+  const RowRange mine = shard_rows(batch, comm.size(), comm.rank());
+  const size_t row_bytes = size_t(config.feature_dim) * dtype_size(config.dtype);
+  const Tensor x_mine(x.data<std::byte>() + size_t(mine.begin) * row_bytes, config.dtype,
+                      {mine.size(), config.feature_dim});
+  const Tensor x_on_device(d_x.data<void>(), config.dtype, {mine.size(), config.feature_dim},
+                           comm.device()),
+      y_on_device(d_y.data<void>(), config.dtype, {mine.size(), config.out_dim()}, comm.device());
+  Buffer y(config.dtype, {mine.size(), config.out_dim()});
+  copy(x_on_device, x_mine);
+  ep.forward(x_on_device, y_on_device);
+  synchronize(comm.stream());
+  ep.check_errors();
+  copy(y, y_on_device);
+  std::vector<int> rows;
+  for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);
+  return reference::compare_moe(config, reference::reference_moe(config, x, rows), y, mine.begin,
+                                reference::moe_tolerance(config.dtype))
+      .error;
+}
+
+// EpMoe on ranks sharing the GPU, every expert on two ranks: rank 3 stops after two forwards,
+// nobody masks it, and the others lose one forward (PeerLost, from that forward or its
+// check_errors()) and then match the reference with its replicas; two forwards later they unmask
+// it, it rejoins, and the layer is whole again.
+TEST(EpMoeCudaPeerLoss, GoesOnWhenARankIsLostAndTakesItBack) {
+  PMOE_REQUIRE_CUDA_RUNTIME();
+  const int W = 4;
+  const MoeConfig config = make_moe_config(16, 24, 4, 2, Activation::gelu, DType::f32);
+  EpMoeOptions options;
+  options.placement = ExpertPlacement::round_robin(4, 8);
+  options.on_peer_loss = OnPeerLoss::mask;
+  options.peer_timeout_s = kPeerTimeout;
+  const int batch = 11;
+  std::vector<std::string> errors(static_cast<size_t>(W));
+  run_ranks(
+      W,
+      [&](Communicator& comm) {
+        const int rank = comm.rank();
+        const int most = shard_rows(batch, W, 0).size();
+        EpMoe ep(comm, config, most, options);
+        const Buffer d_x(config.dtype, {most, config.feature_dim}, comm.device()),
+            d_y(config.dtype, {most, config.out_dim()}, comm.device());
+        int lost = 0;
+        for (int call = 0; call < 7; ++call) {
+          if (call == 2 && rank == 3) {  // stops; comes back when the others unmask it
+            ep.rejoin();
+            call = 3;
+            continue;
+          }
+          if (call == 4 && rank != 3) ep.unmask_rank(3);
+          std::string error;
+          try {
+            error = forward_shard_on_device(ep, comm, batch, 60 + uint64_t(call), d_x, d_y);
+          } catch (const PeerLost& e) {
+            ++lost;
+            if (e.ranks() != std::vector<int>{3} || e.first_call() != 3 || e.last_call() != 3)
+              errors[size_t(rank)] = std::string("an unexpected PeerLost: ") + e.what();
+            continue;
+          }
+          if (!error.empty() && errors[size_t(rank)].empty())
+            errors[size_t(rank)] = "call " + std::to_string(call) + ": " + error;
+        }
+        EXPECT_EQ(lost, rank == 3 ? 0 : 1) << "rank " << rank;
+        EXPECT_EQ(ep.rank_mask().live, (std::vector<uint8_t>{1, 1, 1, 1}));
+      },
+      Device::cuda(0));
+  for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
 }
 
 }  // namespace
