@@ -181,7 +181,7 @@ TEST(AllToAllPeerLoss, ARankThatWasLostRejoinsAndTheGroupIsWholeAgain) {
   }
 }
 
-TEST(AllToAllPeerLoss, UnmaskAndRejoinRefuseWhatTheyCannotDo) {
+TEST(AllToAllPeerLoss, UnmaskRejoinAndGoOnWithoutRefuseWhatTheyCannotDo) {
   run_ranks(2, [](Communicator& comm) {
     AllToAllConfig cfg = make_config(4, 4, 2, 8);
     cfg.rank_mask = true;
@@ -193,6 +193,11 @@ TEST(AllToAllPeerLoss, UnmaskAndRejoinRefuseWhatTheyCannotDo) {
     AllToAll a2a(comm, cfg);
     EXPECT_THROW(a2a.unmask_rank(1 - comm.rank()), Error);  // live
     EXPECT_THROW(a2a.unmask_rank(5), Error);
+    EXPECT_THROW(manual.go_on_without({1 - comm.rank()}), Error);  // no board
+    EXPECT_THROW(a2a.go_on_without({comm.rank()}), Error);
+    EXPECT_THROW(a2a.go_on_without({5}), Error);
+    a2a.go_on_without({});  // nobody new: returns at once
+    EXPECT_EQ(a2a.rank_mask().live, (std::vector<uint8_t>{1, 1}));
     comm.barrier();
   });
 }

@@ -207,6 +207,12 @@ class AllToAll {
   // call count, and makes the op usable again, between calls. Its next call is the one the
   // others make next.
   void rejoin();
+  // on_peer_loss = mask: another op of this rank raised pmoe::PeerLost for `ranks` (two
+  // exchanges that take turns, as EpMoe's micro-batches do): this one goes on without them too,
+  // abandoning its call in flight if any. Collective over the survivors, each of which calls it
+  // or finds the loss itself. Throws the PeerLost this op's own call would have raised, naming
+  // its lost calls; returns at once where `ranks` are masked here already.
+  void go_on_without(const std::vector<int>& ranks);
   // The live ranks and the reason each masked one was masked.
   const RankMask& rank_mask() const { return mask_; }
   // Logical experts (slots, without a placement) that no live rank serves now, ascending.
@@ -250,7 +256,7 @@ class AllToAll {
   // Runs a step's (or arriving_rows()') exchange: a failed wait retires the op, and a lost peer
   // (on_peer_loss = mask) leads to the survivors' agreement and a pmoe::PeerLost.
   void exchange(const std::function<void()>& body);
-  [[noreturn]] void go_on_without(const detail::PeerLossNoticed& noticed);
+  [[noreturn]] void agree_and_restart(const detail::PeerLossNoticed& noticed);
   [[noreturn]] void retire_excluded(const std::string& why);
   // `indices` as i32: itself, or its i64 values narrowed into `storage` (after their check).
   Tensor indices_i32(const char* op, const Tensor& indices, std::vector<int32_t>& storage) const;

@@ -236,9 +236,10 @@ struct EpMoeOptions {
   ExpertPlacement placement{};
   bool rank_mask = false;  // the layer can mask ranks (mask_rank), as AllToAllConfig::rank_mask
   MaskedExperts masked_experts = MaskedExperts::drop;  // an expert with no live slot
-  // As AllToAllConfig::on_peer_loss and peer_timeout_s (CPU, one micro-batch): with mask, the
-  // forward in which the survivors find a rank lost throws pmoe::PeerLost (its y must not be
-  // used: run the tokens again), and the next forward runs without that rank.
+  // As AllToAllConfig::on_peer_loss and peer_timeout_s: with mask, the forward in which the
+  // survivors find a rank lost throws pmoe::PeerLost (its y must not be used: run the tokens
+  // again; on a GPU check_errors() may raise it after the stream, for the forward just run),
+  // and the next forward runs without that rank, in both micro-batches' exchanges.
   OnPeerLoss on_peer_loss = OnPeerLoss::fail;
   double peer_timeout_s = 0;
 };

@@ -158,7 +158,7 @@ two halves so one half's exchange overlaps the other's experts. Collective.)")
           "serves; replicas spread the load and keep tokens when a masked rank held one. "
           "rank_mask: the layer can mask ranks (mask_rank); masked_experts: 'drop' or "
           "'renormalize', what an expert with no live slot becomes. on_peer_loss: 'fail' or "
-          "'mask' (micro_batches=1: the forward in which the survivors find a rank lost "
+          "'mask' (the forward in which the survivors find a rank lost "
           "raises pmoe.PeerLost, and the next runs without it); peer_timeout_s as AllToAll's "
           "(docs/robustness.md).")
       .def("forward", &forward<EpMoe>, nb::arg("x"), nb::arg("y") = nb::none(), kForwardDoc)

@@ -286,11 +286,29 @@ void AllToAll::exchange(const std::function<void()>& body) {
   try {
     body();
   } catch (const detail::PeerLossNoticed& noticed) {
-    go_on_without(noticed);
+    agree_and_restart(noticed);
   } catch (const std::exception& e) {
     broken_ = e.what();  // a failed wait leaves peers mid-protocol: no safe way to continue
     throw;
   }
+}
+
+void AllToAll::go_on_without(const std::vector<int>& ranks) {
+  const char* op = "AllToAll::go_on_without";
+  PMOE_CHECK(loss_board_, op, ": set AllToAllConfig::on_peer_loss = mask");
+  PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this AllToAll is unusable (", broken_,
+             ")");
+  detail::PeerLossNoticed noticed;
+  for (int r : ranks) {
+    PMOE_CHECK(r >= 0 && r < world_size_ && r != rank_, op, " on rank ", rank_, ": rank ", r,
+               " is not another rank of [0, ", world_size_, ")");
+    if (!mask_.live[size_t(r)]) continue;
+    noticed.suspects.push_back(r);
+    noticed.reasons.push_back("lost by another op of this rank");
+  }
+  if (noticed.suspects.empty()) return;
+  backend_->end_calls(noticed);
+  agree_and_restart(noticed);
 }
 
 void AllToAll::retire_excluded(const std::string& why) {
@@ -299,7 +317,7 @@ void AllToAll::retire_excluded(const std::string& why) {
                           "op again"));
 }
 
-void AllToAll::go_on_without(const detail::PeerLossNoticed& noticed) {
+void AllToAll::agree_and_restart(const detail::PeerLossNoticed& noticed) {
   // A device's counts, where it gave them: its kernels finish after the host's calls return, and
   // graph replays pass no host count. A call the host began counts even if its kernels never
   // ran: the caller made it, and it throws.
@@ -531,7 +549,7 @@ void AllToAll::check_errors() {
   try {
     backend_->check_errors();
   } catch (const detail::PeerLossNoticed& noticed) {  // a device's kernels found a peer lost
-    go_on_without(noticed);
+    agree_and_restart(noticed);
   }
 }
 

@@ -15,6 +15,7 @@ namespace pmoe::detail {
 
 class SlotTable;  // all_to_all/slot_table.hpp
 class LossBoard;  // all_to_all/loss_board.hpp
+struct PeerLossNoticed;
 
 struct DispatchArgs {
   Tensor x, x_scale, indices, expert_num_tokens, expert_x, expert_x_scale;
@@ -62,6 +63,9 @@ class AllToAllBackend {
   // After the survivors agreed on a lost peer: the calls in flight are abandoned and the next
   // call is calls_base + 1 on every survivor (its signals carry that epoch).
   virtual void restart_at(int64_t calls_base) { (void)calls_base; }
+  // AllToAll::go_on_without: ends this rank's calls in flight (a device's waits, then its stream)
+  // and gives the device's call counts, as its own loss would.
+  virtual void end_calls(PeerLossNoticed& noticed) const { (void)noticed; }
   // Between calls: the calls this rank has made, `host_count` where the host saw them all (a
   // device's graph replays pass no host count: its kernels count them).
   virtual int64_t calls_made(int64_t host_count) { return host_count; }

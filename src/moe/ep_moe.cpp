@@ -2,6 +2,10 @@
 // the same config and validates every call's tensors; the backend for the communicator's device
 // (src/backends/registry.hpp) does the work: the CPU's (src/cpu/ep_moe.cpp) or a device's
 // (src/cuda/moe/ep_moe.cu), both on AllToAll's dispatch and combine.
+#include <algorithm>
+#include <functional>
+#include <vector>
+
 #include "backends/registry.hpp"
 #include "moe/backend.hpp"
 #include "moe/expert_slots.hpp"
@@ -33,10 +37,6 @@ void check_config(const MoeConfig& config, int world_size, int max_tokens,
   }
   PMOE_CHECK(options.micro_batches == 1 || options.micro_batches == 2,
              "EpMoe: micro_batches must be 1 or 2, got ", options.micro_batches);
-  // With two, a loss found by one half's exchange leaves the other half's mid-call.
-  PMOE_CHECK(options.on_peer_loss == OnPeerLoss::fail || options.micro_batches == 1,
-             "EpMoe: on_peer_loss = mask works with micro_batches = 1 so far, got ",
-             options.micro_batches);
 }
 
 const MoeConfig& validated(Communicator& comm, const MoeConfig& config, int max_tokens,
@@ -52,6 +52,32 @@ const MoeConfig& validated(Communicator& comm, const MoeConfig& config, int max_
       },
       [&] { check_config(config, comm.size(), max_tokens, options); });
   return config;
+}
+
+// With two micro-batches each half has its exchange: when one raises PeerLost the other is
+// left mid-call, so it goes on without the same ranks (and, if its agreement found more, the
+// first follows it). Every survivor does the same, so each exchange's agreement completes.
+void following_losses(detail::MoeBackend& backend, const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const PeerLost&) {
+    for (int pass = 0; pass < 2; ++pass) {
+      std::vector<int> lost;
+      backend.change_membership([&](AllToAll& a2a) {
+        const std::vector<uint8_t>& live = a2a.rank_mask().live;
+        for (size_t r = 0; r < live.size(); ++r)
+          if (!live[r] && std::find(lost.begin(), lost.end(), int(r)) == lost.end())
+            lost.push_back(int(r));
+      });
+      backend.change_membership([&](AllToAll& a2a) {
+        try {
+          a2a.go_on_without(lost);
+        } catch (const PeerLost&) {  // the calls it names are the ones rethrown below
+        }
+      });
+    }
+    throw;
+  }
 }
 
 }  // namespace
@@ -83,7 +109,9 @@ void EpMoe::rejoin() {
   impl_->backend->change_membership([](AllToAll& a2a) { a2a.rejoin(); });
 }
 void EpMoe::check_errors() {
-  impl_->backend->change_membership([](AllToAll& a2a) { a2a.check_errors(); });
+  following_losses(*impl_->backend, [&] {
+    impl_->backend->change_membership([](AllToAll& a2a) { a2a.check_errors(); });
+  });
 }
 const RankMask& EpMoe::rank_mask() const { return impl_->backend->exchange().rank_mask(); }
 std::vector<int> EpMoe::lost_experts() const {
@@ -93,7 +121,8 @@ std::vector<int> EpMoe::lost_experts() const {
 EpMoe::~EpMoe() = default;
 
 void EpMoe::forward(const Tensor& x, const Tensor& y) {
-  impl_->forward("EpMoe::forward", "max_tokens_per_rank", x, y);
+  following_losses(*impl_->backend,
+                   [&] { impl_->forward("EpMoe::forward", "max_tokens_per_rank", x, y); });
 }
 
 const MoeConfig& EpMoe::config() const { return impl_->config; }

@@ -127,12 +127,15 @@ std::string forward_shard_on_device(EpMoe& ep, Communicator& comm, int batch, ui
 // EpMoe on ranks sharing the GPU, every expert on two ranks: rank 3 stops after two forwards,
 // nobody masks it, and the others lose one forward (PeerLost, from that forward or its
 // check_errors()) and then match the reference with its replicas; two forwards later they unmask
-// it, it rejoins, and the layer is whole again.
-TEST(EpMoeCudaPeerLoss, GoesOnWhenARankIsLostAndTakesItBack) {
+// it, it rejoins, and the layer is whole again. With one micro-batch and with two.
+class EpMoeCudaPeerLoss : public ::testing::TestWithParam<int> {};
+
+TEST_P(EpMoeCudaPeerLoss, GoesOnWhenARankIsLostAndTakesItBack) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   const int W = 4;
   const MoeConfig config = make_moe_config(16, 24, 4, 2, Activation::gelu, DType::f32);
   EpMoeOptions options;
+  options.micro_batches = GetParam();
   options.placement = ExpertPlacement::round_robin(4, 8);
   options.on_peer_loss = OnPeerLoss::mask;
   options.peer_timeout_s = kPeerTimeout;
@@ -172,6 +175,8 @@ TEST(EpMoeCudaPeerLoss, GoesOnWhenARankIsLostAndTakesItBack) {
       Device::cuda(0));
   for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
 }
+
+INSTANTIATE_TEST_SUITE_P(MicroBatches, EpMoeCudaPeerLoss, ::testing::Values(1, 2));
 
 }  // namespace
 }  // namespace pmoe::testing

@@ -356,17 +356,22 @@ class CudaAllToAll final : public AllToAllBackend {
   // the calls this rank's kernels finished (those before the failed wait's epoch).
   void check_loss() const {
     if (!loss_) return;
-    cuda::ErrorRecord r = recorded();
-    bool lost_wait = r.code == cuda::kTimeout || r.code == cuda::kAborted;
+    const cuda::ErrorRecord r = recorded();
+    const bool lost_wait = r.code == cuda::kTimeout || r.code == cuda::kAborted;
     if (!lost_wait && !loss_->abort_set()) return;
+    PeerLossNoticed noticed;
+    end_calls(noticed);
+    throw noticed;
+  }
+
+  void end_calls(PeerLossNoticed& noticed) const override {
     loss_->set_abort();
     PMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    r = recorded();
-    lost_wait = r.code == cuda::kTimeout || r.code == cuda::kAborted;
-    PeerLossNoticed noticed;
+    const cuda::ErrorRecord r = recorded();
+    const bool lost_wait = r.code == cuda::kTimeout || r.code == cuda::kAborted;
     if (r.code == cuda::kTimeout) {
-      noticed.suspects = {r.detail};
-      noticed.reasons = {cat("awaited for more than ", params_.timeout_ns / 1e9, " s")};
+      noticed.suspects.push_back(r.detail);
+      noticed.reasons.push_back(cat("awaited for more than ", params_.timeout_ns / 1e9, " s"));
     }
     if (cuda::is_fatal(r.code) && !lost_wait) raise(r);
     const auto [epoch, round] = device_round();
@@ -376,7 +381,6 @@ class CudaAllToAll final : public AllToAllBackend {
     else  // every kernel ran to its end: the last call did unless only its dispatch ran
       noticed.calls_done =
           int64_t(epoch) - (round.next_step == int32_t(Step::dispatch_send) ? 0 : 1);
-    throw noticed;
   }
 
   // After a stream synchronisation: the calls the device began (dispatch(send) counts them in
