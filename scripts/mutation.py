@@ -28,8 +28,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every kernel source the emulated device compiles (globs, so new files join): the AllToAll,
 # overlap, MoE and expert GEMM kernels, the device transport's emulated flavour and the store
-# helper. Left out: transport/gin_remote.cuh and gin_ring_check.cu (NCCL GIN: GPU builds only, which nothing here
-# runs) and the host-only files (no pattern below matches them anyway).
+# helper. Left out: transport/gin_remote.cuh and gin_ring_check.cu (NCCL GIN: GPU builds only,
+# which nothing here runs) and the host-only files (no pattern below matches them anyway).
 KERNEL_GLOBS = ["src/cuda/all_to_all/*.cu", "src/cuda/all_to_all/*.cuh", "src/cuda/overlap/*.cu",
                 "src/cuda/overlap/*.cuh", "src/cuda/moe/*.cu", "src/cuda/moe/*.cuh",
                 "src/cuda/gemm/*.cu", "src/cuda/gemm/*.cuh", "src/cuda/transport/*.cuh",
