@@ -27,12 +27,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every kernel source the emulated device compiles (globs, so new files join): the AllToAll,
-# overlap and MoE kernels, the device transport's emulated flavour and the store helper. Left out:
-# transport/gin_remote.cuh and gin_ring_check.cu (NCCL GIN: GPU builds only, which nothing here
-# runs) and the host-only files (no pattern below matches them anyway).
+# overlap, MoE and expert GEMM kernels, the device transport's emulated flavour and the store
+# helper. Left out: transport/gin_remote.cuh and gin_ring_check.cu (NCCL GIN: GPU builds only,
+# which nothing here runs) and the host-only files (no pattern below matches them anyway).
 KERNEL_GLOBS = ["src/cuda/all_to_all/*.cu", "src/cuda/all_to_all/*.cuh", "src/cuda/overlap/*.cu",
                 "src/cuda/overlap/*.cuh", "src/cuda/moe/*.cu", "src/cuda/moe/*.cuh",
-                "src/cuda/transport/*.cuh", "src/cuda/memory_ops.cuh"]
+                "src/cuda/gemm/*.cu", "src/cuda/gemm/*.cuh", "src/cuda/transport/*.cuh",
+                "src/cuda/memory_ops.cuh"]
 NOT_EMULATED = {"src/cuda/transport/gin_remote.cuh"}
 # Every binary `ctest -L cuda` runs. One left unbuilt is no test to ctest (gtest_discover_tests
 # registers an unlabelled placeholder), so its tests silently drop out of every mutant's run, as

@@ -22,6 +22,7 @@
 #include "all_to_all_cases.hpp"
 #include "cuda/cuda_test_flavor.hpp"
 #include "cuda/launch.cuh"
+#include "cuda/sm_count.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/diagnostics/kernel_counts.hpp"
 
@@ -107,11 +108,7 @@ constexpr int64_t kRowSteps = 4;
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The grid of pmoe's grid kernels on this device (src/cuda/launch.cuh's rule).
-int grid_blocks() {
-  int sms = 0;
-  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  return cuda::grid_blocks(sms);
-}
+int grid_blocks() { return cuda::grid_blocks(cuda::sm_count(0)); }
 
 // W ranks, `tokens` tokens each, top-8 of 256 experts.
 std::map<std::string, Budget> budgets(int W, int tokens) {

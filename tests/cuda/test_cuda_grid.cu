@@ -17,6 +17,7 @@
 
 #include "cuda/all_to_all/device_utils.cuh"
 #include "cuda/cuda_test_flavor.hpp"
+#include "cuda/sm_count.hpp"
 
 namespace pmoe::testing {
 namespace {
@@ -97,9 +98,9 @@ Outcome run_waiters(int blocks, double timeout_s, bool peer_launches = true) {
 }
 
 int resident_blocks() {
-  int device = 0, sms = 0, per_sm = 0;
+  int device = 0, per_sm = 0;
   cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int sms = cuda::sm_count(device);
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, wait_for_peer, 32, 0);
   return sms * per_sm;
 }

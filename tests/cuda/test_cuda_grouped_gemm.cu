@@ -1,9 +1,9 @@
-// pmoe's grouped expert GEMM on tensor cores (src/cuda/moe/grouped_gemm.cuh) on one device, one
+// pmoe's grouped expert GEMM on tensor cores (src/cuda/gemm/grouped_gemm.cuh) on one device, one
 // stream: against a plain loop at tile sizes from 5 to 128 rows and odd n and k, computing the
 // live tiles only (the entries past them address memory that must stay untouched) and counting
 // the rows it issued; then DeviceExperts (device_experts.hpp) on the per-expert row counts of
 // Zipf 1.2 routing at the DeepSeek-V3 and Mixtral presets, where the rows issued must follow the
-// counts. Then the library grouped GEMM (src/cuda/moe/library_grouped_gemm.cuh: CUTLASS on a GPU,
+// counts. Then the library grouped GEMM (src/cuda/gemm/library_grouped_gemm.cuh: CUTLASS on a GPU,
 // its shim on the emulated device) against a plain loop, over groups of 0 rows, a partial
 // library tile, more rows than a group holds and whole tiles, in bf16 and f16; which operands it
 // serves; and the MoE layers (SimpleMoe, TpMoe at W = 2, EpMoe at W = 2 with 1 and 2
@@ -25,9 +25,9 @@
 #include "cuda/cuda_test_flavor.hpp"
 #include "cuda/moe/device_experts.hpp"
 #include "moe/expert_slots.hpp"
-#include "cuda/moe/expert_tiles.hpp"
-#include "cuda/moe/grouped_gemm.cuh"
-#include "cuda/moe/library_grouped_gemm.cuh"
+#include "cuda/gemm/expert_tiles.hpp"
+#include "cuda/gemm/grouped_gemm.cuh"
+#include "cuda/gemm/library_grouped_gemm.cuh"
 #include "cpu/gemm.hpp"
 #include "moe_cases.hpp"
 #include "pmoe/comm.hpp"

@@ -21,7 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "cpu/gemm.hpp"
-#include "cuda/moe/expert_tiles.hpp"
+#include "cuda/gemm/expert_tiles.hpp"
 #include "cuda/cuda_test_flavor.hpp"
 #include "moe_cases.hpp"
 #include "pmoe/comm.hpp"
@@ -529,7 +529,7 @@ TEST(MoeCudaGraph, ForwardCapturedAndReplayedWithNewInputs) {
     }
 }
 
-// The expert GEMMs' padding under skewed routing (src/cuda/moe/expert_tiles.hpp), at pmoe-bench's
+// The expert GEMMs' padding under skewed routing (src/cuda/gemm/expert_tiles.hpp), at pmoe-bench's
 // DeepSeek-V3 (32 experts, top-8) and Mixtral (8, top-2) presets: tokens pick k distinct experts
 // with Zipf 1.2 weights (expert 0 the hottest), on W ranks with 128, 512 or 2048 tokens each.
 // W = 1 is SimpleMoe (and each TpMoe rank: the same rows); W > 1 is EpMoe (one micro-batch).

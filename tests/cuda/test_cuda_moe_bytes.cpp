@@ -17,6 +17,7 @@
 
 #include "cuda/cuda_test_flavor.hpp"
 #include "cuda/launch.cuh"
+#include "cuda/sm_count.hpp"
 #include "moe_cases.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/diagnostics/kernel_counts.hpp"
@@ -68,11 +69,7 @@ const KernelCounts* find(const Counted& counted, const std::string& name) {
   return nullptr;
 }
 
-int full_grid() {
-  int sms = 0;
-  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  return cuda::grid_blocks(sms);
-}
+int full_grid() { return cuda::grid_blocks(cuda::sm_count(0)); }
 
 // Kernel `name` read and wrote, over all its launches (every rank's), at least the bytes given
 // (the rows in use) and at most kSlack times them, each launch on a full grid.

@@ -56,7 +56,7 @@ struct MoeRunResult {
   int blas_threads = 1;
   int ranks = 1;
   // The expert GEMMs: rows issued over rows in use, summed over ranks (1 on the CPU, which
-  // computes exactly the rows in use; a device pads them to tiles: src/cuda/moe/expert_tiles.hpp),
+  // computes exactly the rows in use; a device pads them to tiles: src/cuda/gemm/expert_tiles.hpp),
   // and the rows in use's GEMM FLOPs, over all ranks, per second of the slowest rank's expert
   // stage (median), in TFLOP/s.
   double issued_per_used = 0, gemm_tflops = 0;

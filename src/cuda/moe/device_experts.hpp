@@ -2,7 +2,8 @@
 // (what dispatch and the local grouping produce), with the row counts on the device only. The
 // GEMMs run over the counts without the host reading them: a one-block kernel plans tiles of T
 // rows over each group's rows in use (moe_kernels.cuh, PlanTiles), and each GEMM runs over those
-// tiles. D is the layer's dtype:
+// tiles, on the engines of the GEMM room (src/cuda/gemm/expert_gemm.hpp), which picks them. D is
+// the layer's dtype:
 //
 //   x       [count, C, x_ld] D       expert e's rows at x + e C x_ld (rows past its count: garbage)
 //   W1      [count, H, g F'] D       g = 2 for swiglu (gate | linear), F' this object's slice
@@ -11,20 +12,16 @@
 //   W2      [count, F', O] D
 //   out     [count, C, O] f32        = act . W2 over the same tiles
 //
-// bf16 (and f16) layers: a library's grouped GEMM (library_grouped_gemm.cuh: CUTLASS on a GPU, its
-// shim on the emulated device), one GEMM an expert, each expert's rows read by the library's
-// kernel from arrays a kernel writes from the counts (PlanGroups), wherever the library serves
-// the GEMM (16-byte aligned operands, n and k >= kLibraryMinWidth); elsewhere, and where the build
-// has no library for the device, pmoe's own grouped GEMM on tensor cores (grouped_gemm.cuh),
-// which reads the plan's live tile count on the device and computes those tiles only. Each of
-// the two GEMMs is decided on its own, on the host, per call (the pointers' alignment).
-// PMOE_EXPERT_GEMM=own keeps every 16-bit GEMM on pmoe's kernel, =library sends every one the
-// library can serve there, narrow ones too (to compare the two on a GPU). f32 layers: one
-// cublasGemmBatchedEx over a batch of tiles the host knows from a bound on the rows (at most
-// ceil(max_rows / T) + count), in f32 or on TF32 tensor cores (MoeConfig::tf32); tiles past the
-// live ones compute scratch rows there, since cuBLAS has no batch whose size the device sets
-// (CUDA 13.0). The tile size follows expert_tiles.hpp (8 <= T <= 128, sized so padding each
-// expert to whole tiles stays small against the rows expected).
+// bf16 (and f16) layers: a library's grouped GEMM (CUTLASS on a GPU, its shim on the emulated
+// device), one GEMM an expert, wherever the library serves the GEMM; elsewhere pmoe's own grouped
+// GEMM on tensor cores, which computes the live tiles only. Each of the two GEMMs is decided on
+// its own, per call. f32 layers: cuBLAS's batch over a batch of tiles the host knows from a bound
+// on the rows (at most ceil(max_rows / T) + count), in f32 or on TF32 tensor cores
+// (MoeConfig::tf32); tiles past the live ones compute scratch rows there, since cuBLAS has no
+// batch whose size the device sets (CUDA 13.0). This object plans the tiles and the activation
+// between the GEMMs; expert_gemm.hpp says which engine takes which GEMM and why. The tile size
+// follows src/cuda/gemm/expert_tiles.hpp (8 <= T <= 128, sized so padding each expert to whole
+// tiles stays small against the rows expected).
 //
 // The weights are the CPU Experts' values (bf16 values are exact in bf16), so the products match
 // the CPU backend's up to summation order, plus, for bf16, the rounding of act to bf16 that the
@@ -35,22 +32,16 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
-#include <string_view>
 #include <initializer_list>
 #include <iterator>
 #include <vector>
 
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
-#include "cuda/moe/batched_gemm.hpp"
-#include "cuda/moe/expert_tiles.hpp"
-#include "cuda/moe/grouped_gemm.cuh"
-#include "cuda/moe/library_grouped_gemm.cuh"
-#include "cuda/launch.cuh"
+#include "cuda/gemm/expert_gemm.hpp"
+#include "cuda/gemm/expert_tiles.hpp"
 #include "cuda/moe/moe_kernels.cuh"
-#include "cuda/sm_count.hpp"
 #include "moe/weights.hpp"
 #include "pmoe/dtype.hpp"
 #include "pmoe/moe.hpp"
@@ -67,11 +58,11 @@ class DeviceExperts {
   DeviceExperts(const MoeConfig& config, const std::vector<int>& experts, int ffn_begin,
                 int ffn_end, int64_t rows_bound, Device device, int runs = 1)
       : config_(config),
-        types_{config.dtype, config.tf32},
         count_(int(experts.size())),
         width_(ffn_end - ffn_begin),
         halves_(config.w1_halves()),
-        runs_(runs) {
+        runs_(runs),
+        gemms_(config.dtype, config.tf32, count_, device) {
     const int H = config.feature_dim, O = config.out_dim(), ld1 = halves_ * width_;
     const int count = count_;
     std::vector<float> w1(size_t(count) * H * ld1), w2(size_t(count) * width_ * O);
@@ -94,22 +85,8 @@ class DeviceExperts {
     dead_hidden_ = Buffer(DType::f32, {kMaxTile, ld1}, device);
     if (separate_act()) dead_act_ = Buffer(config.dtype, {kMaxTile, width_}, device);
     dead_out_ = Buffer(DType::f32, {kMaxTile, O}, device);
-    if (grouped()) {
-      blocks_ = grid_blocks(sm_count(device.index));
-      const std::string_view choice = gemm_choice();
-      force_library_ = choice == "library";
-      if (choice != "own") library_ = gemm_library_for(device.index);
-    }
-    if (library_ != GemmLibrary::none) {
-      const size_t arrays = group_arrays_bytes(count);
-      group_arrays_ = Buffer(DType::i64, {2, int64_t((arrays + 7) / 8)}, device);
-      workspace_bytes_ = library_workspace_bytes(library_, count, device.index);
-      if (workspace_bytes_ > 0)
-        library_workspace_ = Buffer(DType::i64, {int64_t((workspace_bytes_ + 7) / 8)}, device);
-    }
-    device_ = device.index;
     batch_rows_.assign(size_t(runs), 0);
-    paths_.assign(size_t(runs), Paths{});
+    engines_.assign(size_t(runs), gemms_.tile_choice());
     if (config.device_stats) {
       PMOE_CUDA_CHECK(cudaHostAlloc(&tally_, sizeof(int64_t) * tally_words() * size_t(runs),
                                     cudaHostAllocMapped));
@@ -133,16 +110,13 @@ class DeviceExperts {
   // unless the layer is f32 (then it is the hidden buffer, in place).
   bool separate_act() const { return config_.dtype != DType::f32; }
   // The GEMMs run as pmoe's grouped GEMM on tensor cores (16-bit layers), not cuBLAS's batch.
-  bool grouped() const { return config_.dtype != DType::f32; }
-  // The library this object's 16-bit GEMMs may take (none: pmoe's kernel for all of them).
-  GemmLibrary library() const { return library_; }
+  bool grouped() const { return gemms_.tile_engine() == ExpertGemmEngine::pmoe_wmma; }
   int width() const { return width_; }
   int hidden_ld() const { return halves_ * width_; }
   size_t weight_bytes() const { return w1_.nbytes() + w2_.nbytes(); }
   size_t workspace_bytes() const {
     return first_tile_.nbytes() + tile_pointers_.nbytes() + dead_hidden_.nbytes() +
-           dead_act_.nbytes() + dead_out_.nbytes() + group_arrays_.nbytes() +
-           library_workspace_.nbytes();
+           dead_act_.nbytes() + dead_out_.nbytes() + gemms_.workspace_bytes();
   }
   double flops(int64_t rows) const {
     return 2.0 * double(rows) * width_ *
@@ -167,9 +141,11 @@ class DeviceExperts {
     if (!separate_act()) act = hidden;
     const void* const dead_act = separate_act() ? dead_act_.data<void>() : dead_hidden_.data<void>();
     int64_t* tally = tally_device_ ? tally_device_ + tally_words() * run : nullptr;
-    // Which GEMMs the library takes: its operands, group g's at the step after group g - 1's.
+    // The GEMMs' operands, group g's at the step after group g - 1's (the library reads them;
+    // their alignment decides whether it may).
     const int64_t out_elem = int64_t(sizeof(float)), act_elem = separate_act() ? elem : out_elem;
-    LibraryOperands first, second;
+    LibraryOperands operands[ExpertGemmChoice::kGemms];
+    LibraryOperands &first = operands[0], &second = operands[1];
     first.a = x, first.lda = x_ld, first.a_step = C * x_ld * elem;
     first.b = w1_.data<void>(), first.ldb = ld1, first.b_step = int64_t(H) * ld1 * elem;
     first.d = hidden, first.ldd = ld1, first.d_step = C * ld1 * out_elem;
@@ -178,14 +154,9 @@ class DeviceExperts {
     second.b = w2_.data<void>(), second.ldb = O, second.b_step = int64_t(width_) * O * elem;
     second.d = out, second.ldd = O, second.d_step = C * O * out_elem;
     second.n = O, second.k = width_;
-    Paths& paths = paths_[size_t(run)];
-    paths.library[0] = library_ != GemmLibrary::none &&
-                       library_can_serve(first, config_.dtype, force_library_);
-    paths.library[1] = library_ != GemmLibrary::none &&
-                       library_can_serve(second, config_.dtype, force_library_);
-    paths.tiles = !paths.library[0] || !paths.library[1];
-    const LibraryOperands* operands[2] = {&first, &second};
-    if (paths.tiles) {
+    const ExpertGemmChoice choice = gemms_.choose(operands);
+    engines_[size_t(run)] = choice;
+    if (choice.tiles()) {
       PlanTiles p;
       p.counts = counts;
       p.groups = count_;
@@ -204,62 +175,25 @@ class DeviceExperts {
       p.tally = tally;
       launch_plan_tiles(p, stream);
     }
-    if (paths.library[0] || paths.library[1]) {
-      PlanGroups p;
-      p.counts = counts;
-      p.groups = count_;
-      p.group_rows = C;
-      for (int i = 0; i < 2; ++i) {
-        if (!paths.library[i]) continue;
-        p.gemm[p.gemms].operands = *operands[i];
-        p.gemm[p.gemms].arrays = arrays(i);
-        ++p.gemms;
-      }
-      p.tally = tally;
-      p.used = paths.tiles ? -1 : 0;  // the tile plan counts them where it runs
-      p.rows = 2;
-      launch_plan_groups(p, stream);
-    }
+    // The tile plan counts the rows in use where it runs.
+    gemms_.plan_groups(choice, operands, counts, C, tally, choice.tiles() ? -1 : 0, kLibraryRows,
+                        stream);
     batch_rows_[size_t(run)] = plan.rows();
-    // C [rows, n] = A [rows, k] . B [k, n]: the library over each expert's rows in use, or pmoe's
-    // grouped GEMM over the live tiles (16-bit layers), or cuBLAS over the whole batch (f32).
-    auto gemm = [&](int i, Operand a, int lda, Operand b, Operand c, int n, int k,
-                    int64_t* issued) {
-      if (paths.library[i]) {
-        LibraryGroupedGemm g;
-        g.library = library_;
-        g.inputs = config_.dtype;
-        g.groups = count_;
-        g.n = n;
-        g.k = k;
-        g.arrays = arrays(i);
-        g.workspace = library_workspace_.data<void>();
-        g.workspace_bytes = workspace_bytes_;
-        g.device = device_;
-        launch_library_grouped_gemm(g, stream);
-        return;
-      }
-      if (!grouped()) {
-        gemm_arrays_row_major(handle, types_, plan.tile, n, k, tiles(a), lda, tiles(b), n,
-                              outputs(c), n, plan.tiles);
-        return;
-      }
-      GroupedGemm g;
-      g.live_tiles = first_tile_.data<int32_t>() + count_;
-      g.max_tiles = plan.tiles;
+    // GEMM i: D [rows, n] = A [rows, k] . B [k, n] over the groups (the library), or over the
+    // plan's tiles (pmoe's kernel: the live ones; cuBLAS: the whole batch).
+    auto gemm = [&](int i, Operand a, Operand b, Operand d, int64_t* issued) {
+      ExpertGemm g;
+      g.groups = operands[i];
+      g.a_tiles = tiles(a);
+      g.b_tiles = tiles(b);
+      g.d_tiles = outputs(d);
       g.tile_rows = plan.tile;
-      g.a = tiles(a);
-      g.b = tiles(b);
-      g.c = outputs(c);
-      g.n = n;
-      g.k = k;
-      g.lda = lda;
-      g.ldb = n;
-      g.ldc = n;
+      g.max_tiles = plan.tiles;
+      g.live_tiles = first_tile_.data<int32_t>() + count_;
       g.issued = issued;
-      launch_grouped_gemm(g, config_.dtype, blocks_, stream);
+      gemms_.run(choice, i, g, handle, stream);
     };
-    gemm(0, kX, x_ld, kW1, kHidden, ld1, H, tally ? tally + kOwnIssued : nullptr);
+    gemm(0, kX, kW1, kHidden, tally ? tally + kOwnIssued : nullptr);
     Activate a;
     a.hidden = hidden;
     a.out = act;
@@ -270,20 +204,14 @@ class DeviceExperts {
     a.row_limits = counts;
     a.group_rows = C;
     launch_activate(a, config_.dtype, stream);
-    gemm(1, kAct, act_ld, kW2, kOut, O, width_, tally ? tally + kOwnIssued + blocks_ : nullptr);
+    gemm(1, kAct, kW2, kOut, tally ? tally + kOwnIssued + blocks() : nullptr);
   }
 
   // The kernels the last call's GEMMs took (run `run`), for reports: the library's grouped GEMM,
   // pmoe's own, or cuBLAS's batch; "x.W1: a, act.W2: b" where the two differ. Decided on the
   // host before the call's kernels were enqueued, so no wait.
   std::string gemm_path(int run = 0) const {
-    auto name = [&](int i) -> std::string {
-      if (!grouped())
-        return config_.tf32 ? "cuBLAS batched GEMM (TF32)" : "cuBLAS batched GEMM (f32)";
-      if (!paths_[size_t(run)].library[i]) return "pmoe grouped GEMM (wmma)";
-      return library_ == GemmLibrary::cutlass_sm80 ? "CUTLASS sm80 grouped GEMM"
-                                                   : "CUTLASS sm90 grouped GEMM";
-    };
+    auto name = [&](int i) -> std::string { return gemms_.name(engines_[size_t(run)].engine[i]); };
     const std::string first = name(0), second = name(1);
     return first == second ? first : "x.W1: " + first + ", act.W2: " + second;
   }
@@ -301,20 +229,20 @@ class DeviceExperts {
     RowTally t;
     for (int r = 0; tally_ && r < std::min(runs, runs_); ++r) {
       const int64_t* words = tally_ + tally_words() * r;
-      const Paths& paths = paths_[size_t(r)];
+      const ExpertGemmChoice& choice = engines_[size_t(r)];
       t.used += words[0];
-      t.live += paths.tiles ? words[1] : words[kLibraryRows];
+      t.live += choice.tiles() ? words[1] : words[kLibraryRows];
       if (!grouped()) {
         t.issued += batch_rows_[size_t(r)];
         continue;
       }
       int64_t issued[2] = {0, 0};
       for (int i = 0; i < 2; ++i) {
-        if (paths.library[i]) {
+        if (choice.library(i)) {
           issued[i] = words[kLibraryRows];
           continue;
         }
-        for (int b = 0; b < blocks_; ++b) issued[i] += words[kOwnIssued + i * blocks_ + b];
+        for (int b = 0; b < blocks(); ++b) issued[i] += words[kOwnIssued + i * blocks() + b];
       }
       t.issued += std::max(issued[0], issued[1]);
     }
@@ -340,17 +268,8 @@ class DeviceExperts {
   // A run's tally: rows used, live rows (the tile plan's), the library's tiles' rows, then with
   // pmoe's grouped GEMM each block's rows issued by the first GEMM and by the second.
   static constexpr int kLibraryRows = 2, kOwnIssued = 3;
-  int64_t tally_words() const { return kOwnIssued + 2 * int64_t(blocks_); }
-  // PMOE_EXPERT_GEMM: "own", "library", or anything else (unset: "auto").
-  static std::string_view gemm_choice() {
-    const char* v = std::getenv("PMOE_EXPERT_GEMM");
-    return v ? std::string_view(v) : std::string_view("auto");
-  }
-  // GEMM i's (0: x . W1, 1: act . W2) library arrays.
-  GroupArrays arrays(int i) const {
-    return group_arrays_at(group_arrays_.data<char>() + size_t(i) * (group_arrays_.nbytes() / 2),
-                           count_);
-  }
+  int64_t tally_words() const { return kOwnIssued + 2 * int64_t(blocks()); }
+  int blocks() const { return gemms_.blocks(); }  // pmoe's kernel's grid (0: cuBLAS)
   enum Operand { kX, kW1, kHidden, kAct, kW2, kOut };  // PlanTiles::operands' order
   int64_t* slots(Operand o) const { return tile_pointers_.data<int64_t>() + int64_t(o) * max_tiles_; }
   const void** tiles(Operand o) const { return reinterpret_cast<const void**>(slots(o)); }
@@ -358,20 +277,10 @@ class DeviceExperts {
   void* const* outputs(Operand o) const { return reinterpret_cast<void* const*>(slots(o)); }
 
   MoeConfig config_;
-  ExpertGemmTypes types_;
   int count_, width_, halves_, runs_;
-  int blocks_ = 0;                   // the grouped GEMM's grid (0: cuBLAS)
+  ExpertGemms gemms_;  // the engines, and which takes which GEMM
   mutable std::vector<int64_t> batch_rows_;  // per run: the rows the host's batch covers (cuBLAS issues)
-  struct Paths {
-    bool library[2] = {false, false};  // GEMM i on the library
-    bool tiles = true;                  // the tile plan ran
-  };
-  mutable std::vector<Paths> paths_;  // per run: which kernels the last call took
-  GemmLibrary library_ = GemmLibrary::none;
-  bool force_library_ = false;
-  int device_ = 0;
-  size_t workspace_bytes_ = 0;
-  Buffer group_arrays_, library_workspace_;  // [2][group_arrays_bytes] (GEMM i's), the library's
+  mutable std::vector<ExpertGemmChoice> engines_;  // per run: which engines the last call took
   Buffer w1_, w2_;
   int64_t max_tiles_ = 0;
   Buffer first_tile_, tile_pointers_, dead_hidden_, dead_act_, dead_out_;  // the plan's

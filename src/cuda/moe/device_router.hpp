@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cuda/flavor.hpp"
-#include "cuda/moe/batched_gemm.hpp"
+#include "cuda/gemm/batched_gemm.hpp"
 #include "cuda/moe/moe_kernels.cuh"
 #include "moe/weights.hpp"
 #include "pmoe/moe.hpp"

@@ -28,7 +28,7 @@
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
-#include "cuda/overlap/cublas_gemm.hpp"
+#include "cuda/gemm/cublas_gemm.hpp"
 #include "cuda/overlap/overlap_stream.hpp"
 #include "cuda/overlap/signals.cuh"
 #include "overlap/backend.hpp"

@@ -6,7 +6,7 @@
 //                 persistent kernel, 128 x 256 x 64 tiles), grouped_gemm_sm90.cu
 //   GPU, sm_80+:  CUTLASS 2's GemmGrouped with device-only scheduling (cp.async pipeline, mma.sync,
 //                 128 x 128 x 32 tiles), grouped_gemm_sm80.cu
-//   emulated:     a shim with the same contract (src/cuda/emulator/library_grouped_gemm.cpp): it
+//   emulated:     a shim with the same contract (library_grouped_gemm_emulated.cpp): it
 //                 checks what the libraries would need and computes with the reference
 //
 // A kernel before the library's (PlanGroups, below) writes the groups' arrays from the counts, in

@@ -10,7 +10,7 @@
 //
 // Built for sm_80 only (SASS, plus its PTX for devices past 9.0; CMakeLists.txt): two
 // instantiations (bf16, f16).
-#include "cuda/moe/grouped_gemm_cutlass.hpp"
+#include "cuda/gemm/grouped_gemm_cutlass.hpp"
 
 #include <mutex>
 
@@ -23,7 +23,7 @@
 #include <cutlass/half.h>
 
 #include "cuda/check.hpp"
-#include "cuda/moe/cutlass_launch.cuh"
+#include "cuda/gemm/cutlass_launch.cuh"
 #include "pmoe/error.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR::cutlass_sm80 {

@@ -1,7 +1,7 @@
-// How a device layer's expert GEMMs tile their rows (device_experts.hpp), as plain host
-// arithmetic, so that the rule can be read and tested without a device: the tile size and the
-// batch the host launches, and the rows the live tiles cover for given per-expert counts (what
-// the plan kernel counts on the device, moe_kernels.cuh PlanTiles).
+// How a device layer's expert GEMMs tile their rows (src/cuda/moe/device_experts.hpp), as plain
+// host arithmetic, so that the rule can be read and tested without a device: the tile size and
+// the batch the host launches, and the rows the live tiles cover for given per-expert counts
+// (what the plan kernel counts on the device, src/cuda/moe/moe_kernels.cuh PlanTiles).
 //
 // Each expert's rows are covered by ceil(count / T) tiles of T rows (the last one moved back to
 // end at the count), so an expert in use costs a multiple of T rows, at least T. T is the largest

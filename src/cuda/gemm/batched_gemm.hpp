@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "cuda/overlap/cublas_gemm.hpp"
+#include "cuda/gemm/cublas_gemm.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 

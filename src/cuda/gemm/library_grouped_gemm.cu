@@ -1,14 +1,14 @@
 // The library grouped GEMM's flavour-independent half (library_grouped_gemm.cuh): the arrays'
 // layout, the host's check of what the libraries need, and the kernel that writes the groups'
 // arrays from the counts. The library call itself is the flavour's: library_grouped_gemm_gpu.cu
-// under nvcc, src/cuda/emulator/library_grouped_gemm.cpp on the emulated device.
+// under nvcc, library_grouped_gemm_emulated.cpp on the emulated device.
 //
 //   one block; thread i takes groups i, i + 256, ...:
 //     counts [groups] --> per GEMM: shapes, a, b, d, lda, ldb, ldd [groups] (store_to_peer: the
 //                         library's kernel, next on the stream, reads them)
 //     partial [256] int64 (shared): each thread's rows in use and library rows, summed by
 //                         thread 0 in thread order into the tally
-#include "cuda/moe/library_grouped_gemm.cuh"
+#include "cuda/gemm/library_grouped_gemm.cuh"
 
 #include <cstdint>
 

@@ -1,4 +1,4 @@
-// The library grouped GEMM on the emulated device (src/cuda/moe/library_grouped_gemm.cuh): a
+// The library grouped GEMM on the emulated device (src/cuda/gemm/library_grouped_gemm.cuh): a
 // shim of the libraries' contract, as cublas.cpp is cuBLAS's. CUTLASS's sm_90a kernels cannot be
 // compiled for the CPU, so the call is stood in for by one emulated kernel that
 //   - checks on the host what the libraries check before a launch (a library for the device,
@@ -24,7 +24,7 @@
 #include "cuda/check.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/memory_ops.cuh"
-#include "cuda/moe/library_grouped_gemm.cuh"
+#include "cuda/gemm/library_grouped_gemm.cuh"
 #include "cuda/sm_count.hpp"
 #include "pmoe/error.hpp"
 

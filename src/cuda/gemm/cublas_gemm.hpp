@@ -1,6 +1,7 @@
 // Row-major GEMMs through cuBLAS (column-major) on the handle's stream, for the overlap ops and
 // the MoE layers on a device: f32 or bf16 operands, f32 accumulation, C rounded once, as the CPU
-// backend's BLAS path. On the emulated device cuBLAS is the shim in src/cuda/emulator.
+// backend's BLAS path. On the emulated device cuBLAS is the shim in src/cuda/emulator. In the
+// GEMM room, which both ops use, so that neither op's folder includes the other's.
 #pragma once
 
 #include <cublas_v2.h>

@@ -11,7 +11,7 @@
 #include <cutlass/cutlass.h>
 
 #include "cuda/check.hpp"
-#include "cuda/moe/library_grouped_gemm.cuh"
+#include "cuda/gemm/library_grouped_gemm.cuh"
 #include "cuda/sm_count.hpp"
 #include "pmoe/error.hpp"
 

@@ -12,7 +12,7 @@
 //
 // This file alone includes CUTLASS's sm90 headers and is built for sm_90a only (CMakeLists.txt):
 // two instantiations (bf16, f16) of one tile shape, so only it pays their compile time.
-#include "cuda/moe/grouped_gemm_cutlass.hpp"
+#include "cuda/gemm/grouped_gemm_cutlass.hpp"
 
 #include <cstring>
 #include <mutex>
@@ -30,7 +30,7 @@
 #include <cutlass/kernel_hardware_info.hpp>
 
 #include "cuda/check.hpp"
-#include "cuda/moe/cutlass_launch.cuh"
+#include "cuda/gemm/cutlass_launch.cuh"
 #include "pmoe/error.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR::cutlass_sm90 {

@@ -11,7 +11,7 @@
 // Fragment f of a block tile (rows / 8 by columns / 32 of them) belongs to warp f % kWarps.
 // Staging goes element by element, so any k, n, lda, ldb and tile start are allowed (a tile
 // moved back to end at its expert's count starts at any row).
-#include "cuda/moe/grouped_gemm.cuh"
+#include "cuda/gemm/grouped_gemm.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -3,10 +3,10 @@
 // kernel; 8.x and newer than 9.0 get the sm80 one (its SASS on 8.x, its PTX JIT-compiled
 // beyond). Without CUTLASS's headers at configure time there is none, and the experts stay on
 // pmoe's own kernel (grouped_gemm.cuh).
-#include "cuda/moe/library_grouped_gemm.cuh"
+#include "cuda/gemm/library_grouped_gemm.cuh"
 
 #include "cuda/check.hpp"
-#include "cuda/moe/grouped_gemm_cutlass.hpp"
+#include "cuda/gemm/grouped_gemm_cutlass.hpp"
 #include "pmoe/error.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {

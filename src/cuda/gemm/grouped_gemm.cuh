@@ -1,9 +1,9 @@
 // pmoe's grouped GEMM for the experts of a bf16 (or f16) layer on a device: tensor cores
 // (nvcuda::wmma, 16-bit inputs, f32 accumulation) over the live tiles of a tile plan
-// (moe_kernels.cuh, PlanTiles), a count the kernel reads from device memory. The host launches
-// a grid of fixed size; the blocks take the live tiles' work in turn and stop there, so the rows
-// computed follow the device's counts, with no host round trip and no scratch tiles (cuBLAS has
-// no batch whose size the device sets: docs/gpu.md).
+// (src/cuda/moe/moe_kernels.cuh, PlanTiles), a count the kernel reads from device memory. The
+// host launches a grid of fixed size; the blocks take the live tiles' work in turn and stop
+// there, so the rows computed follow the device's counts, with no host round trip and no scratch
+// tiles (cuBLAS has no batch whose size the device sets: docs/gpu.md).
 //
 //   a[t]   tile t's first row of A: T rows of k elements, row stride lda (16-bit)
 //   b[t]   tile t's B [k, n], row stride ldb (16-bit): its expert's weights

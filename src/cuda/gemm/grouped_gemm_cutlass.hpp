@@ -9,7 +9,7 @@
 
 #include <cstddef>
 
-#include "cuda/moe/library_grouped_gemm.cuh"
+#include "cuda/gemm/library_grouped_gemm.cuh"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace cutlass_sm90 {
