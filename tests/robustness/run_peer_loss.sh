@@ -20,7 +20,8 @@ status=0
 for trial in $(seq 1 "$trials"); do
   victim=$(( (trial * 7) % 4 ))
   seed=$(( 1000 + trial ))
-  prefix=$base_prefix-loss$$-$trial
+  # Short: the emulated CUDA device's IPC names fit a prefix of at most 25 characters.
+  prefix=${base_prefix:0:12}-l$$-$trial
   rm -f "$work/stamp"
   start=$(date +%s.%N)
   PMOE_SHM_PREFIX=$prefix timeout 60 "$mpiexec" -n 4 --oversubscribe --enable-recovery \

@@ -226,6 +226,13 @@ class _Op:
         self.pending = None
         return y
 
+    def check_errors(self):
+        try:
+            self.op.check_errors()
+        except _pmoe.PeerLost:
+            self.pending = None  # as in combine: the op restarted between calls
+            raise
+
 
 def _agree(comm, config):
     """Raises pmoe.Error on every rank, naming the fields, unless every rank passed `config`."""
@@ -330,6 +337,13 @@ class AllToAll:
 
     def workspace_bytes(self):
         return sum(op.op.workspace_bytes() for op in self._ops())
+
+    def check_errors(self):
+        """On CUDA, after synchronizing the stream: raises what the exchanges' kernels recorded,
+        pmoe.PeerLost included (a call's kernels run after it returned, so a loss they meet is
+        known here or at the next call). A no-op on the CPU, whose calls raise everything."""
+        for op in self._ops():
+            op.check_errors()
 
     def check_padded(self, name):
         """Raises pmoe.Error if this AllToAll carries weights with dispatch (the padded

@@ -62,7 +62,8 @@ class EpMoE(nn.Module):
     full tensors (the same on every rank), e.g. to match a single-process model.
     on_peer_loss, peer_timeout_s: as pmoe.torch.AllToAll's. With "mask" a forward in which the
     survivors find a rank lost raises pmoe.PeerLost, and later forwards go on without that rank's
-    experts (self.a2a.live_ranks says which). For serving: run the lost forward's tokens again.
+    experts (self.a2a.live_ranks says which). For serving: run the lost forward's tokens again;
+    on CUDA, check_errors() after synchronizing tells a lost forward before its output is used.
     For training a lost rank takes its experts' weights and optimizer state with it: the
     backward's exchanges raise pmoe.PeerLost too, and the way on is a restart from a checkpoint
     (docs/robustness.md).
@@ -103,6 +104,10 @@ class EpMoE(nn.Module):
         return list(self.router.parameters())
 
     @torch.no_grad()
+    def check_errors(self):
+        """As pmoe.torch.AllToAll.check_errors, for this layer's exchanges."""
+        self.a2a.check_errors()
+
     def load_dense(self, router_weight, w1, w2, w3=None):
         """Sets the router [E, H] and this rank's slices of the full expert tensors [E, ...]."""
         local = slice(self.first_expert, self.first_expert + self.a2a.num_local_experts)

@@ -211,6 +211,7 @@ class CudaAllToAll final : public AllToAllBackend {
   }
 
   ~CudaAllToAll() override {
+    loss_.reset();  // first: its watcher thread writes the abort word, in error_host_
     if (scratch_) (void)cudaFree(scratch_);
     if (error_host_) (void)cudaFreeHost(error_host_);
   }
