@@ -103,11 +103,11 @@ class EpMoE(nn.Module):
         """Parameters every rank holds a copy of (sum their gradients over the ranks)."""
         return list(self.router.parameters())
 
-    @torch.no_grad()
     def check_errors(self):
         """As pmoe.torch.AllToAll.check_errors, for this layer's exchanges."""
         self.a2a.check_errors()
 
+    @torch.no_grad()
     def load_dense(self, router_weight, w1, w2, w3=None):
         """Sets the router [E, H] and this rank's slices of the full expert tensors [E, ...]."""
         local = slice(self.first_expert, self.first_expert + self.a2a.num_local_experts)
