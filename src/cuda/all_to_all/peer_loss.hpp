@@ -26,7 +26,6 @@ class DevicePeerLoss {
     watcher_ = std::make_unique<LossWatcher>(board, [this] { set_abort(); });
     watcher_->restart(live, board.seen_posts());
   }
-  LossBoard* board() const { return board_; }
 
   bool abort_set() const { return word().load(std::memory_order_acquire) != 0; }
   // Ends every wait of this rank's kernels, now and until restart().
