@@ -86,7 +86,7 @@ __device__ __forceinline__ bool wait_until_at_least(Read read, uint64_t value, u
                              .load(::cuda::memory_order_relaxed);
     if (is_fatal(code)) return false;
     // The abort word lies across the host link: read it once in 32 polls.
-    if (error->abort && polls % 32 == 31 &&
+    if (polls % 32 == 31 && error->abort &&
         ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>(*error->abort)
             .load(::cuda::memory_order_relaxed)) {
       report(error, kAborted, peer, step, awaited, value);
