@@ -93,7 +93,8 @@ TEST(KernelModel, ACopyAndTheNames) {
     const GpuSpec& g = find_gpu(name);
     for (const GpuFigure* f :
          {&g.sms, &g.clock_ghz, &g.hbm_gbps, &g.l2_latency_cycles, &g.barrier_cycles, &g.launch_us,
-          &g.host_launch_us, &g.system_fence_us, &g.peer_wait_us, &g.nvlink_gbps}) {
+          &g.host_launch_us, &g.system_fence_us, &g.peer_wait_us, &g.nvlink_gbps,
+          &g.tensor_bf16_tflops}) {
       EXPECT_GT(f->value, 0) << name;
       EXPECT_GT(std::string(f->source).size(), 20u) << name << ": every figure says its source";
     }

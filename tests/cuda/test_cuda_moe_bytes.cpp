@@ -5,9 +5,12 @@
 // reference, and each row kernel (gather, activate, narrow, widen, the gating sum) must read and
 // write at least the bytes of the rows in use and at most 1.1 times them, on a full grid: the
 // capacity around those rows (E m slots for m k in use locally, W C an expert for EP) is never
-// walked. Emulator only: a GPU counts nothing.
+// walked. The expert stage's model (tools/pmoe-bench/expert_stage_model.hpp) charges pmoe's
+// kernels the bytes counted here, and knows every kernel of the stage. Emulator only: a GPU counts
+// nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -18,6 +21,7 @@
 #include "cuda/cuda_test_flavor.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/sm_count.hpp"
+#include "expert_stage_model.hpp"
 #include "moe_cases.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/diagnostics/kernel_counts.hpp"
@@ -124,6 +128,59 @@ TEST(MoeCudaBytes, EpMixtralTouchesLiveRowsOnly) {
 }
 TEST(MoeCudaBytes, EpDeepSeekTouchesLiveRowsOnly) {
   expect_live_rows_only(kDeepSeek, MoeVariant::ep, DType::bf16);
+}
+
+// The expert stage's model charges the kernels around the GEMMs what the emulated device counts
+// (group_pairs' stores exactly; gather and activate within the same slack as above), and every
+// kernel a SimpleMoe forward launches is either one of the model's stage or outside the stage
+// (the router before it, the gating sum after it): a kernel added to the stage and not to the
+// model fails here.
+void expect_model_charges_counted_bytes(const Shape& s) {
+  if (!kOnEmulatedDevice) GTEST_SKIP() << "a GPU counts nothing";
+  const Counted counted = run_counted(s, MoeVariant::simple, DType::bf16);
+  const MoeConfig& c = counted.c.config;
+  bench::ExpertStageShape shape;
+  shape.feature = c.feature_dim;
+  shape.ffn = c.ffn_dim;
+  shape.output = c.out_dim();
+  shape.tokens = s.batch;
+  shape.top_k = s.top_k;
+  // The bytes depend on the rows and the experts, not on how the rows split.
+  const int64_t rows = int64_t(s.batch) * s.top_k;
+  for (int e = 0; e < s.experts; ++e)
+    shape.group_rows.push_back(rows / s.experts + (e < rows % s.experts ? 1 : 0));
+  const bench::StageRowKernelBytes b = bench::pmoe_row_kernel_bytes(shape, 2);
+  const std::string where = std::string(s.name) + " simple bf16, the model's bytes";
+  const KernelCounts* pairs = find(counted, "moe_group_pairs");
+  ASSERT_NE(pairs, nullptr) << where;
+  EXPECT_EQ(double(pairs->total_bytes_written), b.group_pairs_written) << where;
+  expect_bytes(counted, "moe_gather_rows", int64_t(b.gather_read), int64_t(b.gather_written), where);
+  expect_bytes(counted, "moe_activate", int64_t(b.activate_read), int64_t(b.activate_written),
+               where);
+
+  const bench::ExpertStagePrediction p =
+      bench::predict_expert_stage(bench::find_gpu("h200"), shape);
+  const std::vector<std::string> outside = {"moe_widen_rows", "moe_top_k_softmax",
+                                            "moe_weighted_sum", "kernel"};
+  std::printf("%s: kernels of a forward:", where.c_str());
+  for (const KernelCounts& k : counted.kernels) std::printf(" %s", k.kernel.c_str());
+  std::printf("\n");
+  for (const KernelCounts& k : counted.kernels) {
+    const bool in_stage = p.pmoe.find(k.kernel) != nullptr;
+    const bool around = std::find(outside.begin(), outside.end(), k.kernel) != outside.end();
+    EXPECT_TRUE(in_stage || around) << where << ": " << k.kernel
+                                    << " ran and the expert stage's model does not know it";
+  }
+  for (const bench::StageKernel& k : p.pmoe.kernels)
+    EXPECT_NE(find(counted, k.kernel), nullptr) << where << ": the model charges " << k.kernel
+                                                << ", which did not run";
+}
+
+TEST(MoeCudaBytes, TheExpertStageModelChargesTheCountedBytesMixtral) {
+  expect_model_charges_counted_bytes(kMixtral);
+}
+TEST(MoeCudaBytes, TheExpertStageModelChargesTheCountedBytesDeepSeek) {
+  expect_model_charges_counted_bytes(kDeepSeek);
 }
 
 }  // namespace

@@ -40,6 +40,9 @@ constexpr const char* kPeerWaitSource =
 constexpr const char* kNvlinkSource =
     "NVIDIA H100 / H200 datasheets: NVLink 900 GB/s bidirectional, 450 GB/s a direction; not "
     "used while the ranks share one GPU (every measurement so far)";
+constexpr const char* kTensorSource =
+    "NVIDIA H100 and H200 Tensor Core GPU datasheets (SXM): BF16 tensor 1,979 TFLOPS with "
+    "sparsity, so 989 dense; the same GH100 tensor cores in both";
 
 GpuSpec hopper(std::string name, std::string description, double hbm_gbps, const char* hbm_source) {
   GpuSpec g;
@@ -55,6 +58,7 @@ GpuSpec hopper(std::string name, std::string description, double hbm_gbps, const
   g.system_fence_us = {1.0, "µs", kFenceSource};
   g.peer_wait_us = {2 * 400 / 1.98e3, "µs", kPeerWaitSource};
   g.nvlink_gbps = {450, "GB/s", kNvlinkSource};
+  g.tensor_bf16_tflops = {989, "TFLOP/s", kTensorSource};
   return g;
 }
 

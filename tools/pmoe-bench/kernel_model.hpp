@@ -48,6 +48,7 @@ struct GpuSpec {
   std::string description;  // e.g. "NVIDIA H200 SXM (141 GB HBM3e)"
   GpuFigure sms, clock_ghz, hbm_gbps, l2_latency_cycles, barrier_cycles, launch_us, host_launch_us,
       system_fence_us, peer_wait_us, nvlink_gbps;
+  GpuFigure tensor_bf16_tflops;  // dense: the expert stage's GEMMs (expert_stage_model.hpp)
 };
 
 // The presets: "h100-sxm" and "h200". Throws pmoe::Error naming the known ones otherwise.

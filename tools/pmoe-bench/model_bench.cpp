@@ -245,6 +245,7 @@ void add_model_command(CLI::App& app) {
                   "draw predicted time to this PNG, and network bytes to NAME_network.png");
   add_published_command(*cmd);
   add_calibrate_command(*cmd);
+  add_expert_stage_command(*cmd);
   cmd->callback([o, cmd] {
     if (cmd->get_subcommands().empty()) run(*o);
   });

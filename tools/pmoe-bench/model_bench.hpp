@@ -37,5 +37,6 @@ ModelRow model_row(const ModelShape& s, const HardwarePreset& hw, int world_size
 
 void add_published_command(CLI::App& model);  // model_published.cpp
 void add_calibrate_command(CLI::App& model);  // model_calibrate.cpp
+void add_expert_stage_command(CLI::App& model);  // model_expert_stage.cpp
 
 }  // namespace pmoe::bench

@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "expert_stage_model.hpp"
 #include "moe_bench.hpp"
+#include "moe_presets.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/moe.hpp"
 #include "report.hpp"
@@ -23,23 +25,6 @@
 
 namespace pmoe::bench {
 namespace {
-
-struct Preset {
-  const char* name;
-  int feature, ffn, experts, top_k, batch;
-  const char* note;
-};
-
-// Real layer shapes (feature = hidden size, ffn = the expert's intermediate size), all swiglu,
-// with a batch that fits this machine and gives each expert enough rows for BLAS.
-constexpr Preset kPresets[] = {
-    {"mixtral-8x7b", 4096, 14336, 8, 2, 256, "Mixtral 8x7B: all 8 experts (5.6 GB of f32 weights)"},
-    {"deepseek-v3", 7168, 2048, 32, 8, 256,
-     "DeepSeek-V3: 32 of its 256 routed experts, so the weights fit (5.6 GB of f32; all 256 are "
-     "45 GB); H, F, top-8 and swiglu are the model's; its shared expert is left out"},
-    {"qwen3-30b-a3b", 2048, 768, 128, 8, 512,
-     "Qwen3-30B-A3B: all 128 experts (2.4 GB of f32 weights)"},
-};
 
 struct Options {
   std::string benchmark_type = "batch_size";
@@ -58,13 +43,6 @@ struct Options {
   std::string json_path, csv_path, plot_path;
   std::string device = "cpu";  // or "cuda"
 };
-
-const Preset& find_preset(const std::string& name) {
-  for (const Preset& p : kPresets)
-    if (name == p.name) return p;
-  throw Error(detail::cat("--preset '", name,
-                          "' is unknown: expected mixtral-8x7b, deepseek-v3 or qwen3-30b-a3b"));
-}
 
 std::vector<MoeVariantKind> parse_variants(const std::string& text) {
   std::vector<MoeVariantKind> out;
@@ -130,19 +108,6 @@ std::vector<int> rows_to_check(const MoeConfig& c, int batch, int ranks) {
   return rows;
 }
 
-// Each expert's rows when the layer's router routes x: the CPU Router, which picks as the
-// device's does (the same f32 logits up to summation order, ties to the lower expert), so
-// torch's baseline gets the groups pmoe's expert stage gets, not an even split.
-std::vector<int64_t> routed_group_sizes(const MoeConfig& c, const Tensor& x) {
-  const int m = int(x.size(0));
-  Buffer indices(DType::i32, {m, c.top_k}), weights(DType::f32, {m, c.top_k});
-  Router(c).route(x, indices, weights);
-  std::vector<int64_t> sizes(size_t(c.num_experts), 0);
-  const int32_t* picked = indices.data<int32_t>();
-  for (int64_t i = 0; i < int64_t(m) * c.top_k; ++i) ++sizes[size_t(picked[i])];
-  return sizes;
-}
-
 std::string joined(const std::vector<int64_t>& values) {
   std::string out;
   for (int64_t v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
@@ -194,6 +159,25 @@ nlohmann::json gemm_rate_json(const std::string& key, int value, const GemmRate&
           {"ratio", g.grouped_ms > 0 ? g.dense_ms / g.grouped_ms : 0.0}};
 }
 
+// The expert stage's model (expert_stage_model.hpp) for the same preset, batch and groups, on
+// each GPU it knows: printed beside the measurements, so that every run on a GPU checks it.
+void print_expert_stage_model(const Options& o, int batch, const std::vector<int64_t>& groups) {
+  ExpertStageShape s;
+  s.feature = o.feature;
+  s.ffn = o.hidden;
+  s.output = o.output == 0 ? o.feature : o.output;
+  s.tokens = batch;
+  s.top_k = o.topk;
+  s.group_rows = groups;
+  if (o.act != "swiglu" || o.dtype != "bf16" || s.rows() != int64_t(batch) * o.topk) return;
+  for (const std::string& gpu : gpu_names()) {
+    const ExpertStagePrediction p = predict_expert_stage(find_gpu(gpu), s);
+    std::printf("model (%s, pmoe-bench model expert-stage): pmoe %.3f ms, torch._grouped_mm %.3f "
+                "ms, pmoe's rate %.2f of torch's\n",
+                gpu.c_str(), p.pmoe.us * 1e-3, p.torch.us * 1e-3, p.ratio());
+  }
+}
+
 // Beside pmoe's expert stage on a device (and the kernels its GEMMs took), torch._grouped_mm's
 // on the same GPU, shapes and rows, each expert's group as pmoe's router made it
 // (tools/torch_grouped_mm.py --group-sizes; one line a batch: its time and TFLOP/s, or why it
@@ -234,6 +218,8 @@ void print_torch_grouped_mm(const Options& o, const std::vector<nlohmann::json>&
       out = "torch._grouped_mm: not run: cannot start '" + command + "'\n";
     }
     std::printf("%s", out.c_str());
+    if (const auto sizes = group_sizes.find(batch); sizes != group_sizes.end())
+      print_expert_stage_model(o, batch, sizes->second);
   }
 }
 
@@ -249,7 +235,7 @@ void run(Options o, const CLI::App& cmd) {
              "--device cuda: this build or machine has no CUDA device (GPU or emulated)");
   std::string preset_note;
   if (!o.preset.empty()) {
-    const Preset& p = find_preset(o.preset);
+    const MoePreset& p = find_moe_preset(o.preset);
     auto unless_given = [&](const char* flag, auto& field, auto value) {
       if (cmd.get_option(flag)->count() == 0) field = value;
     };
