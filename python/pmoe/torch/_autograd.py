@@ -274,17 +274,33 @@ class AllToAll:
     masked by the survivors, and the call in which they find it raises pmoe.PeerLost (run its
     tokens again); later calls go on without its experts (their slots add nothing).
     live_ranks and mask_reasons say who is masked and why (docs/robustness.md).
+    placement: for each of the num_experts slots (rank r holds slots [r * E / W, (r + 1) * E /
+    W)), the logical expert it serves; several slots may serve one (replicas, as EPLB deploys
+    them). indices then name logical experts in [0, num_logical_experts) (default: the largest in
+    placement, plus one), and each token's row goes to one of its expert's slots by a fixed rule,
+    a live one where a rank is masked (no token is lost while every expert has a live replica).
+    logical_experts(local) says which logical expert each local slot serves.
     """
 
     def __init__(self, comm, *, max_num_tokens, num_experts, experts_per_token, hidden_dim,
                  dtype=torch.float32, in_place_buffers=False, weighted_dispatch=False,
-                 on_peer_loss="fail", peer_timeout_s=0.0):
+                 on_peer_loss="fail", peer_timeout_s=0.0, placement=None,
+                 num_logical_experts=0):
         if dtype not in _PMOE_DTYPE:
             raise _error(f"pmoe.torch.AllToAll: dtype must be torch.float32, torch.bfloat16 or "
                          f"torch.float16, got {dtype} (pmoe's ops have no float64 path)")
         config = dict(max_num_tokens=max_num_tokens, num_experts=num_experts,
                       experts_per_token=experts_per_token, on_peer_loss=on_peer_loss,
                       peer_timeout_s=float(peer_timeout_s))
+        slot_expert = list(range(num_experts))
+        if placement is not None:
+            slot_expert = [int(e) for e in placement]
+            if not slot_expert or min(slot_expert) < 0:
+                raise _error(f"pmoe.torch.AllToAll: placement must name a logical expert >= 0 "
+                             f"for each slot, got {slot_expert}")
+            num_logical_experts = num_logical_experts or 1 + max(slot_expert)
+            config.update(placement=slot_expert, num_logical_experts=num_logical_experts)
+        self.num_logical_experts = num_logical_experts or num_experts
         _agree(comm, dict(config, hidden_dim=hidden_dim, dtype=str(dtype),
                           weighted_dispatch=bool(weighted_dispatch)))
         self.comm = comm
@@ -316,7 +332,20 @@ class AllToAll:
                              **ops)
         self.num_local_experts = self._forward.local
         self.world_size = comm.size
-        self.first_expert = comm.rank * self.num_local_experts
+        self.first_expert = comm.rank * self.num_local_experts  # this rank's first slot
+        # One past the local slots (a GPU layout's tail rows) serves no expert: -2 matches no id
+        # (-1 is a skipped slot's).
+        # Made on the CPU, copied once to the device of the first call that asks (a communicator
+        # on pmoe's emulated device may serve a device torch cannot make tensors on).
+        mine = slot_expert[self.first_expert:self.first_expert + self.num_local_experts] + [-2]
+        self._local_expert = torch.tensor(mine, dtype=torch.int64)
+
+    def logical_experts(self, local):
+        """The logical expert each of this rank's slots `local` (int64, in [0, E_local]) serves:
+        the slot's own global index without a placement, -2 for E_local (no slot)."""
+        if self._local_expert.device != local.device:
+            self._local_expert = self._local_expert.to(local.device)
+        return self._local_expert[local]
 
     def _ops(self):
         return [op for op in (self._forward, self._backward, self._slots) if op is not None]
@@ -458,7 +487,7 @@ class _Combine(torch.autograd.Function):
             arrived.pick(grad_rows.view(-1, hidden)).float(),
             arrived.pick(info_rows.view(-1, 2 * k)),
             arrived.pick(expert_y.detach().reshape(-1, hidden)),
-            arrived.index // rows + a2a.first_expert, k)
+            a2a.logical_experts(arrived.index // rows), k)
         grad_expert_y = arrived.place(grads, expert_y.dtype, ctx.zero_padding)
         # Combine reads only the rows that arrived, so the padding of `back` may be left as is.
         back = arrived.place(back, torch.float32, False)

@@ -67,10 +67,19 @@ class EpMoE(nn.Module):
     For training a lost rank takes its experts' weights and optimizer state with it: the
     backward's exchanges raise pmoe.PeerLost too, and the way on is a restart from a checkpoint
     (docs/robustness.md).
+    placement: for each expert slot (a multiple of comm.size of them; rank r holds slots
+    [r * S_local, (r + 1) * S_local)), the expert in [0, num_experts) it serves: replicas of an
+    expert on several ranks, as EPLB deploys them. Each token goes to one of its experts' slots
+    by a fixed rule, a live one where a rank is masked, so with a live replica of every expert
+    no token is lost and the output is the whole model's. The stacked parameters are then this
+    rank's slots' ([S_local, ...]), and load_dense() gives each slot its expert's weights. In
+    training, a replica's gradient covers the tokens it served only: sum an expert's replicas'
+    gradients before the step (or use replicas for serving).
     """
 
     def __init__(self, comm, *, hidden_dim, ffn_dim, num_experts, top_k, max_num_tokens,
-                 swiglu=False, dtype=torch.float32, on_peer_loss="fail", peer_timeout_s=0.0):
+                 swiglu=False, dtype=torch.float32, on_peer_loss="fail", peer_timeout_s=0.0,
+                 placement=None):
         super().__init__()
         self.comm = comm
         self.top_k = top_k
@@ -81,9 +90,13 @@ class EpMoE(nn.Module):
                               f"emulated device); use a communicator on the CPU "
                               f"(pmoe.torch.communicator(device=None)), or a GPU with CUDA torch "
                               f"and pmoe's CUDA backend")
-        self.a2a = AllToAll(comm, max_num_tokens=max_num_tokens, num_experts=num_experts,
-                            experts_per_token=top_k, hidden_dim=hidden_dim, dtype=dtype,
-                            on_peer_loss=on_peer_loss, peer_timeout_s=peer_timeout_s)
+        slots = dict(num_experts=num_experts)
+        if placement is not None:
+            slots = dict(num_experts=len(placement), placement=placement,
+                         num_logical_experts=num_experts)
+        self.a2a = AllToAll(comm, max_num_tokens=max_num_tokens, experts_per_token=top_k,
+                            hidden_dim=hidden_dim, dtype=dtype, on_peer_loss=on_peer_loss,
+                            peer_timeout_s=peer_timeout_s, **slots)
         local = self.a2a.num_local_experts
         self.first_expert = self.a2a.first_expert
         self.router = nn.Linear(hidden_dim, num_experts, bias=False, dtype=dtype)
@@ -109,8 +122,11 @@ class EpMoE(nn.Module):
 
     @torch.no_grad()
     def load_dense(self, router_weight, w1, w2, w3=None):
-        """Sets the router [E, H] and this rank's slices of the full expert tensors [E, ...]."""
-        local = slice(self.first_expert, self.first_expert + self.a2a.num_local_experts)
+        """Sets the router [E, H] and, from the full expert tensors [E, ...], this rank's slots'
+        experts (its slice of them without a placement)."""
+        local = self.a2a.logical_experts(torch.arange(self.a2a.num_local_experts,
+                                                      device=self.router.weight.device))
+        local = local.to(w1.device)
         self.router.weight.copy_(router_weight)
         self.w1.copy_(w1[local])
         self.w2.copy_(w2[local])

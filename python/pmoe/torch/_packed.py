@@ -137,7 +137,7 @@ class _DispatchPackedWeighted(torch.autograd.Function):
         arrived, counts, where = _land(op, [x.detach(), carried], indices)  # [n, H + carried]
         info = arrived[:, H:].contiguous()
         info = info if a2a.dtype == torch.float32 else info.view(torch.float32)
-        expert_of_row = a2a.first_expert + where.experts()
+        expert_of_row = a2a.logical_experts(where.experts())
         is_slot = info[:, k:] == expert_of_row.unsqueeze(1).float()  # [n, k]: the row's slot
         row_weights = (info[:, :k] * is_slot).sum(-1)
         ctx.a2a, ctx.indices, ctx.where, ctx.is_slot = a2a, indices, where, is_slot
@@ -217,7 +217,7 @@ class _CombinePacked(torch.autograd.Function):
         # Which slot of its token each row serves, and that slot's weight.
         slot_info = torch.cat([weights.detach().float(), indices.float()], dim=1).contiguous()
         info, _, _ = _land(slots, slot_info, indices, where)
-        expert_of_row = a2a.first_expert + where.experts()
+        expert_of_row = a2a.logical_experts(where.experts())
         grad_rows, back_rows = slot_gradients(grads.float(), info, rows.detach(), expert_of_row,
                                               k)
         grad_rows = grad_rows.to(rows.dtype)
