@@ -1,7 +1,9 @@
 """Serving on when a process dies: 4 processes run pmoe.torch.EpMoE forwards (on_peer_loss="mask");
 rank 3 is SIGKILLed between two forwards. Each survivor's next forward raises pmoe.PeerLost naming
 rank 3, and every later forward equals a single-process model whose experts are the survivors'
-(rank 3's experts add nothing; the other weights stay as the router gave them).
+(rank 3's experts add nothing; the other weights stay as the router gave them). With a placement
+that puts every expert on two ranks, the survivors' later forwards equal the whole model: every
+token of rank 3's experts goes to their other replica.
 
 torchrun's agent stops every worker when one fails, so the processes are started the way a
 server that must outlive one of them would start them: plain multiprocessing, one
@@ -18,6 +20,9 @@ torch = pytest.importorskip("torch")
 
 WORLD, HIDDEN, FFN, EXPERTS, TOP_K, TOKENS = 4, 16, 24, 8, 2, 6
 VICTIM, KILLED_AT, FORWARDS = 3, 2, 6  # rank 3 dies before forward 2 (0-based) of 6
+# Every expert on two ranks: slots 0-7 (ranks 0 and 1) serve experts 0-7, slots 8-15 (ranks 2
+# and 3) serve experts 4-7 and 0-3.
+REPLICAS = list(range(EXPERTS)) + [(e + EXPERTS // 2) % EXPERTS for e in range(EXPERTS)]
 
 
 def _dense_weights():
@@ -45,7 +50,7 @@ def _survivors_model(x, router, w1, w2, live_experts):
     return y
 
 
-def _worker(rank, store, results):
+def _worker(rank, store, results, placement):
     try:
         import torch.distributed as dist
 
@@ -56,10 +61,12 @@ def _worker(rank, store, results):
                                 world_size=WORLD)
         comm = pt.communicator()
         layer = pt.EpMoE(comm, hidden_dim=HIDDEN, ffn_dim=FFN, num_experts=EXPERTS, top_k=TOP_K,
-                         max_num_tokens=TOKENS, on_peer_loss="mask", peer_timeout_s=20)
+                         max_num_tokens=TOKENS, on_peer_loss="mask", peer_timeout_s=20,
+                         placement=placement)
         router, w1, w2 = _dense_weights()
         layer.load_dense(router, w1, w2)
-        local = EXPERTS // WORLD
+        slot_expert = placement or list(range(EXPERTS))
+        local = len(slot_expert) // WORLD
         lost, checked = [], 0
         with torch.no_grad():
             for call in range(FORWARDS):
@@ -72,8 +79,10 @@ def _worker(rank, store, results):
                 except pmoe.PeerLost as e:
                     lost.append((e.ranks, e.first_call, e.last_call))
                     continue
-                live = [e for e in range(EXPERTS) if layer.a2a.live_ranks[e // local]]
-                want = _survivors_model(x, router, w1, w2, set(live))
+                live = {e for s, e in enumerate(slot_expert) if layer.a2a.live_ranks[s // local]}
+                if placement:
+                    assert live == set(range(EXPERTS)), live  # a live replica of each expert
+                want = _survivors_model(x, router, w1, w2, live)
                 torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
                 checked += 1
         assert lost == [([VICTIM], KILLED_AT + 1, KILLED_AT + 1)], lost
@@ -88,12 +97,13 @@ def _worker(rank, store, results):
         os._exit(0)  # gloo cannot shut down with a dead peer; pmoe's memory is already unlinked
 
 
-def test_a_killed_process_leaves_the_others_serving():
+@pytest.mark.parametrize("placement", [None, REPLICAS], ids=["no replicas", "replicas"])
+def test_a_killed_process_leaves_the_others_serving(placement):
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     with tempfile.TemporaryDirectory() as work:
         store = os.path.join(work, "store")
-        workers = [context.Process(target=_worker, args=(r, store, results))
+        workers = [context.Process(target=_worker, args=(r, store, results, placement))
                    for r in range(WORLD)]
         for w in workers:
             w.start()
