@@ -99,8 +99,8 @@ bit-identical run after run. Every call validates its arguments before sending a
           "the largest in placement, plus one), each sent to a live slot. rank_mask: the op can "
           "mask ranks (mask_rank); masked_experts: 'drop' or 'renormalize', what an expert with "
           "no live slot becomes. on_peer_loss: 'fail' (a lost peer fails the op on every rank) "
-          "or 'mask' (CPU, one node: the survivors mask it and go on; the call in which they "
-          "find it raises pmoe.PeerLost); peer_timeout_s: with 'mask', how long a wait for a "
+          "or 'mask' (every rank on one node, CPU or CUDA: the survivors mask it and go on; "
+          "the call in which they find it raises pmoe.PeerLost); peer_timeout_s: with 'mask', how long a wait for a "
           "peer lasts before the peer is lost (0: PMOE_TIMEOUT_S) (docs/robustness.md).")
       .def(
           "dispatch",

@@ -269,7 +269,7 @@ class AllToAll:
     (dispatch_packed(a2a, x, indices, weights) returns each row's weight, for the experts to
     apply; combine_packed then only sums): two ops instead of three, and a forward and backward
     exchange two rounds fewer. The padded dispatch/combine refuse such an AllToAll.
-    on_peer_loss: "fail" (the default) or "mask" (the CPU, every rank on one node): a rank whose
+    on_peer_loss: "fail" (the default) or "mask" (every rank on one node): a rank whose
     process ends, or that does not answer for peer_timeout_s seconds (0: PMOE_TIMEOUT_S), is
     masked by the survivors, and the call in which they find it raises pmoe.PeerLost (run its
     tokens again); later calls go on without its experts (their slots add nothing).
