@@ -100,8 +100,9 @@ bit-identical run after run. Every call validates its arguments before sending a
           "mask ranks (mask_rank); masked_experts: 'drop' or 'renormalize', what an expert with "
           "no live slot becomes. on_peer_loss: 'fail' (a lost peer fails the op on every rank) "
           "or 'mask' (every rank on one node, CPU or CUDA: the survivors mask it and go on; "
-          "the call in which they find it raises pmoe.PeerLost); peer_timeout_s: with 'mask', how long a wait for a "
-          "peer lasts before the peer is lost (0: PMOE_TIMEOUT_S) (docs/robustness.md).")
+          "the call in which they find it raises pmoe.PeerLost); peer_timeout_s: with 'mask', "
+          "how long a wait for a peer lasts before the peer is lost (0: PMOE_TIMEOUT_S) "
+          "(docs/robustness.md).")
       .def(
           "dispatch",
           [](AllToAll& self, nb::handle x, nb::handle indices, nb::handle expert_num_tokens,
