@@ -33,7 +33,6 @@ calls stay collective.
 """
 import contextlib
 import functools
-import json
 
 import torch
 
@@ -234,22 +233,6 @@ class _Op:
             raise
 
 
-def _agree(comm, config):
-    """Raises pmoe.Error on every rank, naming the fields, unless every rank passed `config`."""
-    if not hasattr(comm, "all_gather"):  # thread or MPI ranks: pmoe's own size check only
-        return
-    text = json.dumps(config, sort_keys=True).encode()
-    if len(text) > 1024:
-        raise _error("pmoe.torch.AllToAll: config too long to compare")
-    everyone = [json.loads(b.rstrip(b"\0")) for b in comm.all_gather(text.ljust(1024, b"\0"))]
-    for r, theirs in enumerate(everyone):
-        differ = [f"{key} = {theirs[key]} on rank {r}, {config[key]} on rank {comm.rank}"
-                  for key in config if theirs.get(key) != config[key]]
-        if differ:
-            raise _error("pmoe.torch.AllToAll: the ranks disagree on the config: " +
-                         "; ".join(differ))
-
-
 class AllToAll:
     """The exchange of one MoE layer for pmoe.torch.dispatch and pmoe.torch.combine.
 
@@ -259,7 +242,9 @@ class AllToAll:
     have no float64 path). Tensors must be on the device the communicator serves (self.device:
     the CPU, or its GPU). Builds three pmoe.AllToAll ops (forward, backward, and the small f32
     exchange of combine's backward; two with weighted_dispatch); workspace_bytes() says what
-    they hold.
+    they hold. Ranks that differ in the config get pmoe.Error on every rank from the ops' own
+    agreement, naming the field (hidden_dim is the forward exchange's row width: H, plus the
+    carried weights with weighted_dispatch).
     in_place_buffers: on the CPU, give each op pmoe's in-place input and expert output buffers
     (one padded [E_local, W * max_num_tokens, H] buffer more per op, in shared memory), which
     dispatch_packed and combine_packed use to skip a copy of every token and every expert row;
@@ -301,8 +286,6 @@ class AllToAll:
             num_logical_experts = num_logical_experts or 1 + max(slot_expert)
             config.update(placement=slot_expert, num_logical_experts=num_logical_experts)
         self.num_logical_experts = num_logical_experts or num_experts
-        _agree(comm, dict(config, hidden_dim=hidden_dim, dtype=str(dtype),
-                          weighted_dispatch=bool(weighted_dispatch)))
         self.comm = comm
         self.dtype = dtype
         self.max_num_tokens = max_num_tokens
