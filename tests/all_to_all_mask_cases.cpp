@@ -14,6 +14,15 @@
 #include "reference/all_to_all_reference.hpp"
 
 namespace pmoe::testing {
+
+MaskCase lost_rank_case(MaskCase c, double peer_timeout_s, int calls) {
+  c.config.rank_mask = false;
+  c.config.on_peer_loss = OnPeerLoss::mask;
+  c.config.peer_timeout_s = peer_timeout_s;
+  c.automatic = true;
+  c.calls = calls;
+  return c;
+}
 namespace {
 
 // The test's own view of the routing: each logical expert's slots, and which ranks live.

@@ -56,6 +56,10 @@ struct LossReport {
   std::string message;
 };
 
+// `c` with on_peer_loss = mask in automatic mode: nobody masks a rank that stops, the others find
+// it lost after `peer_timeout_s`; `calls` calls.
+MaskCase lost_rank_case(MaskCase c, double peer_timeout_s, int calls);
+
 // Runs `c` on this rank (collective over the ranks still calling). "" when every call of this
 // rank matched: the rows each local slot received (counts), and y, against the reference in
 // which a token's expert goes to its live slot (r + t) mod n, and an expert with no live slot

@@ -2,9 +2,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 
+#include <gtest/gtest.h>
+
 #include "pmoe/error.hpp"
+#include "pmoe/stream.hpp"
 #include "reference/moe_reference.hpp"
 
 namespace pmoe::testing {
@@ -153,6 +157,86 @@ MoeCaseResult run_moe_case(Communicator& comm, const MoeCase& c) {
     }
   }
   return result;
+}
+
+std::string forward_ep_shard(EpMoe& ep, Communicator& comm, int batch, uint64_t seed,
+                             const Buffer* device_x, const Buffer* device_y) {
+  const MoeConfig& config = ep.config();
+  const Buffer x = reference::make_moe_input(config, batch, seed);
+  const RowRange mine = shard_rows(batch, comm.size(), comm.rank());
+  const size_t row_bytes = size_t(config.feature_dim) * dtype_size(config.dtype);
+  const Tensor x_mine(x.data<std::byte>() + size_t(mine.begin) * row_bytes, config.dtype,
+                      {mine.size(), config.feature_dim});
+  Buffer y(config.dtype, {mine.size(), config.out_dim()});
+  if (device_x == nullptr) {
+    ep.forward(x_mine, y);
+  } else {
+    const Tensor x_there(device_x->data<void>(), config.dtype, {mine.size(), config.feature_dim},
+                         comm.device()),
+        y_there(device_y->data<void>(), config.dtype, {mine.size(), config.out_dim()},
+                comm.device());
+    copy(x_there, x_mine);
+    ep.forward(x_there, y_there);
+    synchronize(comm.stream());
+    ep.check_errors();
+    copy(y, y_there);
+  }
+  std::vector<int> rows;
+  for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);
+  return reference::compare_moe(config, reference::reference_moe(config, x, rows), y, mine.begin,
+                                reference::moe_tolerance(config.dtype))
+      .error;
+}
+
+void expect_ep_moe_loses_a_rank_and_takes_it_back(Device device, int micro_batches,
+                                                  double peer_timeout_s) {
+  const int W = 4, batch = 11;
+  const MoeConfig config = make_moe_config(16, 24, 4, 2, Activation::gelu, DType::f32);
+  EpMoeOptions options;
+  options.micro_batches = micro_batches;
+  options.placement = ExpertPlacement::round_robin(4, 8);
+  options.on_peer_loss = OnPeerLoss::mask;
+  options.peer_timeout_s = peer_timeout_s;
+  std::vector<std::string> errors(static_cast<size_t>(W));
+  run_ranks(
+      W,
+      [&](Communicator& comm) {
+        const int rank = comm.rank(), most = shard_rows(batch, W, 0).size();
+        EpMoe ep(comm, config, most, options);
+        std::optional<Buffer> device_x, device_y;
+        if (device.kind == Device::Kind::cuda) {
+          device_x.emplace(config.dtype, std::initializer_list<int64_t>{most, config.feature_dim},
+                           comm.device());
+          device_y.emplace(config.dtype, std::initializer_list<int64_t>{most, config.out_dim()},
+                           comm.device());
+        }
+        int lost = 0;
+        for (int call = 0; call < 7; ++call) {
+          if (call == 2 && rank == 3) {  // stops; comes back when the others unmask it
+            ep.rejoin();
+            call = 3;
+            continue;
+          }
+          if (call == 4 && rank != 3) ep.unmask_rank(3);
+          std::string error;
+          try {
+            error = forward_ep_shard(ep, comm, batch, 60 + uint64_t(call),
+                                     device_x ? &*device_x : nullptr,
+                                     device_y ? &*device_y : nullptr);
+          } catch (const PeerLost& e) {
+            ++lost;
+            if (e.ranks() != std::vector<int>{3} || e.first_call() != 3 || e.last_call() != 3)
+              errors[size_t(rank)] = std::string("an unexpected PeerLost: ") + e.what();
+            continue;
+          }
+          if (!error.empty() && errors[size_t(rank)].empty())
+            errors[size_t(rank)] = "call " + std::to_string(call) + ": " + error;
+        }
+        EXPECT_EQ(lost, rank == 3 ? 0 : 1) << "rank " << rank;
+        EXPECT_EQ(ep.rank_mask().live, (std::vector<uint8_t>{1, 1, 1, 1}));
+      },
+      device);
+  for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
 }
 
 }  // namespace pmoe::testing

@@ -52,4 +52,20 @@ MoeCaseResult run_moe_case(Communicator& comm, const MoeCase& c);
 
 std::string describe(const MoeCase& c, int world_size);
 
+// One EpMoe forward of this rank's shard of a `batch`-token input made from `seed`, compared with
+// the reference for those tokens: "" or what differs. On a device, x and y go through
+// `device_x` and `device_y` (this rank's most tokens, made once: freeing device memory waits for
+// the whole device, where the peers' kernels may wait for this rank), and check_errors() runs
+// after the stream. PeerLost and other errors propagate.
+std::string forward_ep_shard(EpMoe& ep, Communicator& comm, int batch, uint64_t seed,
+                             const Buffer* device_x = nullptr, const Buffer* device_y = nullptr);
+
+// EpMoe with on_peer_loss = mask on 4 thread ranks of `device`, every expert on two of them:
+// rank 3 stops after two forwards and nobody masks it; the others find it lost after
+// `peer_timeout_s`, lose one forward (PeerLost) and then match the reference with its replicas;
+// two forwards later they unmask it, it rejoins, and the layer is whole again. With two
+// micro-batches the half whose exchange did not raise the loss goes on without rank 3 too.
+void expect_ep_moe_loses_a_rank_and_takes_it_back(Device device, int micro_batches,
+                                                  double peer_timeout_s);
+
 }  // namespace pmoe::testing

@@ -122,15 +122,7 @@ TEST(AllToAllMask, BadPlacementsAndMasksAreRefusedBeforeAnythingMoves) {
 // timeout. Generous for 4 thread ranks on 2 shared cores, where a live rank may wait its turn.
 constexpr double kPeerTimeout = 1.0;
 
-MaskCase automatic(int W) {
-  MaskCase c = base(W);
-  c.config.rank_mask = false;
-  c.config.on_peer_loss = OnPeerLoss::mask;
-  c.config.peer_timeout_s = kPeerTimeout;
-  c.automatic = true;
-  c.calls = 7;
-  return c;
-}
+MaskCase automatic(int W) { return lost_rank_case(base(W), kPeerTimeout, 7); }
 
 TEST(AllToAllPeerLoss, NobodyLostRunsAsThePlainOp) {
   for (int W : {2, 4}) expect_mask_case(W, automatic(W));

@@ -83,24 +83,6 @@ TEST(Moe, EpWithReplicasMatchesReference) {
     }
 }
 
-// One forward of this rank's shard of a `batch`-token input made from `seed`, compared with the
-// reference for those tokens: "" or what differs. PeerLost and other errors propagate.
-std::string forward_shard(EpMoe& ep, Communicator& comm, int batch, uint64_t seed) {
-  const MoeConfig& config = ep.config();
-  const Buffer x = reference::make_moe_input(config, batch, seed);
-  const RowRange mine = shard_rows(batch, comm.size(), comm.rank());
-  Buffer y(config.dtype, {mine.size(), config.out_dim()});
-  const size_t row_bytes = size_t(config.feature_dim) * dtype_size(config.dtype);
-  ep.forward(Tensor(x.data<std::byte>() + size_t(mine.begin) * row_bytes, config.dtype,
-                    {mine.size(), config.feature_dim}),
-             y);
-  std::vector<int> rows;
-  for (int t = mine.begin; t < mine.end; ++t) rows.push_back(t);
-  return reference::compare_moe(config, reference::reference_moe(config, x, rows), y, mine.begin,
-                                reference::moe_tolerance(config.dtype))
-      .error;
-}
-
 // 4 ranks, every expert on two of them (rank r + 2 holds rank r's): rank 3 stops after two
 // forwards, the others mask it, and every later forward of theirs still matches the reference
 // for their tokens: no token lost. The stopped rank keeps its layer until all are done.
@@ -125,7 +107,7 @@ TEST(Moe, EpGoesOnWithoutAMaskedRankWhoseExpertsHaveReplicas) {
         EXPECT_TRUE(ep.lost_experts().empty());
         EXPECT_EQ(ep.rank_mask().live, live);
       }
-      const std::string error = forward_shard(ep, comm, batch, 40 + uint64_t(call));
+      const std::string error = forward_ep_shard(ep, comm, batch, 40 + uint64_t(call));
       if (!error.empty() && errors[size_t(rank)].empty())
         errors[size_t(rank)] = "call " + std::to_string(call) + ": " + error;
     }
@@ -134,50 +116,13 @@ TEST(Moe, EpGoesOnWithoutAMaskedRankWhoseExpertsHaveReplicas) {
   for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
 }
 
-// on_peer_loss = mask: nobody masks rank 3; the others find it lost after the peer timeout, lose
-// that forward (PeerLost), and every later forward equals the reference (replicas serve it).
-// Two forwards later they unmask it and it rejoins: the layer is whole again. With two
-// micro-batches, the half whose exchange did not raise the loss goes on without rank 3 too.
+// on_peer_loss = mask: a rank lost and taken back (moe_cases.hpp), on the CPU, with one and two
+// micro-batches.
 class MoePeerLoss : public ::testing::TestWithParam<int> {};
 
 TEST_P(MoePeerLoss, EpGoesOnWhenARankIsLostAndTakesItBack) {
   cpu::set_blas_threads(1);
-  const int W = 4;
-  const MoeConfig config = make_moe_config(16, 24, 4, 2, Activation::gelu, DType::f32);
-  EpMoeOptions options;
-  options.micro_batches = GetParam();
-  options.placement = ExpertPlacement::round_robin(4, 8);
-  options.on_peer_loss = OnPeerLoss::mask;
-  options.peer_timeout_s = 1.0;
-  const int batch = 11;
-  std::vector<std::string> errors(static_cast<size_t>(W));
-  run_ranks(W, [&](Communicator& comm) {
-    const int rank = comm.rank();
-    EpMoe ep(comm, config, shard_rows(batch, W, 0).size(), options);
-    int lost = 0;
-    for (int call = 0; call < 7; ++call) {
-      if (call == 2 && rank == 3) {  // stops; comes back when the others unmask it
-        ep.rejoin();
-        call = 3;
-        continue;
-      }
-      if (call == 4 && rank != 3) ep.unmask_rank(3);
-      std::string error;
-      try {
-        error = forward_shard(ep, comm, batch, 60 + uint64_t(call));
-      } catch (const PeerLost& e) {
-        ++lost;
-        if (e.ranks() != std::vector<int>{3} || e.first_call() != 3 || e.last_call() != 3)
-          errors[size_t(rank)] = std::string("an unexpected PeerLost: ") + e.what();
-        continue;
-      }
-      if (!error.empty() && errors[size_t(rank)].empty())
-        errors[size_t(rank)] = "call " + std::to_string(call) + ": " + error;
-    }
-    EXPECT_EQ(lost, rank == 3 ? 0 : 1) << "rank " << rank;
-    EXPECT_EQ(ep.rank_mask().live, (std::vector<uint8_t>{1, 1, 1, 1}));
-  });
-  for (int r = 0; r < W; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+  expect_ep_moe_loses_a_rank_and_takes_it_back(Device::cpu(), GetParam(), 1.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(MicroBatches, MoePeerLoss, ::testing::Values(1, 2));
