@@ -19,7 +19,9 @@ set(PMOE_CUDA_SOURCES
   ${PROJECT_SOURCE_DIR}/src/cuda/gemm/grouped_gemm.cu
   ${PROJECT_SOURCE_DIR}/src/cuda/gemm/library_grouped_gemm.cu
   # The MoE layers on a device (src/cuda/moe).
-  ${PROJECT_SOURCE_DIR}/src/cuda/moe/moe_kernels.cu
+  ${PROJECT_SOURCE_DIR}/src/cuda/moe/moe_row_kernels.cu
+  ${PROJECT_SOURCE_DIR}/src/cuda/moe/moe_routing_kernels.cu
+  ${PROJECT_SOURCE_DIR}/src/cuda/moe/moe_tp_sum_kernels.cu
   ${PROJECT_SOURCE_DIR}/src/cuda/moe/simple_moe.cu
   ${PROJECT_SOURCE_DIR}/src/cuda/moe/ep_moe.cu
   ${PROJECT_SOURCE_DIR}/src/cuda/moe/tp_moe.cu)

@@ -4,7 +4,7 @@
 // around its unrolled stride and at aligned and unaligned offsets, against memcpy, with the
 // bytes around the destinations untouched. And the two records kernels leave in host-mapped
 // memory for a host that does not synchronise: the overlap ops' wait kernel's fault report
-// (src/cuda/overlap/signals.cu) and TpMoe's count mismatch (src/cuda/moe/moe_kernels.cu).
+// (src/cuda/overlap/signals.cu) and TpMoe's count mismatch (src/cuda/moe/moe_tp_sum_kernels.cu).
 // Built for the emulated device and for a GPU (tests/cuda/cuda_test_flavor.hpp).
 #include <gtest/gtest.h>
 
@@ -175,7 +175,7 @@ TEST(OverlapSignals, ATimedOutWaitNamesItsPeerAndWaitToAHostThatDoesNotSynchroni
   cudaFree(words);
 }
 
-// TpMoe's sum kernel (src/cuda/moe/moe_kernels.cu) for a rank that published another element
+// TpMoe's sum kernel (src/cuda/moe/moe_tp_sum_kernels.cu) for a rank that published another element
 // count: it sums nothing and records (theirs, mine, peer), which TpMoe reads at its next call's
 // entry without synchronising (CountMismatchRecord::take). Once the host sees the peer it must see
 // that mismatch's counts, not the record's earlier ones, so a relaxed release in the kernel or a

@@ -1,5 +1,5 @@
 // Graph capture across streams, one thread, one device: CUDA's rules as the emulated device
-// follows them (src/cuda/emulator/streams.cpp) -- a stream joins a capture by waiting on an
+// follows them (src/cuda/emulator/graphs.cpp) -- a stream joins a capture by waiting on an
 // event recorded in it, the capture ends only once every joined stream is joined back, a wait on
 // an event from outside the capture is an isolation error -- and a replay runs every branch in
 // order with the launch stream. Built for the emulated device and for a GPU.

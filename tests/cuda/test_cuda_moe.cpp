@@ -271,10 +271,10 @@ void expect_tokens_of_the_last_experts_grouped() {
   EXPECT_GT(cmp.compared, 0);
 }
 
-// More work than one pass of a kernel's grid (moe_kernels.cu: at most 64 blocks of 256 threads,
-// 16,384 threads): 16,500 tokens per rank take the router's loop and every element-wise loop
-// round more than once, and 16,400 experts the grouping's, so a stride that skips leaves rows the
-// reference sees unset. bf16, so the EP wire's widen and narrow run too, and O != H, so its
+// More work than one pass of a kernel's grid (moe_kernel_helpers.cuh: at most 64 blocks of 256
+// threads, 16,384 threads): 16,500 tokens per rank take the router's loop and every element-wise
+// loop round more than once, and 16,400 experts the grouping's, so a stride that skips leaves rows
+// the reference sees unset. bf16, so the EP wire's widen and narrow run too, and O != H, so its
 // staging copies do.
 TEST(MoeCudaShapes, MoreWorkThanOneGridPass) {
   PMOE_REQUIRE_CUDA_RUNTIME();

@@ -160,7 +160,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
 // Graphs: a capture records the work of its origin stream and of every stream that joins it by
-// waiting on an event recorded in it (CUDA's cross-stream capture; streams.cpp); a launch
+// waiting on an event recorded in it (CUDA's cross-stream capture; graphs.cpp); a launch
 // replays it on a stream, its branches concurrently.
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);

@@ -1,4 +1,5 @@
-// What the emulated runtime's memory calls need from its streams (streams.cpp).
+// What the emulated runtime's memory calls need from its streams (streams.cpp) and devices
+// (devices.cpp).
 #pragma once
 
 #include <functional>

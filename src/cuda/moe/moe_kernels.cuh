@@ -1,6 +1,7 @@
-// The MoE layers' small kernels on a device (moe_kernels.cu): everything between the cuBLAS
-// GEMMs. Each takes its pointers and sizes in one struct and runs on the given stream; none
-// reads anything back to the host, so a forward made of them can be captured in a CUDA graph.
+// The MoE layers' small kernels on a device (moe_row_kernels.cu, moe_routing_kernels.cu,
+// moe_tp_sum_kernels.cu): everything between the cuBLAS GEMMs. Each takes its pointers and sizes
+// in one struct and runs on the given stream; none reads anything back to the host, so a forward
+// made of them can be captured in a CUDA graph.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,7 +16,7 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 
 // Rows of `dtype` (f32 or bf16) widened to f32: dst[r, c] = src[r, c] for c < cols. With
 // `row_limits` (per group of `group_rows` rows, the rows in use), rows past a group's limit are
-// skipped: not read, not written, not walked (the row kernels of moe_kernels.cu visit the rows
+// skipped: not read, not written, not walked (the row kernels of moe_row_kernels.cu visit the rows
 // in use only, on a full grid, in 16-byte words where the pointers, strides and widths are
 // multiples of 16 bytes and 8 elements).
 struct WidenRows {

@@ -1,11 +1,11 @@
-// The MoE layers' small kernels (moe_kernels.cuh).
+// The MoE layers' row kernels (moe_kernels.cuh): the kernels that move rows of data between the
+// layers' GEMMs, where moe_routing_kernels.cu computes only indices.
 //
-//   router:   logits [m, E] f32 --top_k_softmax--> indices [m, k] i32, weights [m, k] f32
-//   grouping: indices --group_pairs--> counts [E], token_of_row [E, C], row_of_pair [m, k]
-//             x [m, H] T --gather_rows--> gathered [E, C, H] T   (rows i < counts[e] only)
-//   experts:  counts --plan_tiles--> each GEMM operand's tile addresses (device_experts.hpp)
-//             hidden [E, C, g F'] f32 --activate--> act [E, C, F'] T (f32: in place in hidden)
+//   grouping: x [m, H] T --gather_rows--> gathered [E, C, H] T   (rows i < counts[e] only)
+//   experts:  hidden [E, C, g F'] f32 --activate--> act [E, C, F'] T (f32: in place in hidden)
 //   gating:   out [E, C, O] f32, row_of_pair, weights --weighted_sum--> y [m, O] dtype
+//
+// and widen_rows, narrow_rows and copy_rows, which change rows' element type or width.
 //
 // T is the layer's dtype (f32 or bf16), the expert GEMMs' input type. C is a capacity (the
 // call's m for the local layers, W * tokens per micro-batch for EP), and most of it is unused:
@@ -27,53 +27,16 @@
 
 #include <algorithm>
 #include <cstring>
-#include <cuda/atomic>
 
-#include "cuda/check.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/memory_ops.cuh"
-#include "cuda/sm_count.hpp"
-#include "moe/ep_traffic.hpp"
+#include "cuda/moe/moe_kernel_helpers.cuh"
 #include "pmoe/error.hpp"
 #include "pmoe/moe.hpp"
 
 namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 namespace {
 
-constexpr int kMaxBlocks = 64;  // the token kernels (router, gating, TP sum): a grid-stride loop
-
-int blocks_for(int64_t elements) {
-  return int(std::max<int64_t>(
-      1, std::min<int64_t>(kMaxBlocks, (elements + kBlockThreads - 1) / kBlockThreads)));
-}
-
-// The grid of the kernels that spread rows or experts over the current device.
-int full_grid() {
-  int device = 0;
-  PMOE_CUDA_CHECK(cudaGetDevice(&device));
-  return grid_blocks(sm_count(device));
-}
-
-__device__ __forceinline__ int64_t first_index() {
-  return int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t grid_step() { return int64_t(gridDim.x) * blockDim.x; }
-
-__device__ __forceinline__ float widen(float v) { return v; }
-__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T narrow(float v);
-template <>
-__device__ __forceinline__ float narrow<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// The kernels launched on full_grid() say so in __launch_bounds__ (kBlocksPerSm blocks an SM):
-// with the block size alone, ptxas spilled a few registers of the row walk at 40 registers.
 // Elements a step of a row kernel's thread: 8 (16-byte words: one of bf16, two of f32) where
 // every row the kernel touches starts 16-byte aligned and its widths are multiples of 8, else 1.
 constexpr int kWide = 8;
@@ -111,20 +74,6 @@ __device__ __forceinline__ void store_chunk(T* p, const float (&v)[K]) {
     memcpy(words, t, sizeof t);
     PMOE_UNROLL
     for (int w = 0; w < kWords; ++w) store_global(reinterpret_cast<int4*>(p) + w, words[w]);
-  }
-}
-
-// After it, scan[i] = v_0 + ... + v_i over the block's threads (v_i: thread i's `v`). Hillis and
-// Steele in shared memory: 2 log2(256) + 1 barriers. Every thread of the block calls it.
-template <typename I>
-__device__ __forceinline__ void block_inclusive_scan(I* scan, I v) {
-  scan[threadIdx.x] = v;
-  __syncthreads();
-  for (int step = 1; step < kBlockThreads; step *= 2) {
-    const I add = int(threadIdx.x) >= step ? scan[threadIdx.x - step] : I(0);
-    __syncthreads();  // every thread has read before any writes
-    scan[threadIdx.x] += add;
-    __syncthreads();
   }
 }
 
@@ -230,99 +179,6 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) copy_rows_kernel(
   });
 }
 
-__global__ void __launch_bounds__(kBlockThreads) top_k_softmax_kernel(const TopKSoftmax t) {
-  const int E = t.num_experts, k = t.top_k;
-  for (int64_t token = first_index(); token < t.m; token += grid_step()) {
-    const float* l = t.logits + token * E;
-    int32_t* idx = t.indices + token * k;
-    float* w = t.weights + token * k;
-    // Slot j takes the best expert not taken by slots before it (k <= E, so one always exists).
-    for (int j = 0; j < k; ++j) {
-      int best = -1;
-      for (int e = 0; e < E; ++e) {
-        bool taken = false;
-        for (int i = 0; i < j; ++i) taken = taken || idx[i] == e;
-        if (!taken && (best < 0 || l[e] > l[best])) best = e;
-      }
-      idx[j] = best;  // read back by this thread only
-    }
-    const float top = l[idx[0]];
-    float sum = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      w[j] = expf(l[idx[j]] - top);
-      sum += w[j];
-    }
-    for (int j = 0; j < k; ++j) w[j] /= sum;
-  }
-}
-
-// A block an expert (grid-stride over the experts): thread i takes the i-th 256th of the pairs,
-// in pair order; it counts its pairs of the expert, a block scan places its first row after the
-// threads before it, and a second pass writes them. So the rows keep pair (token) order, as the
-// one-thread-an-expert walk did, and each thread reads 2 ceil(m k / 256) indices an expert.
-__global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) group_pairs_kernel(const GroupPairs g) {
-  __shared__ int32_t ends[kBlockThreads];
-  const int pairs = g.m * g.top_k;
-  const int share = (pairs + kBlockThreads - 1) / kBlockThreads;
-  const int begin = min(pairs, int(threadIdx.x) * share), end = min(pairs, begin + share);
-  for (int e = int(blockIdx.x); e < g.num_experts; e += int(gridDim.x)) {
-    int32_t mine = 0;
-    for (int p = begin; p < end; ++p) mine += g.indices[p] == e ? 1 : 0;
-    count_serial_steps(end - begin);
-    block_inclusive_scan(ends, mine);
-    int32_t row = int32_t(e) * g.capacity + ends[threadIdx.x] - mine;
-    int token = begin / g.top_k, slot = begin - token * g.top_k;
-    for (int p = begin; p < end; ++p) {
-      if (g.indices[p] == e) {
-        store_global(g.token_of_row + row, int32_t(token));
-        store_global(g.row_of_pair + p, row);
-        ++row;
-      }
-      if (++slot == g.top_k) {
-        slot = 0;
-        ++token;
-      }
-    }
-    count_serial_steps(end - begin);
-    if (threadIdx.x == kBlockThreads - 1) store_global(g.counts + e, ends[threadIdx.x]);
-    __syncthreads();  // `ends` is read above before the next expert's scan writes it
-  }
-}
-
-// Thread 0 numbers the tiles (a prefix sum over the groups); then each thread writes its groups'
-// tiles, and the dead tiles after the live ones. first_tile is the block's own scratch, so plain
-// stores and the barrier publish it (store_to_peer is for what later kernels read).
-__global__ void __launch_bounds__(kBlockThreads) plan_tiles_kernel(const PlanTiles p) {
-  if (threadIdx.x == 0) {
-    int32_t tiles = 0;
-    int64_t used = 0;
-    for (int g = 0; g < p.groups; ++g) {
-      p.first_tile[g] = tiles;
-      tiles += (p.counts[g] + p.tile - 1) / p.tile;
-      used += p.counts[g];
-    }
-    p.first_tile[p.groups] = tiles;
-    if (p.tally != nullptr) {
-      p.tally[0] = used;
-      p.tally[1] = int64_t(tiles) * p.tile;
-    }
-  }
-  __syncthreads();  // first_tile, written by thread 0, is read by every thread
-  for (int g = int(threadIdx.x); g < p.groups; g += blockDim.x) {
-    const int32_t first = p.first_tile[g], end = min(p.first_tile[g + 1], p.max_tiles);
-    const int32_t last_start = max(p.counts[g], p.tile) - p.tile;
-    for (int32_t t = first; t < end; ++t) {
-      const int64_t row = g * p.group_rows + min((t - first) * p.tile, last_start);
-      for (const TileOperand& o : p.operands)
-        store_to_peer(o.tiles + t, static_cast<const void*>(static_cast<const char*>(o.base) +
-                                                           (o.per_group ? g : row) * o.step));
-    }
-  }
-  const int32_t live = p.first_tile[p.groups];
-  for (int32_t t = live + int32_t(threadIdx.x); t < p.max_tiles; t += blockDim.x)
-    for (const TileOperand& o : p.operands) store_to_peer(o.tiles + t, o.dead);
-}
-
 // W: a 16-byte word where rows and pointers allow, else the element.
 template <typename W>
 __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gather_rows_kernel(const GatherRows g,
@@ -387,62 +243,6 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) weighted_sum_kern
   });
 }
 
-__global__ void publish_count_kernel(uint64_t* word, int64_t n) { store_to_peer(word, uint64_t(n)); }
-
-// Every thread reads the W counts (after the landed waits' acquire): all agree, so all sum or all
-// skip; one thread records the mismatch.
-template <typename T>
-__global__ void __launch_bounds__(kBlockThreads) sum_partials_kernel(const SumPartials s) {
-  for (int r = 0; r < s.world; ++r) {
-    const int64_t theirs = int64_t(*s.counts[r]);
-    if (theirs == s.n) continue;
-    if (first_index() == 0) {
-      using HostCount = ::cuda::atomic_ref<int64_t, ::cuda::thread_scope_system>;
-      using HostWord = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
-      HostCount(s.mismatch->theirs).store(theirs, ::cuda::memory_order_relaxed);
-      HostCount(s.mismatch->mine).store(s.n, ::cuda::memory_order_relaxed);
-      HostWord(s.mismatch->peer).store(r, ::cuda::memory_order_release);
-    }
-    return;
-  }
-  T* out = static_cast<T*>(s.out);
-  for (int64_t e = first_index(); e < s.n; e += grid_step()) {
-    float sum = 0.0f;
-    for (int r = 0; r < s.world; ++r) sum = __fadd_rn(sum, s.parts[r][e]);
-    store_to_peer(out + e, narrow<T>(sum));
-  }
-}
-
-// Each thread sums its tokens, thread 0 the threads' sums in thread order.
-__global__ void __launch_bounds__(kBlockThreads) count_ep_rows_kernel(const CountEpRows c) {
-  __shared__ int64_t partial[kBlockThreads];
-  int64_t rows = 0;
-  for (int t = int(threadIdx.x); t < c.m; t += kBlockThreads)
-    rows += ::pmoe::detail::ep_token_rows_moved(c.indices + int64_t(t) * c.top_k, c.top_k,
-                                                c.num_experts, c.num_local, c.rank);
-  partial[threadIdx.x] = rows;
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  int64_t total = 0;
-  for (int i = 0; i < kBlockThreads; ++i) total += partial[i];
-  *c.rows = total;
-}
-
-// One kernel template per element type, f32 or bf16.
-template <template <typename> class Kernel, typename Args>
-void launch_typed(const char* what, DType dtype, int blocks, cudaStream_t stream, const Args& a) {
-  switch (dtype) {
-    case DType::f32:
-      launch(Kernel<float>::fn, blocks, stream, a);
-      return;
-    case DType::bf16:
-      launch(Kernel<__nv_bfloat16>::fn, blocks, stream, a);
-      return;
-    default:
-      throw Error(detail::cat(what, ": no kernel for ", dtype_name(dtype)));
-  }
-}
-
 // f(T{}) with T the element type of `dtype`, f32 or bf16 (the row kernels' second parameter,
 // the chunk, is picked inside from the pointers).
 template <typename F>
@@ -458,11 +258,6 @@ void for_dtype(const char* what, DType dtype, F&& f) {
       throw Error(detail::cat(what, ": no kernel for ", dtype_name(dtype)));
   }
 }
-
-template <typename T>
-struct SumParts {
-  static constexpr auto fn = sum_partials_kernel<T>;
-};
 
 }  // namespace
 
@@ -531,21 +326,6 @@ void launch_copy_rows(const CopyRows& c, int elem, cudaStream_t stream) {
   }
 }
 
-void launch_top_k_softmax(const TopKSoftmax& t, cudaStream_t stream) {
-  if (t.m == 0) return;
-  launch(top_k_softmax_kernel, blocks_for(t.m), stream, t);
-}
-
-void launch_group_pairs(const GroupPairs& g, cudaStream_t stream) {
-  if (g.num_experts == 0) return;
-  launch("moe_group_pairs", group_pairs_kernel, std::min(g.num_experts, full_grid()), stream, g);
-}
-
-void launch_plan_tiles(const PlanTiles& p, cudaStream_t stream) {
-  if (p.max_tiles == 0) return;
-  launch(plan_tiles_kernel, 1, stream, p);
-}
-
 void launch_gather_rows(const GatherRows& g, int elem, cudaStream_t stream) {
   if (int64_t(g.num_experts) * g.capacity * g.H == 0) return;
   const int64_t row_bytes = int64_t(g.H) * elem;
@@ -591,40 +371,6 @@ void launch_weighted_sum(const WeightedSum& w, DType dtype, cudaStream_t stream)
     else
       launch("moe_weighted_sum", weighted_sum_kernel<T, 1>, full_grid(), stream, w);
   });
-}
-
-void launch_count_ep_rows(const CountEpRows& c, cudaStream_t stream) {
-  launch(count_ep_rows_kernel, 1, stream, c);
-}
-
-void launch_publish_count(uint64_t* word, int64_t n, cudaStream_t stream) {
-  launch_shaped(publish_count_kernel, dim3(1), dim3(1), stream, word, n);
-}
-
-void launch_sum_partials(const SumPartials& s, DType dtype, cudaStream_t stream) {
-  launch_typed<SumParts>("TpMoe all-reduce", dtype, blocks_for(s.n), stream, s);
-}
-
-CountMismatchRecord::CountMismatchRecord() {
-  PMOE_CUDA_CHECK(cudaHostAlloc(&host_, sizeof(CountMismatch), cudaHostAllocMapped));
-  *host_ = CountMismatch();
-  PMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
-}
-
-CountMismatchRecord::~CountMismatchRecord() { (void)cudaFreeHost(host_); }
-
-std::optional<CountMismatch> CountMismatchRecord::take() {
-  // cuda::atomic_ref: loads the emulated device judges (src/cuda/emulator/host_view.hpp).
-  using Count = ::cuda::atomic_ref<int64_t, ::cuda::thread_scope_system>;
-  using Word = ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_system>;
-  const int32_t peer = Word(host_->peer).load(::cuda::memory_order_acquire);
-  if (peer < 0) return std::nullopt;
-  CountMismatch seen;
-  seen.theirs = Count(host_->theirs).load(::cuda::memory_order_relaxed);
-  seen.mine = Count(host_->mine).load(::cuda::memory_order_relaxed);
-  seen.peer = peer;
-  Word(host_->peer).store(-1, ::cuda::memory_order_relaxed);
-  return seen;
 }
 
 }  // namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR
