@@ -67,16 +67,6 @@ std::vector<double> sum_of(const std::vector<double>& a, const std::vector<doubl
   return out;
 }
 
-std::vector<std::string> split_names(const std::string& list) {
-  std::vector<std::string> names;
-  for (size_t at = 0; at < list.size();) {
-    const size_t comma = std::min(list.find(',', at), list.size());
-    if (comma > at) names.push_back(list.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return names;
-}
-
 namespace {
 
 detail::TrafficMode traffic_mode(const std::string& mode) {

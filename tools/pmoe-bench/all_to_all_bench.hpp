@@ -87,9 +87,6 @@ struct Context {
 // reference on `comm`'s ranks, then times them and the copy roofline, adding their rows to `ctx`.
 void run_config(Communicator& comm, Context& ctx);
 
-// "a,b" -> {"a", "b"}; "" -> {}.
-std::vector<std::string> split_names(const std::string& list);
-
 // The emulated device's counts of one call of an op on every rank (include/pmoe/diagnostics/kernel_counts.hpp),
 // printed since the emulated device cannot time anything, with the bytes the op moved (read +
 // written, every rank's kernels) beside the minimum it must move (`min_bytes`, every rank's), and,

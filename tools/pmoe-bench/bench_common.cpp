@@ -192,6 +192,16 @@ nlohmann::json machine_info() {
           {"shm_huge_pages", shm_huge_pages()}};
 }
 
+std::vector<std::string> split_names(const std::string& list) {
+  std::vector<std::string> names;
+  for (size_t at = 0; at < list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    if (comma > at) names.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return names;
+}
+
 std::vector<int> parse_int_list(const std::string& text, const char* what) {
   std::vector<int> values;
   std::stringstream in(text);

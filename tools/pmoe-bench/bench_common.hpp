@@ -55,4 +55,7 @@ std::string shm_huge_pages();
 // Parses "2,4,8" into {2, 4, 8}; throws pmoe::Error on anything else.
 std::vector<int> parse_int_list(const std::string& text, const char* what);
 
+// "a,b" -> {"a", "b"}; "" -> {}.
+std::vector<std::string> split_names(const std::string& list);
+
 }  // namespace pmoe::bench

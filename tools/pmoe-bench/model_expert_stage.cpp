@@ -34,16 +34,6 @@ struct Options {
   std::string json_path;
 };
 
-std::vector<std::string> comma_list(const std::string& list) {
-  std::vector<std::string> names;
-  for (size_t at = 0; at < list.size();) {
-    const size_t comma = std::min(list.find(',', at), list.size());
-    if (comma > at) names.push_back(list.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return names;
-}
-
 ExpertStageShape preset_stage(const MoePreset& p, int batch, bool routed) {
   ExpertStageShape s;
   s.feature = p.feature;
@@ -83,12 +73,12 @@ void run(const Options& o) {
              o.groups, "'");
   const std::vector<int> batches = parse_int_list(o.batches, "--batch");
   json rows = json::array();
-  for (const std::string& preset_name : comma_list(o.presets)) {
+  for (const std::string& preset_name : split_names(o.presets)) {
     const MoePreset& preset = find_moe_preset(preset_name);
     for (int batch : batches) {
       PMOE_CHECK(batch >= 1, "--batch must be >= 1, got ", batch);
       const ExpertStageShape shape = preset_stage(preset, batch, o.groups == "routed");
-      for (const std::string& gpu_name : comma_list(o.gpus)) {
+      for (const std::string& gpu_name : split_names(o.gpus)) {
         const GpuSpec& gpu = find_gpu(gpu_name);
         const ExpertStagePrediction p = predict_expert_stage(gpu, shape);
         std::printf(

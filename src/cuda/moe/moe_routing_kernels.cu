@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kBlockThreads) count_ep_rows_kernel(const Coun
 
 void launch_top_k_softmax(const TopKSoftmax& t, cudaStream_t stream) {
   if (t.m == 0) return;
-  launch(top_k_softmax_kernel, blocks_for(t.m), stream, t);
+  launch("moe_top_k_softmax", top_k_softmax_kernel, blocks_for(t.m), stream, t);
 }
 
 void launch_group_pairs(const GroupPairs& g, cudaStream_t stream) {
