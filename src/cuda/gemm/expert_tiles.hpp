@@ -8,7 +8,7 @@
 // power of two in [8, 128] (and <= C) with 32 E T <= expected, E the experts: padding every expert
 // by up to T - 1 rows then costs at most 1/32 of the rows expected, which leaves room for routing
 // far from uniform (Zipf 1.2 gives the coldest of 16 EP ranks about a quarter of the average:
-// tests/cuda/test_cuda_moe.cpp, MoeCudaTiles). 8 is the tensor cores' floor: the grouped
+// tests/cuda/test_cuda_moe_experts.cpp, MoeCudaTiles). 8 is the tensor cores' floor: the grouped
 // GEMM's wmma fragment (m8n32k16) is 8 token rows, and on cuBLAS the token rows are the GEMM's N
 // side, which Hopper's wgmma tiles in steps of 8. Smaller tiles waste fewer rows but read each
 // expert's weights once a tile: only a GPU can say where that costs more.
