@@ -160,8 +160,10 @@ nlohmann::json gemm_rate_json(const std::string& key, int value, const GemmRate&
 }
 
 // The expert stage's model (expert_stage_model.hpp) for the same preset, batch and groups, on
-// each GPU it knows: printed beside the measurements, so that every run on a GPU checks it.
+// each GPU it knows: printed beside the measurements, so that every run on a GPU checks it. The
+// model prices one rank holding every expert: --ranks 1, a bf16 swiglu layer.
 void print_expert_stage_model(const Options& o, int batch, const std::vector<int64_t>& groups) {
+  if (o.ranks != 1) return;
   ExpertStageShape s;
   s.feature = o.feature;
   s.ffn = o.hidden;

@@ -316,12 +316,13 @@ class AllToAll:
         self.num_local_experts = self._forward.local
         self.world_size = comm.size
         self.first_expert = comm.rank * self.num_local_experts  # this rank's first slot
-        # One past the local slots (a GPU layout's tail rows) serves no expert: -2 matches no id
-        # (-1 is a skipped slot's).
-        # Made on the CPU, copied once to the device of the first call that asks (a communicator
-        # on pmoe's emulated device may serve a device torch cannot make tensors on).
+        # Each local slot's expert, and -2 one past them (a GPU layout's tail rows serve no
+        # expert; -1 is a skipped slot's id). Made on the device now, so that no copy happens
+        # inside a captured graph; on the CPU where torch cannot make tensors there (pmoe's
+        # emulated device), and then copied by the first call that asks.
         mine = slot_expert[self.first_expert:self.first_expert + self.num_local_experts] + [-2]
-        self._local_expert = torch.tensor(mine, dtype=torch.int64)
+        where = self.device if _torch_sees_pmoe_device() else torch.device("cpu")
+        self._local_expert = torch.tensor(mine, dtype=torch.int64, device=where)
 
     def logical_experts(self, local):
         """The logical expert each of this rank's slots `local` (int64, in [0, E_local]) serves:
