@@ -29,7 +29,7 @@ StageKernel around(const GpuSpec& gpu, const std::string& name, double read, dou
   c.total_bytes_read = uint64_t(read);
   c.total_bytes_written = uint64_t(written);
   const KernelPrediction p = predict_kernel(gpu, c, 1);
-  return {name, "", 1, read + written, 0, p.total_us};
+  return {name, "", read + written, 0, p.total_us};
 }
 
 int64_t experts_with_rows(const std::vector<int64_t>& rows) {

@@ -68,7 +68,6 @@ struct GroupedGemm {
 struct StageKernel {
   std::string kernel;  // pmoe's: the name the emulated device counts it under
   std::string what;    // e.g. "GEMM 1, f32 out" (or "")
-  double launches = 1;
   double bytes = 0;         // read + written
   double issued_flops = 0;  // a GEMM's, its tiles' (0 elsewhere)
   double us = 0;
