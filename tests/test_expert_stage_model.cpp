@@ -13,7 +13,6 @@
 #include "expert_stage_model.hpp"
 #include "moe_presets.hpp"
 #include "pmoe/error.hpp"
-#include "reference/moe_reference.hpp"
 
 namespace pmoe::bench {
 namespace {
@@ -101,14 +100,7 @@ TEST(ExpertStageModel, BothStagesKernelsInOrderWithTheirTiles) {
 TEST(ExpertStageModel, ThePresetsMeetTheirTargetInTheModel) {
   for (const char* name : {"mixtral-8x7b", "deepseek-v3"}) {
     const MoePreset& preset = find_moe_preset(name);
-    const MoeConfig c = preset_config(preset, DType::bf16);
-    ExpertStageShape s;
-    s.feature = preset.feature;
-    s.ffn = preset.ffn;
-    s.output = preset.feature;
-    s.tokens = 1024;
-    s.top_k = preset.top_k;
-    s.group_rows = routed_group_sizes(c, reference::make_moe_input(c, 1024, c.seed + 1));
+    const ExpertStageShape s = preset_expert_stage(preset, 1024, /*routed=*/true);
     ASSERT_EQ(int(s.group_rows.size()), preset.experts);
     for (const std::string& gpu : gpu_names()) {
       const ExpertStagePrediction p = predict_expert_stage(find_gpu(gpu), s);

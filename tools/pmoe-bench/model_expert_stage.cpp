@@ -15,7 +15,6 @@
 #include "expert_stage_model.hpp"
 #include "moe_presets.hpp"
 #include "pmoe/error.hpp"
-#include "reference/moe_reference.hpp"
 #include "report.hpp"
 
 // add_expert_stage_command is declared in model_bench.hpp, which this file cannot include beside
@@ -33,24 +32,6 @@ struct Options {
   std::string groups = "routed";
   std::string json_path;
 };
-
-ExpertStageShape preset_stage(const MoePreset& p, int batch, bool routed) {
-  ExpertStageShape s;
-  s.feature = p.feature;
-  s.ffn = p.ffn;
-  s.output = p.feature;  // the presets' O is H
-  s.tokens = batch;
-  s.top_k = p.top_k;
-  if (routed) {
-    const MoeConfig c = preset_config(p, DType::bf16);
-    s.group_rows = routed_group_sizes(c, reference::make_moe_input(c, batch, c.seed + 1));
-  } else {
-    const int64_t rows = int64_t(batch) * p.top_k;
-    for (int e = 0; e < p.experts; ++e)
-      s.group_rows.push_back(rows / p.experts + (e < rows % p.experts ? 1 : 0));
-  }
-  return s;
-}
 
 json kernels_json(const StagePrediction& stage) {
   json out = json::array();
@@ -77,7 +58,7 @@ void run(const Options& o) {
     const MoePreset& preset = find_moe_preset(preset_name);
     for (int batch : batches) {
       PMOE_CHECK(batch >= 1, "--batch must be >= 1, got ", batch);
-      const ExpertStageShape shape = preset_stage(preset, batch, o.groups == "routed");
+      const ExpertStageShape shape = preset_expert_stage(preset, batch, o.groups == "routed");
       for (const std::string& gpu_name : split_names(o.gpus)) {
         const GpuSpec& gpu = find_gpu(gpu_name);
         const ExpertStagePrediction p = predict_expert_stage(gpu, shape);

@@ -1,6 +1,7 @@
 #include "moe_presets.hpp"
 
 #include "pmoe/error.hpp"
+#include "reference/moe_reference.hpp"
 
 namespace pmoe::bench {
 
@@ -47,6 +48,24 @@ std::vector<int64_t> routed_group_sizes(const MoeConfig& c, const Tensor& x) {
   const int32_t* picked = indices.data<int32_t>();
   for (int64_t i = 0; i < int64_t(m) * c.top_k; ++i) ++sizes[size_t(picked[i])];
   return sizes;
+}
+
+ExpertStageShape preset_expert_stage(const MoePreset& p, int batch, bool routed) {
+  ExpertStageShape s;
+  s.feature = p.feature;
+  s.ffn = p.ffn;
+  s.output = p.feature;  // the presets' O is H
+  s.tokens = batch;
+  s.top_k = p.top_k;
+  if (routed) {
+    const MoeConfig c = preset_config(p, DType::bf16);
+    s.group_rows = routed_group_sizes(c, reference::make_moe_input(c, batch, c.seed + 1));
+  } else {
+    const int64_t rows = int64_t(batch) * p.top_k;
+    for (int e = 0; e < p.experts; ++e)
+      s.group_rows.push_back(rows / p.experts + (e < rows % p.experts ? 1 : 0));
+  }
+  return s;
 }
 
 }  // namespace pmoe::bench

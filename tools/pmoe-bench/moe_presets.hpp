@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "expert_stage_model.hpp"
 #include "pmoe/moe.hpp"
 #include "pmoe/tensor.hpp"
 
@@ -29,5 +30,10 @@ MoeConfig preset_config(const MoePreset& p, DType dtype);
 // device's does (the same f32 logits up to summation order, ties to the lower expert), so
 // torch's baseline and the model get the groups pmoe's expert stage gets, not an even split.
 std::vector<int64_t> routed_group_sizes(const MoeConfig& c, const Tensor& x);
+
+// One rank's expert stage at the preset's widths for `batch` tokens (expert_stage_model.hpp):
+// the groups pmoe's router makes of a bf16 batch (the input pmoe-bench moe routes), or with
+// `routed` false an even split.
+ExpertStageShape preset_expert_stage(const MoePreset& p, int batch, bool routed);
 
 }  // namespace pmoe::bench
