@@ -8,7 +8,7 @@
 int main() {
   pmoe::run_ranks(4, [](pmoe::Communicator& comm) {  // 4 ranks as threads; or MpiCommunicator
     pmoe::AllToAllConfig cfg;
-    cfg.max_num_tokens = 64;  cfg.num_experts = 32;  cfg.experts_per_token = 4;
+    cfg.max_tokens = 64;  cfg.num_experts = 32;  cfg.top_k = 4;
     cfg.hidden_dim = 1024;    cfg.in_dtype = pmoe::DType::bf16;
     cfg.out_dtype = pmoe::DType::bf16;
     pmoe::AllToAll a2a(comm, cfg);                     // collective; buffers sized once

@@ -8,7 +8,7 @@
 
 int main() {
   pmoe::MoeConfig cfg;
-  cfg.feature_dim = 256;  cfg.ffn_dim = 512;  cfg.num_experts = 8;  cfg.top_k = 2;
+  cfg.hidden_dim = 256;  cfg.ffn_dim = 512;  cfg.num_experts = 8;  cfg.top_k = 2;
   cfg.act = pmoe::Activation::swiglu;  cfg.dtype = pmoe::DType::f32;  cfg.seed = 1;
   const int batch = 30;                             // tokens of the whole batch
 
@@ -21,7 +21,7 @@ int main() {
   pmoe::run_ranks(4, [&](pmoe::Communicator& comm) {
     // EP: rank r owns experts 2r, 2r+1 and runs its share of the tokens.
     const pmoe::RowRange mine = pmoe::shard_rows(batch, comm.size(), comm.rank());
-    pmoe::EpMoe ep(comm, cfg, /*max_tokens_per_rank=*/8);
+    pmoe::EpMoe ep(comm, cfg, /*max_tokens=*/8);
     pmoe::Tensor x_mine(x.data<float>() + mine.begin * 256, cfg.dtype, {mine.size(), 256});
     pmoe::Buffer y_ep(cfg.dtype, {mine.size(), 256});
     ep.forward(x_mine, y_ep);

@@ -12,9 +12,9 @@ namespace {
 
 AllToAllConfig base_all_to_all(int W) {
   AllToAllConfig c;
-  c.max_num_tokens = 8;
+  c.max_tokens = 8;
   c.num_experts = 2 * W;
-  c.experts_per_token = 2;
+  c.top_k = 2;
   c.hidden_dim = 32;
   c.in_dtype = DType::bf16;
   c.out_dtype = DType::bf16;
@@ -53,10 +53,10 @@ std::vector<AgreementCase> agreement_cases(int W) {
   auto add_a2a = [&](std::string field, std::function<void(A&)> change, std::string values) {
     cases.push_back(mismatch<A>("AllToAll", field, a, change, values, a2a));
   };
-  add_a2a("max_num_tokens", [](A& c) { c.max_num_tokens = 9; }, on("8", "9"));
+  add_a2a("max_tokens", [](A& c) { c.max_tokens = 9; }, on("8", "9"));
   add_a2a("num_experts", [W](A& c) { c.num_experts = 4 * W; },
           on(std::to_string(2 * W), std::to_string(4 * W)));
-  add_a2a("experts_per_token", [](A& c) { c.experts_per_token = 1; }, "1 on rank " + odd + "; 2 on " + others);
+  add_a2a("top_k", [](A& c) { c.top_k = 1; }, "1 on rank " + odd + "; 2 on " + others);
   add_a2a("hidden_dim", [](A& c) { c.hidden_dim = 64; }, on("32", "64"));
   add_a2a("in_dtype", [](A& c) { c.in_dtype = DType::f16; }, "f16 on rank " + odd + "; bf16 on " + others);
   add_a2a("out_dtype", [](A& c) { c.out_dtype = DType::f32; }, "f32 on rank " + odd + "; bf16 on " + others);
@@ -101,7 +101,7 @@ std::vector<AgreementCase> agreement_cases(int W) {
       else
         cases.push_back(mismatch<M>(layer, field, m, change, values, tp));
     };
-    add("feature_dim", [](M& c) { c.feature_dim = 24; }, on("16", "24"));
+    add("hidden_dim", [](M& c) { c.hidden_dim = 24; }, on("16", "24"));
     add("ffn_dim", [W](M& c) { c.ffn_dim = 16 * W; },
         on(std::to_string(8 * W), std::to_string(16 * W)));
     add("output_dim", [](M& c) { c.output_dim = 8; }, "8 on rank " + odd + "; 16 on " + others);
@@ -115,9 +115,9 @@ std::vector<AgreementCase> agreement_cases(int W) {
   }
   {
     AgreementCase c;
-    c.name = "EpMoe.max_tokens_per_rank";
+    c.name = "EpMoe.max_tokens";
     c.build = [m](Communicator& comm, bool is_odd) { EpMoe layer(comm, m, is_odd ? 7 : 6); };
-    c.expected = "the ranks' configs differ in max_tokens_per_rank (" + on("6", "7") + ")";
+    c.expected = "the ranks' configs differ in max_tokens (" + on("6", "7") + ")";
     cases.push_back(c);
     c.name = "EpMoe.micro_batches";
     c.build = [m](Communicator& comm, bool is_odd) { EpMoe layer(comm, m, 6, is_odd ? 2 : 1); };

@@ -18,9 +18,9 @@ using reference::AllToAllInputs;
 AllToAllConfig make_config(int max_tokens, int experts, int top_k, int hidden, DType in,
                            DType out, int scale_block) {
   AllToAllConfig c;
-  c.max_num_tokens = max_tokens;
+  c.max_tokens = max_tokens;
   c.num_experts = experts;
-  c.experts_per_token = top_k;
+  c.top_k = top_k;
   c.hidden_dim = hidden;
   c.in_dtype = in;
   c.out_dtype = out;
@@ -30,8 +30,8 @@ AllToAllConfig make_config(int max_tokens, int experts, int top_k, int hidden, D
 
 std::string describe(const AllToAllCase& c) {
   const AllToAllConfig& g = c.config;
-  return detail::cat("max_tokens=", g.max_num_tokens, " E=", g.num_experts,
-                     " k=", g.experts_per_token, " H=", g.hidden_dim, " in=",
+  return detail::cat("max_tokens=", g.max_tokens, " E=", g.num_experts,
+                     " k=", g.top_k, " H=", g.hidden_dim, " in=",
                      dtype_name(g.in_dtype), " out=", dtype_name(g.out_dtype),
                      " expert_y=", c.in_place ? "in place" : dtype_name(c.expert_y_dtype),
                      " seed=", c.seed);
@@ -42,7 +42,7 @@ namespace {
 constexpr uint8_t kSentinel = 0xA5;
 
 int tokens_for(const AllToAllCase& c, int rank, int call) {
-  const int max = c.config.max_num_tokens;
+  const int max = c.config.max_tokens;
   const uint64_t h = reference::hash64(c.seed, 0x70c, uint64_t(rank), uint64_t(call));
   switch (c.tokens) {
     case TokenCounts::full: return max;
@@ -82,7 +82,7 @@ double unit_roundoff(DType dtype) {
 // subnormal step of y's dtype where the values are subnormal. Returns "" or the first breach.
 std::string compare_node_summed(const AllToAllConfig& cfg, const reference::AllToAllInputs& mine,
                                 DType expert_y_dtype, int world_size, const Tensor& y) {
-  const int H = cfg.hidden_dim, k = cfg.experts_per_token, S = cfg.scales_per_token();
+  const int H = cfg.hidden_dim, k = cfg.top_k, S = cfg.scales_per_token();
   const int nodes = world_size / cfg.ranks_per_node;
   const size_t row_bytes = size_t(H) * dtype_size(cfg.in_dtype);
   const double u = 0x1p-24, u_y = unit_roundoff(expert_y_dtype);
@@ -173,7 +173,7 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
   const AllToAllConfig& cfg = c.config;
   const int W = comm.size(), rank = comm.rank();
   const int E_local = cfg.num_experts / W, H = cfg.hidden_dim, S = cfg.scales_per_token();
-  const int64_t rows = int64_t(W) * cfg.max_num_tokens;
+  const int64_t rows = int64_t(W) * cfg.max_tokens;
   const bool f8 = cfg.in_dtype == DType::f8e4m3;
 
   PMOE_CHECK(c.device == comm.device(), "case for ", c.device.str(), " run on a communicator of ",
@@ -196,7 +196,7 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
   CaseResult result;
   result.digest = 0xcbf29ce484222325ull;
   float work_sink = 0;
-  const int64_t M = cfg.max_num_tokens;
+  const int64_t M = cfg.max_tokens;
   for (int call = 0; call < c.calls; ++call) {
     op.next_call();
     const uint64_t seed = reference::hash64(c.seed, uint64_t(call));
@@ -205,7 +205,7 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
       all.push_back(reference::make_inputs(cfg, r, tokens_for(c, r, call), seed, c.routing));
     const AllToAllInputs& mine = all[size_t(rank)];
     {
-      const int k = cfg.experts_per_token, E = cfg.num_experts;
+      const int k = cfg.top_k, E = cfg.num_experts;
       const uint64_t token_bytes = detail::AllToAllLayout(cfg, W).payload_bytes +
                                    detail::AllToAllLayout(cfg, W).scale_bytes;
       const int32_t* indices = mine.indices.data<int32_t>();
@@ -242,8 +242,8 @@ CaseResult run_all_to_all_case(Communicator& comm, const AllToAllCase& c) {
       comm.barrier();  // send must complete without any peer's recv
       op(Phase::recv);
     };
-    Buffer wide_indices(DType::i64, {mine.m, cfg.experts_per_token});
-    for (int64_t i = 0; i < int64_t(mine.m) * cfg.experts_per_token; ++i)
+    Buffer wide_indices(DType::i64, {mine.m, cfg.top_k});
+    for (int64_t i = 0; i < int64_t(mine.m) * cfg.top_k; ++i)
       wide_indices.data<int64_t>()[i] = mine.indices.data<int32_t>()[i];
     // The op's own input buffer is passed as it is, wherever it lives.
     const Tensor op_x = c.in_place ? x : op.in(x, M),

@@ -11,9 +11,9 @@
 namespace pmoe::testing {
 
 enum class TokenCounts : uint8_t {
-  full,            // every rank sends max_num_tokens
-  random,          // 0..max_num_tokens, different per rank and call
-  zero_on_odd,     // odd ranks send nothing; even ranks 1..max_num_tokens
+  full,            // every rank sends max_tokens
+  random,          // 0..max_tokens, different per rank and call
+  zero_on_odd,     // odd ranks send nothing; even ranks 1..max_tokens
 };
 
 struct AllToAllCase {

@@ -68,7 +68,7 @@ int64_t lost_call(const MaskCase& c, int at) {
 
 int tokens_for(const MaskCase& c, int rank, int call) {
   return int(reference::hash64(c.seed, 0x3a5c, uint64_t(rank), uint64_t(call)) %
-             uint64_t(c.config.max_num_tokens + 1));
+             uint64_t(c.config.max_tokens + 1));
 }
 
 }  // namespace
@@ -76,9 +76,9 @@ int tokens_for(const MaskCase& c, int rank, int call) {
 std::string run_mask_case(Communicator& comm, const MaskCase& c,
                           std::vector<LossReport>* losses) {
   const AllToAllConfig& cfg = c.config;
-  const int W = comm.size(), rank = comm.rank(), k = cfg.experts_per_token;
+  const int W = comm.size(), rank = comm.rank(), k = cfg.top_k;
   const int L = cfg.num_experts / W, H = cfg.hidden_dim;
-  const int64_t rows = int64_t(W) * cfg.max_num_tokens;
+  const int64_t rows = int64_t(W) * cfg.max_tokens;
   const AllToAllConfig inputs_cfg = logical_config(cfg);
   Routing routing;
   routing.slots_per_rank = L;
@@ -98,7 +98,7 @@ std::string run_mask_case(Communicator& comm, const MaskCase& c,
       d_expert_y(cfg.out_dtype, {L, rows, H}, device);
   // Made once at the most tokens and viewed at m rows: freeing device memory between calls would
   // wait for the whole device, where a peer's next call may spin until this rank launches.
-  const int M = cfg.max_num_tokens;
+  const int M = cfg.max_tokens;
   Buffer d_x_all(cfg.in_dtype, {M, H}, device), d_indices_all(DType::i32, {M, k}, device),
       d_weights_all(DType::f32, {M, k}, device), d_y_all(cfg.out_dtype, {M, H}, device);
   Buffer bound_m(DType::i32, {1}, device);

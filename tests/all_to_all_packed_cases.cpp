@@ -33,7 +33,7 @@ std::string exact_round(Communicator& comm, AllToAll& a2a, const AllToAllConfig&
   for (int r = 0; r < W; ++r)
     all.push_back(reference::make_inputs(cfg, r,
                                          (call + r) % 4 == 3 ? 0
-                                                             : std::max(0, cfg.max_num_tokens - r % 3),
+                                                             : std::max(0, cfg.max_tokens - r % 3),
                                          reference::hash64(call, 3), Routing::dropped));
   const auto& mine = all[size_t(rank)];
   Buffer counts(DType::i32, {E_local});

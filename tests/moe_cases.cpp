@@ -42,7 +42,7 @@ std::vector<int32_t> zipf_expert_counts(int experts, int top_k, int tokens, doub
 MoeConfig make_moe_config(int feature, int ffn, int experts, int top_k, Activation act, DType dtype,
                           int output) {
   MoeConfig c;
-  c.feature_dim = feature;
+  c.hidden_dim = feature;
   c.ffn_dim = ffn;
   c.output_dim = output;
   c.num_experts = experts;
@@ -55,7 +55,7 @@ MoeConfig make_moe_config(int feature, int ffn, int experts, int top_k, Activati
 
 std::string describe(const MoeCase& c, int world_size) {
   const MoeConfig& m = c.config;
-  return detail::cat(variant_name(c.variant), " W=", world_size, " H=", m.feature_dim,
+  return detail::cat(variant_name(c.variant), " W=", world_size, " H=", m.hidden_dim,
                      " F=", m.ffn_dim, " O=", m.out_dim(), " E=", m.num_experts, " k=", m.top_k,
                      " ", activation_name(m.act), " ", dtype_name(m.dtype), " batch=", c.batch,
                      " micro_batches=", c.micro_batches, " calls=", c.calls, " on ",
@@ -108,7 +108,7 @@ MoeCaseResult run_moe_case(Communicator& comm, const MoeCase& c) {
   const int rows = c.variant == MoeVariant::ep ? std::max(1, most.size()) : std::max(1, c.batch);
   Buffer x_device, y_device;
   if (on_device) {
-    x_device = Buffer(c.config.dtype, {rows, c.config.feature_dim}, c.device);
+    x_device = Buffer(c.config.dtype, {rows, c.config.hidden_dim}, c.device);
     y_device = Buffer(c.config.dtype, {rows, O}, c.device);
   }
   MoeCaseResult result;
@@ -164,14 +164,14 @@ std::string forward_ep_shard(EpMoe& ep, Communicator& comm, int batch, uint64_t 
   const MoeConfig& config = ep.config();
   const Buffer x = reference::make_moe_input(config, batch, seed);
   const RowRange mine = shard_rows(batch, comm.size(), comm.rank());
-  const size_t row_bytes = size_t(config.feature_dim) * dtype_size(config.dtype);
+  const size_t row_bytes = size_t(config.hidden_dim) * dtype_size(config.dtype);
   const Tensor x_mine(x.data<std::byte>() + size_t(mine.begin) * row_bytes, config.dtype,
-                      {mine.size(), config.feature_dim});
+                      {mine.size(), config.hidden_dim});
   Buffer y(config.dtype, {mine.size(), config.out_dim()});
   if (device_x == nullptr) {
     ep.forward(x_mine, y);
   } else {
-    const Tensor x_there(device_x->data<void>(), config.dtype, {mine.size(), config.feature_dim},
+    const Tensor x_there(device_x->data<void>(), config.dtype, {mine.size(), config.hidden_dim},
                          comm.device()),
         y_there(device_y->data<void>(), config.dtype, {mine.size(), config.out_dim()},
                 comm.device());
@@ -205,7 +205,7 @@ void expect_ep_moe_loses_a_rank_and_takes_it_back(Device device, int micro_batch
         EpMoe ep(comm, config, most, options);
         std::optional<Buffer> device_x, device_y;
         if (device.kind == Device::Kind::cuda) {
-          device_x.emplace(config.dtype, std::initializer_list<int64_t>{most, config.feature_dim},
+          device_x.emplace(config.dtype, std::initializer_list<int64_t>{most, config.hidden_dim},
                            comm.device());
           device_y.emplace(config.dtype, std::initializer_list<int64_t>{most, config.out_dim()},
                            comm.device());

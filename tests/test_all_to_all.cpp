@@ -91,7 +91,7 @@ TEST_P(AllToAllThreads, NoTokensOnSomeRanks) {
 TEST_P(AllToAllThreads, EveryTokenToOneExpert) {
   AllToAllCase c = base();
   c.routing = Routing::hot_expert;
-  c.tokens = TokenCounts::full;  // expert 0 receives W * max_num_tokens rows: its whole capacity
+  c.tokens = TokenCounts::full;  // expert 0 receives W * max_tokens rows: its whole capacity
   expect_case(W(), c);
 }
 
@@ -104,14 +104,14 @@ TEST_P(AllToAllThreads, DroppedSlots) {
 
 TEST_P(AllToAllThreads, TopKEqualsNumExperts) {
   AllToAllCase c = base();
-  c.config.experts_per_token = c.config.num_experts;
+  c.config.top_k = c.config.num_experts;
   expect_case(W(), c);
 }
 
 TEST_P(AllToAllThreads, SeveralExpertsPerRank) {
   AllToAllCase c = base();
   c.config.num_experts = 5 * W();
-  c.config.experts_per_token = 4;
+  c.config.top_k = 4;
   expect_case(W(), c);
 }
 
@@ -252,7 +252,7 @@ TEST(AllToAllThreads, ThousandSplitCallsOnTheSameBuffers) {
 namespace pmoe::testing {
 namespace {
 
-// bound_m on the CPU: x holds max_num_tokens rows, but only the first bound_m take part; the
+// bound_m on the CPU: x holds max_tokens rows, but only the first bound_m take part; the
 // result is the one of a call with just those rows (the inputs' first rows do not depend on m).
 TEST(AllToAllThreads, BoundMUsesTheFirstRowsOnly) {
   const AllToAllConfig cfg = make_config(8, 4, 2, 32);

@@ -19,13 +19,13 @@ namespace {
 // A complete, valid argument set for one rank.
 struct Args {
   Args(const AllToAllConfig& cfg, int W, int rank)
-      : in(reference::make_inputs(cfg, rank, cfg.max_num_tokens, 5, reference::Routing::random)),
+      : in(reference::make_inputs(cfg, rank, cfg.max_tokens, 5, reference::Routing::random)),
         expert_num_tokens(DType::i32, {cfg.num_experts / W}),
-        expert_x(cfg.in_dtype, {cfg.num_experts / W, int64_t(W) * cfg.max_num_tokens, cfg.hidden_dim}),
-        expert_y(DType::bf16, {cfg.num_experts / W, int64_t(W) * cfg.max_num_tokens, cfg.hidden_dim}),
-        y(cfg.out_dtype, {cfg.max_num_tokens, cfg.hidden_dim}) {
+        expert_x(cfg.in_dtype, {cfg.num_experts / W, int64_t(W) * cfg.max_tokens, cfg.hidden_dim}),
+        expert_y(DType::bf16, {cfg.num_experts / W, int64_t(W) * cfg.max_tokens, cfg.hidden_dim}),
+        y(cfg.out_dtype, {cfg.max_tokens, cfg.hidden_dim}) {
     if (cfg.in_dtype == DType::f8e4m3)
-      expert_x_scale = Buffer(DType::f32, {cfg.num_experts / W, int64_t(W) * cfg.max_num_tokens,
+      expert_x_scale = Buffer(DType::f32, {cfg.num_experts / W, int64_t(W) * cfg.max_tokens,
                                            cfg.scales_per_token()});
     x = in.x;
     x_scale = in.x_scale_or_empty();
@@ -72,7 +72,7 @@ void expect_rejected(const AllToAllConfig& cfg, const std::string& needle,
     good.dispatch(a2a);
     std::vector<reference::AllToAllInputs> all;
     for (int r = 0; r < W; ++r)
-      all.push_back(reference::make_inputs(cfg, r, cfg.max_num_tokens, 5, reference::Routing::random));
+      all.push_back(reference::make_inputs(cfg, r, cfg.max_tokens, 5, reference::Routing::random));
     const auto expected = reference::reference_dispatch(cfg, W, comm.rank(), all);
     EXPECT_EQ(reference::compare_dispatch(cfg, W, expected, good.expert_num_tokens, good.expert_x,
                                           good.scale_out, 0xA5),
@@ -110,8 +110,8 @@ TEST(AllToAllConfigErrors, ExpertsNotDivisibleByWorldSize) {
 
 TEST(AllToAllConfigErrors, TopKLargerThanExperts) {
   AllToAllConfig cfg = small_config();
-  cfg.experts_per_token = 5;
-  expect_config_rejected(cfg, "experts_per_token must be in [1, num_experts = 4], got 5");
+  cfg.top_k = 5;
+  expect_config_rejected(cfg, "top_k must be in [1, num_experts = 4], got 5");
 }
 
 TEST(AllToAllConfigErrors, ZeroSizes) {
@@ -119,8 +119,8 @@ TEST(AllToAllConfigErrors, ZeroSizes) {
   cfg.hidden_dim = 0;
   expect_config_rejected(cfg, "hidden_dim must be >= 1, got 0");
   cfg = small_config();
-  cfg.max_num_tokens = 0;
-  expect_config_rejected(cfg, "max_num_tokens must be >= 1, got 0");
+  cfg.max_tokens = 0;
+  expect_config_rejected(cfg, "max_tokens must be >= 1, got 0");
   cfg = small_config();
   cfg.num_experts = 0;
   expect_config_rejected(cfg, "num_experts must be >= 1, got 0");
@@ -230,7 +230,7 @@ TEST(AllToAllErrors, NonContiguous) {
 
 TEST(AllToAllErrors, TooManyTokens) {
   Buffer x(DType::bf16, {5, 32}), indices(DType::i32, {5, 2});
-  expect_rejected(small_config(), "m = 5 tokens exceeds max_num_tokens = 4",
+  expect_rejected(small_config(), "m = 5 tokens exceeds max_tokens = 4",
                   [&](AllToAll& a, Args& args) {
                     args.x = x;
                     args.indices = indices;
@@ -290,7 +290,7 @@ TEST(AllToAllErrors, RepeatedExpertInRow) {
 TEST(AllToAllErrors, RepeatedExpertInInt64Row) {
   // k = 3 so that a masked slot lies between the two: -1 is never a repeat, 2 is.
   AllToAllConfig cfg = small_config();
-  cfg.experts_per_token = 3;
+  cfg.top_k = 3;
   expect_rejected(cfg, "expert 2 appears twice in row 2 of indices (slots 0 and 2)",
                   [&](AllToAll& a, Args& args) {
                     Buffer wide(DType::i64, {4, 3});  // one per rank: the ranks are threads

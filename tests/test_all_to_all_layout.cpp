@@ -65,11 +65,11 @@ std::vector<Piece> pieces_of(const AllToAllLayout& l, const AllToAllConfig& c) {
 void expect_sound(const AllToAllConfig& c, int W) {
   const AllToAllLayout l(c, W);
   const std::string cfg = "W=" + std::to_string(W) + " E=" + std::to_string(c.num_experts) +
-                          " k=" + std::to_string(c.experts_per_token) +
+                          " k=" + std::to_string(c.top_k) +
                           " H=" + std::to_string(c.hidden_dim) + " " + std::string(dtype_name(c.in_dtype)) +
                           (c.in_place_buffers ? " in-place" : "");
   const int L = c.num_experts / W;
-  ASSERT_EQ(l.max_pairs, std::min(c.experts_per_token, L)) << cfg;
+  ASSERT_EQ(l.max_pairs, std::min(c.top_k, L)) << cfg;
   ASSERT_EQ(l.payload_bytes, size_t(c.hidden_dim) * dtype_size(c.in_dtype)) << cfg;
   ASSERT_EQ(l.scale_bytes, sizeof(float) * size_t(c.scales_per_token())) << cfg;
   ASSERT_EQ(l.total_bytes % 64, 0u) << cfg;
@@ -105,8 +105,8 @@ TEST(AllToAllLayout, RandomConfigsPiecesAlignedInsideAndDisjoint) {
     const int W = pick(1, 8);
     AllToAllConfig c;
     c.num_experts = W * pick(1, 40);
-    c.experts_per_token = pick(1, std::min(c.num_experts, 9));
-    c.max_num_tokens = pick(1, 12);
+    c.top_k = pick(1, std::min(c.num_experts, 9));
+    c.max_tokens = pick(1, 12);
     const DType dtypes[] = {DType::f32, DType::bf16, DType::f16, DType::f8e4m3};
     c.in_dtype = dtypes[pick(0, 3)];
     c.out_dtype = dtypes[pick(0, 2)];
@@ -121,9 +121,9 @@ TEST(AllToAllLayout, RandomConfigsPiecesAlignedInsideAndDisjoint) {
 // W = 2, E = 4, k = 3, H = 10 bf16, 3 tokens, worked out by hand from the drawing in layout.hpp.
 TEST(AllToAllLayout, SmallConfigAtHandComputedOffsets) {
   AllToAllConfig c;
-  c.max_num_tokens = 3;
+  c.max_tokens = 3;
   c.num_experts = 4;
-  c.experts_per_token = 3;
+  c.top_k = 3;
   c.hidden_dim = 10;
   c.in_dtype = DType::bf16;
   c.out_dtype = DType::bf16;

@@ -36,7 +36,7 @@ struct Listing {
 
 Listing list_messages(const AllToAllConfig& c, const TrafficSetup& s,
                       const std::vector<std::vector<int32_t>>& indices, DType expert_y) {
-  const int W = s.world_size, P = s.ranks_per_node, L = c.num_experts / W, k = c.experts_per_token;
+  const int W = s.world_size, P = s.ranks_per_node, L = c.num_experts / W, k = c.top_k;
   const uint64_t elem_in = dtype_size(c.in_dtype);
   const uint64_t elem_y = dtype_size(expert_y);
   const uint64_t payload = c.hidden_dim * elem_in;
@@ -161,9 +161,9 @@ TEST(Traffic, RandomRoutingsMatchBruteForce) {
         for (TrafficMode mode : {TrafficMode::direct, TrafficMode::hierarchical})
           for (bool reduces : {false, true}) {
             AllToAllConfig c;
-            c.max_num_tokens = 9;
+            c.max_tokens = 9;
             c.num_experts = W * (1 + int(rng() % 4));
-            c.experts_per_token = 1 + int(rng() % std::min(8, c.num_experts));
+            c.top_k = 1 + int(rng() % std::min(8, c.num_experts));
             c.hidden_dim = 128;
             c.in_dtype = rng() % 2 ? DType::f8e4m3 : DType::bf16;
             c.scale_block = c.in_dtype == DType::f8e4m3 ? 64 : 0;
@@ -174,7 +174,7 @@ TEST(Traffic, RandomRoutingsMatchBruteForce) {
                                             << mode_name(mode) << " reduces " << reduces << " expert_y "
                                             << dtype_name(expert_y));
             const int m = int(rng() % 10);
-            expect_matches(c, s, routing(W, m, c.experts_per_token, c.num_experts, zipf, rng),
+            expect_matches(c, s, routing(W, m, c.top_k, c.num_experts, zipf, rng),
                            expert_y);
           }
 }

@@ -26,9 +26,9 @@ using nlohmann::json;
 // The config pmoe-bench all-to-all --device cuda runs (all_to_all_bench.cpp, config_for).
 AllToAllConfig bench_config(const json& config, int tokens) {
   AllToAllConfig c;
-  c.max_num_tokens = tokens;
+  c.max_tokens = tokens;
   c.num_experts = config.at("experts").get<int>();
-  c.experts_per_token = config.at("topk").get<int>();
+  c.top_k = config.at("topk").get<int>();
   c.hidden_dim = config.at("hidden").get<int>();
   c.in_dtype = parse_dtype(config.at("dtype").get<std::string>());
   c.scale_block = c.in_dtype == DType::f8e4m3 ? 128 : 0;

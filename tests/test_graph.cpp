@@ -37,7 +37,7 @@ TEST(CudaGraphOnCpu, ACpuRanksOpCannotBeCapturedAndStaysUsable) {
   const AllToAllConfig cfg = make_config(5, 4, 2, 16);
   std::vector<std::string> errors(W);
   run_ranks(W, [&](Communicator& comm) {
-    const int rank = comm.rank(), L = cfg.num_experts / W, rows = W * cfg.max_num_tokens;
+    const int rank = comm.rank(), L = cfg.num_experts / W, rows = W * cfg.max_tokens;
     std::string& error = errors[size_t(rank)];
     std::vector<reference::AllToAllInputs> all;
     for (int r = 0; r < W; ++r)

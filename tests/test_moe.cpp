@@ -345,7 +345,7 @@ TEST(MoeShards, RowsSplitEvenlyFirstRanksTakeTheRest) {
 // outputs all cancel failed for its roundings.
 TEST(MoeReference, OutputsThatCancelAreJudgedByTheMagnitudeOfTheirTerms) {
   MoeConfig c;
-  c.feature_dim = 16, c.ffn_dim = 32, c.num_experts = 4, c.top_k = 2;
+  c.hidden_dim = 16, c.ffn_dim = 32, c.num_experts = 4, c.top_k = 2;
   c.act = Activation::swiglu, c.dtype = DType::bf16, c.seed = 5;
   const int tokens = 6, O = c.out_dim();
   const Buffer x = reference::make_moe_input(c, tokens, 3);

@@ -55,8 +55,8 @@ TEST(MoeErrors, TopKZero) {
 
 TEST(MoeErrors, ZeroFeatureDim) {
   MoeConfig c = good_config();
-  c.feature_dim = 0;
-  expect_config_error(c, "feature_dim must be >= 1 (the token width), got 0");
+  c.hidden_dim = 0;
+  expect_config_error(c, "hidden_dim must be >= 1 (the token width), got 0");
 }
 
 TEST(MoeErrors, ZeroFfnDim) {
@@ -75,7 +75,7 @@ TEST(MoeErrors, ZeroExperts) {
 TEST(MoeErrors, NegativeOutputDim) {
   MoeConfig c = good_config();
   c.output_dim = -2;
-  expect_config_error(c, "output_dim must be >= 0 (0 means feature_dim), got -2");
+  expect_config_error(c, "output_dim must be >= 0 (0 means hidden_dim), got -2");
 }
 
 TEST(MoeErrors, UnsupportedDtype) {
@@ -115,7 +115,7 @@ TEST(MoeErrors, TpZeroMaxTokens) {
 }
 
 TEST(MoeErrors, EpZeroMaxTokens) {
-  expect_error_on_ranks(2, "EpMoe: max_tokens_per_rank must be >= 1",
+  expect_error_on_ranks(2, "EpMoe: max_tokens must be >= 1",
                         [](Communicator& comm) { EpMoe layer(comm, good_config(), 0); });
 }
 
@@ -189,13 +189,13 @@ void expect_forward_rejected(
   }
 }
 
-// EpMoe's bound is its max_tokens_per_rank argument (the same keyword in Python): the message
+// EpMoe's bound is its max_tokens argument (the same keyword in Python): the message
 // names that word, not SimpleMoe's and TpMoe's max_tokens.
 TEST(MoeErrors, EpForwardMoreTokensNamesMaxTokensPerRank) {
   const MoeConfig c = good_config();
-  expect_error_on_ranks(2, "build it with a larger max_tokens_per_rank", [&](Communicator& comm) {
+  expect_error_on_ranks(2, "build it with a larger max_tokens", [&](Communicator& comm) {
     EpMoe layer(comm, c, 4);
-    Buffer x(c.dtype, {5, c.feature_dim}), y(c.dtype, {5, c.out_dim()});
+    Buffer x(c.dtype, {5, c.hidden_dim}), y(c.dtype, {5, c.out_dim()});
     layer.forward(x, y);
   });
 }
@@ -204,14 +204,14 @@ TEST(MoeErrors, ForwardMoreTokensThanBuiltFor) {
   expect_forward_rejected(
       "x has 5 tokens, more than the 4 this layer was built for; build it with a larger max_tokens",
       [](auto& forward, const MoeConfig& c) {
-        Buffer x(c.dtype, {5, c.feature_dim}), y(c.dtype, {5, c.out_dim()});
+        Buffer x(c.dtype, {5, c.hidden_dim}), y(c.dtype, {5, c.out_dim()});
         forward(x, y);
       });
 }
 
 TEST(MoeErrors, ForwardWrongInputDtype) {
   expect_forward_rejected("`x` must be f32 (float32), got bf16 (bfloat16)", [](auto& forward, const MoeConfig& c) {
-    Buffer x(DType::bf16, {2, c.feature_dim}), y(c.dtype, {2, c.out_dim()});
+    Buffer x(DType::bf16, {2, c.hidden_dim}), y(c.dtype, {2, c.out_dim()});
     forward(x, y);
   });
 }
@@ -227,14 +227,14 @@ TEST(MoeErrors, ForwardWrongInputWidth) {
 TEST(MoeErrors, ForwardOutputRowsDiffer) {
   expect_forward_rejected("`y` must have shape [2, 16] f32 (float32), got [3, 16]",
                           [](auto& forward, const MoeConfig& c) {
-                            Buffer x(c.dtype, {2, c.feature_dim}), y(c.dtype, {3, c.out_dim()});
+                            Buffer x(c.dtype, {2, c.hidden_dim}), y(c.dtype, {3, c.out_dim()});
                             forward(x, y);
                           });
 }
 
 TEST(MoeErrors, ForwardWrongOutputDtype) {
   expect_forward_rejected("`y` must be f32 (float32), got bf16 (bfloat16)", [](auto& forward, const MoeConfig& c) {
-    Buffer x(c.dtype, {2, c.feature_dim}), y(DType::bf16, {2, c.out_dim()});
+    Buffer x(c.dtype, {2, c.hidden_dim}), y(DType::bf16, {2, c.out_dim()});
     forward(x, y);
   });
 }
@@ -242,8 +242,8 @@ TEST(MoeErrors, ForwardWrongOutputDtype) {
 TEST(MoeErrors, ForwardStridedInput) {
   expect_forward_rejected(
       "`x` must be row-major contiguous", [](auto& forward, const MoeConfig& c) {
-        Buffer storage(c.dtype, {4, 2 * c.feature_dim}), y(c.dtype, {2, c.out_dim()});
-        const int64_t shape[2] = {2, c.feature_dim}, strides[2] = {2 * c.feature_dim, 1};
+        Buffer storage(c.dtype, {4, 2 * c.hidden_dim}), y(c.dtype, {2, c.out_dim()});
+        const int64_t shape[2] = {2, c.hidden_dim}, strides[2] = {2 * c.hidden_dim, 1};
         forward(Tensor(storage.data<void>(), c.dtype, 2, shape, strides), y);
       });
 }

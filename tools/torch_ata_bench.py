@@ -115,7 +115,7 @@ def worker(args):
 
         # pmoe, on preallocated tensors (as a layer would keep them); on CUDA, pmoe-bench.
         if not cuda:
-            a2a = pmoe.AllToAll(comm, max_num_tokens=m, num_experts=E, experts_per_token=k,
+            a2a = pmoe.AllToAll(comm, max_tokens=m, num_experts=E, top_k=k,
                                 hidden_dim=H, in_dtype="bf16", out_dtype="bf16")
             counts = torch.zeros(L, dtype=torch.int32)
             expert_x = torch.zeros(L, W * m, H, dtype=dtype)

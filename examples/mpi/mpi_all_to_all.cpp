@@ -19,9 +19,9 @@ int main(int argc, char** argv) {
     const int W = comm.size(), m = 16, H = 256, k = 2, E = 4 * W, E_local = E / W;
 
     pmoe::AllToAllConfig cfg;
-    cfg.max_num_tokens = m;
+    cfg.max_tokens = m;
     cfg.num_experts = E;
-    cfg.experts_per_token = k;
+    cfg.top_k = k;
     cfg.hidden_dim = H;
     cfg.in_dtype = pmoe::DType::f32;
     cfg.out_dtype = pmoe::DType::f32;

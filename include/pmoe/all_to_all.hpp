@@ -19,6 +19,7 @@
 #include "pmoe/comm.hpp"
 #include "pmoe/dtype.hpp"
 #include "pmoe/placement.hpp"
+#include "pmoe/shape.hpp"
 #include "pmoe/tensor.hpp"
 
 namespace pmoe {
@@ -33,11 +34,14 @@ namespace pmoe {
 // set (docs/gpu-all-to-all.md).
 enum class CrossNode : uint8_t { direct, hierarchical };
 
-struct AllToAllConfig {
-  int max_num_tokens = 0;     // tokens per rank per call, upper bound (>= 1)
-  int num_experts = 0;        // global; divisible by the world size
-  int experts_per_token = 0;  // top-k, 1..num_experts
-  int hidden_dim = 0;         // elements per token
+// The names these fields had before MoeShape stay one release as deprecated aliases: a config
+// that sets one (and not the new name) is read as if it had set the new one. Their own uses warn;
+// the struct's implicit members, which copy them, must not.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+// The exchange's dimensions are its MoeShape: max_tokens per rank per call (>= 1), num_experts
+// (global, divisible by the world size), top_k (1..num_experts) and hidden_dim (elements a row).
+struct AllToAllConfig : MoeShape {
   DType in_dtype = DType::bf16;  // dispatch payload: f32, bf16, f16 or f8e4m3
   int scale_block = 0;        // f8e4m3 only: elements per f32 scale; hidden_dim % scale_block == 0
   DType out_dtype = DType::bf16;  // combine output: f32, bf16 or f16
@@ -46,8 +50,8 @@ struct AllToAllConfig {
   bool in_place_buffers = false;
   // CPU backend only. Lay expert_x (dispatch) and expert_y (combine) out packed: the rows of
   // local expert e are flat rows [o_e, o_e + expert_num_tokens[e]) of the [E_local * W *
-  // max_num_tokens, H] buffer, o_e the sum of the counts of experts before e, instead of rows
-  // [0, count) of its own [W * max_num_tokens, H] block. A caller that wants the arrived rows
+  // max_tokens, H] buffer, o_e the sum of the counts of experts before e, instead of rows
+  // [0, count) of its own [W * max_tokens, H] block. A caller that wants the arrived rows
   // contiguous (an expert-parallel layer handing them to experts_forward) then reads them in
   // place instead of gathering them. A rank's own layout: ranks may differ. expert_x,
   // expert_x_scale and expert_y may then also be 2-D, [R, H] (R rows of any number): a caller
@@ -95,7 +99,18 @@ struct AllToAllConfig {
   int scales_per_token() const { return scale_block > 0 ? hidden_dim / scale_block : 0; }
   // The op keeps a rank mask: asked for, or implied by on_peer_loss = mask.
   bool maskable() const { return rank_mask || on_peer_loss == OnPeerLoss::mask; }
+  const MoeShape& shape() const { return *this; }
+  MoeShape& shape() { return *this; }
+
+  // Deprecated aliases of max_tokens and top_k: read only where the new name is left 0.
+  [[deprecated("use max_tokens")]] int max_num_tokens = 0;
+  [[deprecated("use top_k")]] int experts_per_token = 0;
+  // This config with each deprecated alias moved to its new name where that is 0, and the
+  // aliases cleared: what AllToAll keeps. validate() refuses an alias that disagrees with a set
+  // new name.
+  AllToAllConfig with_current_names() const;
 };
+#pragma GCC diagnostic pop
 
 // Split phases: `send` starts the exchange and returns; `recv` completes it. Work may run between
 // the two, and one thread may drive several ranks (all ranks' send, then all ranks' recv). On one
@@ -122,20 +137,20 @@ class AllToAll {
   AllToAll(const AllToAll&) = delete;
   AllToAll& operator=(const AllToAll&) = delete;
 
-  // x                 [m, H] in_dtype, 0 <= m <= max_num_tokens (m may differ between ranks)
+  // x                 [m, H] in_dtype, 0 <= m <= max_tokens (m may differ between ranks)
   // x_scale           [m, H / scale_block] f32 for f8e4m3 input; an empty Tensor otherwise
   // indices           [m, k] i32 or i64 (as torch.topk returns), each in [0, E) or -1 (slot
   //                   skipped); no expert twice in a row. With a placement, logical experts:
   //                   [0, placement.num_logical_experts) or -1
   // expert_num_tokens [E_local] i32, out: rows received per local expert
-  // expert_x          [E_local, W * max_num_tokens, H] in_dtype, out: the first
+  // expert_x          [E_local, W * max_tokens, H] in_dtype, out: the first
   //                   expert_num_tokens[e] rows of expert e (with packed_expert_rows: the
   //                   experts' rows back to back from flat row 0); other rows left untouched.
   //                   With packed_expert_rows it may be [R, H]: dispatch(recv) and
   //                   Phase::both need R >= the rows that arrive, arriving_rows() if it was
-  //                   asked this call, else the most that can (W * max_num_tokens *
+  //                   asked this call, else the most that can (W * max_tokens *
   //                   min(k, E_local)); dispatch(send), which writes no row, takes any R
-  // expert_x_scale    [E_local, W * max_num_tokens, H / scale_block] f32 (f8e4m3), else empty
+  // expert_x_scale    [E_local, W * max_tokens, H / scale_block] f32 (f8e4m3), else empty
   // bound_m           optional [1] i32 on the op's device: the number of tokens this call,
   //                   <= the rows of x, read where the op runs (by the kernels on a GPU), so
   //                   that a captured CUDA graph can be replayed with another m
@@ -146,7 +161,7 @@ class AllToAll {
                 const Tensor& expert_x_scale, Phase phase = Phase::both,
                 const Tensor& bound_m = Tensor());
 
-  // expert_y [E_local, W * max_num_tokens, H] f32, bf16 or f16, rows in dispatch's order and
+  // expert_y [E_local, W * max_tokens, H] f32, bf16 or f16, rows in dispatch's order and
   //          layout (packed_expert_rows: back to back, and it may be [R, H] with R >= the
   //          rows the matching dispatch received)
   // indices  [m, k] i32 or i64, the same values as given to the matching dispatch
@@ -185,9 +200,9 @@ class AllToAll {
   // next dispatch(recv) returns (peers read it during their combine(recv)). In an MoE layer,
   // where the next input is written after combine and expert outputs after dispatch, both hold.
   // Throw pmoe::Error if the config did not ask for them.
-  Tensor input_buffer() const;         // [max_num_tokens, H] in_dtype
-  Tensor input_scale_buffer() const;   // [max_num_tokens, H / scale_block] f32 (f8e4m3 only)
-  Tensor expert_output_buffer() const; // [E_local, W * max_num_tokens, H] out_dtype
+  Tensor input_buffer() const;         // [max_tokens, H] in_dtype
+  Tensor input_scale_buffer() const;   // [max_tokens, H / scale_block] f32 (f8e4m3 only)
+  Tensor expert_output_buffer() const; // [E_local, W * max_tokens, H] out_dtype
 
   // Masks `rank` (config.rank_mask): from this rank's next dispatch on, no token goes to its
   // slots (each goes to a live replica of its expert, or is dropped as config.masked_experts
@@ -260,7 +275,7 @@ class AllToAll {
   [[noreturn]] void retire_excluded(const std::string& why);
   // `indices` as i32: itself, or its i64 values narrowed into `storage` (after their check).
   Tensor indices_i32(const char* op, const Tensor& indices, std::vector<int32_t>& storage) const;
-  // expert_x, expert_x_scale or expert_y: [E_local, W * max_num_tokens, width], or with
+  // expert_x, expert_x_scale or expert_y: [E_local, W * max_tokens, width], or with
   // packed_expert_rows also [R, width] with R >= min_rows (the reason names where it comes from).
   void check_expert_rows(const char* op, const char* name, const Tensor& t, DType dtype,
                          int64_t width, int64_t min_rows, const char* reason) const;

@@ -9,7 +9,7 @@
 //   - AllToAll::dispatch and combine on a CUDA communicator, any Phase. They make no host
 //     synchronisation, and with `bound_m` (an i32 [1] tensor on the device) they read m there, on
 //     the device, so each replay takes the m written into it before: capture with x, indices,
-//     weights and y of max_num_tokens rows. Replays keep the op's order (dispatch, then combine),
+//     weights and y of max_tokens rows. Replays keep the op's order (dispatch, then combine),
 //     which the kernels check: a step out of order or a combine with another m than its dispatch
 //     records an error that check_errors() raises once the stream is synchronised
 //     (docs/gpu-all-to-all.md, "Graph replays").

@@ -29,6 +29,7 @@
 #include "pmoe/comm.hpp"
 #include "pmoe/dtype.hpp"
 #include "pmoe/placement.hpp"
+#include "pmoe/shape.hpp"
 #include "pmoe/tensor.hpp"
 
 namespace pmoe {
@@ -42,10 +43,14 @@ std::string_view activation_name(Activation act);
 // "relu", "gelu" or "swiglu"; throws pmoe::Error on anything else.
 Activation parse_activation(std::string_view name);
 
+// feature_dim, hidden_dim's name before MoeShape, stays one release as a deprecated alias; the
+// struct's implicit members, which copy it, must not warn.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 struct MoeConfig {
-  int feature_dim = 0;  // H: input width, >= 1
+  int hidden_dim = 0;   // H: input width, >= 1
   int ffn_dim = 0;      // F: expert hidden width, >= 1
-  int output_dim = 0;   // O: expert output width; 0 means feature_dim (the seed used 64 != 32)
+  int output_dim = 0;   // O: expert output width; 0 means hidden_dim (the seed used 64 != 32)
   int num_experts = 0;  // E >= 1
   int top_k = 0;        // experts per token, 1..E
   Activation act = Activation::relu;
@@ -64,18 +69,28 @@ struct MoeConfig {
   // and records nothing for statistics, and last_stats() holds only the host-known fields.
   bool device_stats = false;
 
-  int out_dim() const { return output_dim > 0 ? output_dim : feature_dim; }
+  int out_dim() const { return output_dim > 0 ? output_dim : hidden_dim; }
   // 2 for swiglu (gate and linear halves of W1), else 1.
   int w1_halves() const { return act == Activation::swiglu ? 2 : 1; }
+  // The exchange's dimensions of a layer that takes up to max_tokens tokens a rank per forward:
+  // what EpMoe hands its AllToAll, whole.
+  MoeShape shape(int max_tokens) const { return {max_tokens, num_experts, top_k, hidden_dim}; }
   // Throws pmoe::Error saying what to change if no layer can be built from this config.
   void validate() const;
+
+  // Deprecated alias of hidden_dim: read only where hidden_dim is left 0.
+  [[deprecated("use hidden_dim")]] int feature_dim = 0;
+  // This config with feature_dim moved to hidden_dim where that is 0, and cleared: what the
+  // layers keep. validate() refuses a feature_dim that disagrees with a set hidden_dim.
+  MoeConfig with_current_names() const;
 };
+#pragma GCC diagnostic pop
 
 // The weight tensors of the model, for moe_weight().
 enum class MoeTensor : uint8_t {
-  router,     // Wg [feature_dim, num_experts] (the expert argument is ignored)
-  w1,         // W1_e [feature_dim, ffn_dim]; for swiglu the gate half
-  w1_linear,  // W1b_e [feature_dim, ffn_dim]; swiglu's linear half
+  router,     // Wg [hidden_dim, num_experts] (the expert argument is ignored)
+  w1,         // W1_e [hidden_dim, ffn_dim]; for swiglu the gate half
+  w1_linear,  // W1b_e [hidden_dim, ffn_dim]; swiglu's linear half
   w2,         // W2_e [ffn_dim, out_dim]
 };
 
@@ -124,12 +139,12 @@ struct RowRange {
 };
 RowRange shard_rows(int rows, int world_size, int rank);
 
-// The router: logits = x . Wg [feature_dim, num_experts]; each token's top_k experts by
+// The router: logits = x . Wg [hidden_dim, num_experts]; each token's top_k experts by
 // descending logit (ties to the lower expert), weighted by the softmax of those k logits.
 class Router {
  public:
   explicit Router(const MoeConfig& config);  // builds Wg from config.seed; validates config
-  // x [m, feature_dim] f32 or bf16 (rows may be strided); indices [m, top_k] i32 (out);
+  // x [m, hidden_dim] f32 or bf16 (rows may be strided); indices [m, top_k] i32 (out);
   // weights [m, top_k] f32 (out), summing to 1 per token. Computed in f32. Throws pmoe::Error
   // on a wrong shape, dtype or device.
   void route(const Tensor& x, const Tensor& indices, const Tensor& weights);
@@ -158,7 +173,7 @@ class Experts {
   Experts& operator=(Experts&&) noexcept;
 
   // y = act(x . W1_e[:, slice]) . W2_e[slice, :] for local expert `local` (expert
-  // first_expert + local). x [rows, feature_dim] and y [rows, out_dim] are f32 or bf16, rows may
+  // first_expert + local). x [rows, hidden_dim] and y [rows, out_dim] are f32 or bf16, rows may
   // be strided (unit stride in the last dimension); computed in f32, y rounded once. Throws
   // pmoe::Error on a wrong expert, shape, dtype or device.
   void forward(int local, const Tensor& x, const Tensor& y);
@@ -184,7 +199,7 @@ class SimpleMoe {
   SimpleMoe(const MoeConfig& config, int max_tokens, Device device, Stream stream = Stream());
   ~SimpleMoe();
 
-  // x [m, feature_dim] config.dtype, 0 <= m <= max_tokens; y [m, out_dim] config.dtype (out);
+  // x [m, hidden_dim] config.dtype, 0 <= m <= max_tokens; y [m, out_dim] config.dtype (out);
   // both contiguous and on the layer's device (pmoe::Error naming the tensor otherwise).
   void forward(const Tensor& x, const Tensor& y);
 
@@ -206,7 +221,7 @@ class TpMoe {
   TpMoe(Communicator& comm, const MoeConfig& config, int max_tokens);
   ~TpMoe();
 
-  // Collective. x [m, feature_dim] config.dtype, the same tokens on every rank (TP replicates
+  // Collective. x [m, hidden_dim] config.dtype, the same tokens on every rank (TP replicates
   // them), 0 <= m <= max_tokens; y [m, out_dim] config.dtype (out), the same bits on every rank.
   // One all-reduce of the f32 partial outputs per call, summed in rank order. A rank that
   // receives partials for another m than its own throws pmoe::Error naming both counts. On a
@@ -248,10 +263,10 @@ class EpMoe {
  public:
   // Collective over comm: rank r owns experts [r E / W, (r + 1) E / W) (config.num_experts % W
   // == 0) and the whole router. micro_batches is 1 or 2.
-  EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
+  EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens,
         int micro_batches = 1);
   // The same with a placement or a maskable exchange (EpMoeOptions).
-  EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
+  EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens,
         const EpMoeOptions& options);
   ~EpMoe();
 
@@ -265,8 +280,8 @@ class EpMoe {
   const RankMask& rank_mask() const;
   std::vector<int> lost_experts() const;  // logical experts no live rank serves now
 
-  // Collective: every rank calls it, once per layer step. x [m, feature_dim] config.dtype: this
-  // rank's tokens, 0 <= m <= max_tokens_per_rank (m may differ between ranks); y [m, out_dim]
+  // Collective: every rank calls it, once per layer step. x [m, hidden_dim] config.dtype: this
+  // rank's tokens, 0 <= m <= max_tokens (m may differ between ranks); y [m, out_dim]
   // config.dtype (out). Arguments are checked before anything is sent; a rejected call throws
   // pmoe::Error and leaves the layer usable.
   void forward(const Tensor& x, const Tensor& y);

@@ -4,7 +4,7 @@ import pmoe
 
 def rank_main(comm):                                   # 2 thread ranks; ops release the GIL
     E, k, H, m = 4, 2, 8, 5
-    a2a = pmoe.AllToAll(comm, max_num_tokens=m, num_experts=E, experts_per_token=k,
+    a2a = pmoe.AllToAll(comm, max_tokens=m, num_experts=E, top_k=k,
                         hidden_dim=H, in_dtype="f32", out_dtype="f32")
     x = torch.randn(m, H)
     weights, indices = torch.topk(torch.randn(m, E).softmax(-1), k)   # int64 indices are fine

@@ -12,13 +12,15 @@ emulated device they are the only arrays an op takes (torch has no CUDA there).
 """
 
 from ._pmoe import (AllGatherGemm, AllToAll, Communicator, EpMoe, Error, GemmReduceScatter,
-                    MoeConfig, PeerLost, SimpleMoe, SocketCommunicator, SocketListener, TpMoe,
+                    MoeConfig, MoeShape, PeerLost, SimpleMoe, SocketCommunicator, SocketListener,
+                    TpMoe,
                     copy, cuda_available, cuda_emulated, has_mpi, moe_weights, mpi_world,
                     run_ranks, zeros)
 from ._pmoe import __version__  # CMakeLists.txt's project(VERSION), which pyproject.toml reads
 
 __all__ = ["AllGatherGemm", "AllToAll", "Communicator", "EpMoe", "Error", "GemmReduceScatter",
-           "MoeConfig", "PeerLost", "SimpleMoe", "SocketCommunicator", "SocketListener", "TpMoe",
+           "MoeConfig", "MoeShape", "PeerLost", "SimpleMoe", "SocketCommunicator",
+           "SocketListener", "TpMoe",
            "copy",
            "cuda_available", "cuda_emulated", "has_mpi", "moe_weights", "mpi_world", "run_ranks",
            "zeros"]

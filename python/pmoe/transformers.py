@@ -128,7 +128,7 @@ class _Exchange:
 
     def __init__(self, comm, group, *, num_experts, top_k, hidden_dim, dtype):
         self.comm, self.group = comm, group
-        self.shape = dict(num_experts=num_experts, experts_per_token=top_k, hidden_dim=hidden_dim,
+        self.shape = dict(num_experts=num_experts, top_k=top_k, hidden_dim=hidden_dim,
                           dtype=dtype)
         self.a2a = None
         self.capacity = 0
@@ -148,7 +148,7 @@ class _Exchange:
             # combine, which weights the rows in f32: weighted rows rounded to bf16 before the
             # sum would drift from the single-process model (by 1.5x its bf16 tolerance, on
             # DeepSeek-V3's top-8).
-            self.a2a = AllToAll(self.comm, max_num_tokens=capacity, in_place_buffers=True,
+            self.a2a = AllToAll(self.comm, max_tokens=capacity, in_place_buffers=True,
                                 weighted_dispatch=self.shape["dtype"] == torch.float32,
                                 **self.shape)
             self.capacity = capacity

@@ -1,4 +1,5 @@
 // AllToAll: dispatch and combine on any DLPack arrays.
+#include <nanobind/operators.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -34,6 +35,27 @@ CrossNode parse_cross_node(const std::string& name) {
 }  // namespace
 
 void bind_all_to_all(nb::module_& m) {
+  nb::class_<MoeShape>(m, "MoeShape", R"(The dimensions of an MoE layer's exchange, one name each:
+max_tokens (tokens per rank per call, at most), num_experts, top_k (experts per token) and
+hidden_dim (elements per token row). AllToAll.shape and MoeConfig.shape(max_tokens) give one.)")
+      .def(nb::init<>())
+      .def(
+          "__init__",
+          [](MoeShape* self, int max_tokens, int num_experts, int top_k, int hidden_dim) {
+            new (self) MoeShape{max_tokens, num_experts, top_k, hidden_dim};
+          },
+          nb::kw_only(), nb::arg("max_tokens"), nb::arg("num_experts"), nb::arg("top_k"),
+          nb::arg("hidden_dim"))
+      .def_rw("max_tokens", &MoeShape::max_tokens)
+      .def_rw("num_experts", &MoeShape::num_experts)
+      .def_rw("top_k", &MoeShape::top_k)
+      .def_rw("hidden_dim", &MoeShape::hidden_dim)
+      .def(nb::self == nb::self)
+      .def("__repr__", [](const MoeShape& s) {
+        return detail::cat("MoeShape(max_tokens=", s.max_tokens, ", num_experts=", s.num_experts,
+                           ", top_k=", s.top_k, ", hidden_dim=", s.hidden_dim, ")");
+      });
+
   nb::class_<AllToAll>(m, "AllToAll", R"(Expert-parallel dispatch and combine.
 
 W ranks, E experts, E_local = E / W; rank r owns experts [r * E_local, (r + 1) * E_local).
@@ -41,18 +63,21 @@ Received rows of each expert are ordered by (source rank, source token): results
 bit-identical run after run. Every call validates its arguments before sending anything.)")
       .def(
           "__init__",
-          [](AllToAll* self, Communicator& comm, int max_num_tokens, int num_experts,
-             int experts_per_token, int hidden_dim, const std::string& in_dtype, int scale_block,
+          [](AllToAll* self, Communicator& comm, std::optional<int> max_tokens, int num_experts,
+             std::optional<int> top_k, int hidden_dim, const std::string& in_dtype, int scale_block,
              const std::string& out_dtype, bool in_place_buffers, int ranks_per_node,
              const std::string& cross_node, bool combine_sums_in_node, bool packed_expert_rows,
              const std::optional<std::vector<int32_t>>& placement, int num_logical_experts,
              bool rank_mask, const std::string& masked_experts, const std::string& on_peer_loss,
-             double peer_timeout_s) {
+             double peer_timeout_s, std::optional<int> max_num_tokens,
+             std::optional<int> experts_per_token) {
             AllToAllConfig c;
-            c.max_num_tokens = max_num_tokens;
-            c.num_experts = num_experts;
-            c.experts_per_token = experts_per_token;
-            c.hidden_dim = hidden_dim;
+            c.shape() = {renamed_arg("AllToAll", "max_tokens", max_tokens, "max_num_tokens",
+                                     max_num_tokens),
+                         num_experts,
+                         renamed_arg("AllToAll", "top_k", top_k, "experts_per_token",
+                                     experts_per_token),
+                         hidden_dim};
             c.in_dtype = parse_dtype(in_dtype);
             c.scale_block = scale_block;
             c.out_dtype = parse_dtype(out_dtype);
@@ -75,17 +100,21 @@ bit-identical run after run. Every call validates its arguments before sending a
             nb::gil_scoped_release release;  // collective: peers are constructing too
             new (self) AllToAll(comm, c);
           },
-          nb::arg("comm"), nb::kw_only(), nb::arg("max_num_tokens"), nb::arg("num_experts"),
-          nb::arg("experts_per_token"), nb::arg("hidden_dim"), nb::arg("in_dtype") = "bf16",
+          nb::arg("comm"), nb::kw_only(), nb::arg("max_tokens") = nb::none(),
+          nb::arg("num_experts"), nb::arg("top_k") = nb::none(), nb::arg("hidden_dim"),
+          nb::arg("in_dtype") = "bf16",
           nb::arg("scale_block") = 0, nb::arg("out_dtype") = "bf16",
           nb::arg("in_place_buffers") = false, nb::arg("ranks_per_node") = 0,
           nb::arg("cross_node") = "direct", nb::arg("combine_sums_in_node") = false,
           nb::arg("packed_expert_rows") = false, nb::arg("placement") = nb::none(),
           nb::arg("num_logical_experts") = 0, nb::arg("rank_mask") = false,
           nb::arg("masked_experts") = "drop", nb::arg("on_peer_loss") = "fail",
-          nb::arg("peer_timeout_s") = 0.0,
-          nb::keep_alive<1, 2>(),
-          "Collective over comm. in_dtype: f32, bf16, f16 or f8e4m3 (then scale_block > 0 "
+          nb::arg("peer_timeout_s") = 0.0, nb::arg("max_num_tokens") = nb::none(),
+          nb::arg("experts_per_token") = nb::none(), nb::keep_alive<1, 2>(),
+          "Collective over comm. max_tokens: tokens per rank per call, at most; top_k: experts "
+          "per token (max_num_tokens and experts_per_token, their names before pmoe.MoeShape, "
+          "still work for one release and warn). in_dtype: f32, bf16, f16 or f8e4m3 (then "
+          "scale_block > 0 "
           "elements per f32 scale); out_dtype: f32, bf16 or f16. ranks_per_node > 0: ranks "
           "[n R, (n + 1) R) form node n (0: the communicator's own nodes); cross_node: "
           "'direct' or 'hierarchical' (CUDA only: one relay block per remote node, "
@@ -122,14 +151,14 @@ bit-identical run after run. Every call validates its arguments before sending a
           nb::arg("phase") = "both",
           R"(Sends every token to the ranks owning its experts.
 
-x                 [m, H] in_dtype, m <= max_num_tokens
+x                 [m, H] in_dtype, m <= max_tokens
 indices           [m, k] int32 or int64 (torch.topk's indices as they are), experts in
                   [0, E) or -1 (slot skipped), distinct per row
 expert_num_tokens [E_local] int32, out: rows received per local expert
-expert_x          [E_local, W * max_num_tokens, H] in_dtype, out; with
+expert_x          [E_local, W * max_tokens, H] in_dtype, out; with
                   packed_expert_rows also [R, H], R >= the rows that arrive (arriving_rows())
 x_scale           [m, H / scale_block] float32, f8e4m3 only
-expert_x_scale    [E_local, W * max_num_tokens, H / scale_block] float32, f8e4m3 only
+expert_x_scale    [E_local, W * max_tokens, H / scale_block] float32, f8e4m3 only
 phase             'both', or 'send' then 'recv' with other work in between)")
       .def(
           "combine",
@@ -145,7 +174,7 @@ phase             'both', or 'send' then 'recv' with other work in between)")
           nb::arg("phase") = "both",
           R"(Brings expert outputs back and sums them with the router weights.
 
-expert_y [E_local, W * max_num_tokens, H] float32, bfloat16 or float16, rows in dispatch order
+expert_y [E_local, W * max_tokens, H] float32, bfloat16 or float16, rows in dispatch order
          (packed_expert_rows: also [R, H], R >= the rows dispatch received)
 indices  [m, k] int32 or int64, the same as given to dispatch
 weights  [m, k] float32
@@ -211,19 +240,22 @@ y        [m, H] out_dtype, out: y[t] = sum_j weights[t, j] * expert_y[row of (t,
           [](nb::handle self) {
             return to_numpy(nb::cast<AllToAll&>(self).input_buffer(), self);
           },
-          "The op's in-place token buffer [max_num_tokens, H] (in_place_buffers=True).")
+          "The op's in-place token buffer [max_tokens, H] (in_place_buffers=True).")
       .def(
           "input_scale_buffer",
           [](nb::handle self) {
             return to_numpy(nb::cast<AllToAll&>(self).input_scale_buffer(), self);
           },
-          "The op's in-place scale buffer [max_num_tokens, H / scale_block] (f8e4m3).")
+          "The op's in-place scale buffer [max_tokens, H / scale_block] (f8e4m3).")
       .def(
           "expert_output_buffer",
           [](nb::handle self) {
             return to_numpy(nb::cast<AllToAll&>(self).expert_output_buffer(), self);
           },
-          "The op's in-place expert output buffer [E_local, W * max_num_tokens, H] out_dtype.")
+          "The op's in-place expert output buffer [E_local, W * max_tokens, H] out_dtype.")
+      .def_prop_ro(
+          "shape", [](const AllToAll& self) { return self.config().shape(); },
+          "The op's MoeShape (max_tokens, num_experts, top_k, hidden_dim).")
       .def_prop_ro("num_local_experts", &AllToAll::num_local_experts)
       .def_prop_ro("world_size", &AllToAll::world_size);
 }

@@ -3,6 +3,7 @@
 
 #include <nanobind/nanobind.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,24 @@ inline OnPeerLoss parse_on_peer_loss(const char* op, const std::string& name) {
   if (name == "fail") return OnPeerLoss::fail;
   if (name == "mask") return OnPeerLoss::mask;
   throw Error(std::string(op) + ": on_peer_loss must be 'fail' or 'mask', got '" + name + "'");
+}
+
+// A dimension given under its MoeShape name or, for one release, under the name it had before
+// (which warns with a DeprecationWarning naming the new one). One of the two must be given, and
+// both only with the same value. `op` names the class in the error.
+inline int renamed_arg(const char* op, const char* name, std::optional<int> value,
+                       const char* old_name, std::optional<int> old_value) {
+  if (old_value) {
+    const std::string warning =
+        std::string(op) + ": " + old_name + " is deprecated; pass " + name + " instead";
+    if (PyErr_WarnEx(PyExc_DeprecationWarning, warning.c_str(), 1) != 0)
+      throw nanobind::python_error();
+    PMOE_CHECK(!value || *value == *old_value, op, ": ", name, " = ", *value, " and ", old_name,
+               " = ", *old_value, " (its deprecated name) disagree; pass ", name, " only");
+    return *old_value;
+  }
+  PMOE_CHECK(value.has_value(), op, ": missing the argument ", name);
+  return *value;
 }
 
 void bind_comm(nanobind::module_& m);

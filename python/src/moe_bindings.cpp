@@ -33,7 +33,7 @@ nb::object forward(Layer& layer, nb::handle x, nb::handle y) {
   nb::object out;
   Tensor ty;
   if (y.is_none()) {
-    PMOE_CHECK(tx.dim() == 2, "`x` must be 2-D [m, feature_dim], got ", tx.shape_str());
+    PMOE_CHECK(tx.dim() == 2, "`x` must be 2-D [m, hidden_dim], got ", tx.shape_str());
     const MoeConfig& c = layer.config();
     const auto shape = nb::make_tuple(tx.size(0), c.out_dim());
     if (nb::hasattr(x, "new_zeros"))
@@ -55,7 +55,7 @@ nb::object forward(Layer& layer, nb::handle x, nb::handle y) {
 
 const char* kForwardDoc = R"(Runs the layer: y = sum_j weight_j * FFN_{expert_j}(x).
 
-x  [m, feature_dim] float32 (dtype f32) or uint16 bf16 bits (dtype bf16)
+x  [m, hidden_dim] float32 (dtype f32) or uint16 bf16 bits (dtype bf16)
 y  optional output [m, out_dim], same dtype; when omitted, allocated like x (a torch tensor for
    a torch x, else NumPy) and returned)";
 
@@ -65,10 +65,12 @@ void bind_moe(nb::module_& m) {
   nb::class_<MoeConfig>(m, "MoeConfig", "The shape and weights of an MoE layer (see DESIGN.md).")
       .def(
           "__init__",
-          [](MoeConfig* self, int feature_dim, int ffn_dim, int num_experts, int top_k,
-             int output_dim, const std::string& act, const std::string& dtype, uint64_t seed) {
+          [](MoeConfig* self, std::optional<int> hidden_dim, int ffn_dim, int num_experts,
+             int top_k, int output_dim, const std::string& act, const std::string& dtype,
+             uint64_t seed, std::optional<int> feature_dim) {
             new (self) MoeConfig();
-            self->feature_dim = feature_dim;
+            self->hidden_dim =
+                renamed_arg("MoeConfig", "hidden_dim", hidden_dim, "feature_dim", feature_dim);
             self->ffn_dim = ffn_dim;
             self->num_experts = num_experts;
             self->top_k = top_k;
@@ -78,11 +80,16 @@ void bind_moe(nb::module_& m) {
             self->seed = seed;
             self->validate();
           },
-          nb::kw_only(), nb::arg("feature_dim"), nb::arg("ffn_dim"), nb::arg("num_experts"),
-          nb::arg("top_k"), nb::arg("output_dim") = 0, nb::arg("act") = "relu",
-          nb::arg("dtype") = "f32", nb::arg("seed") = 0,
-          "act: relu, gelu or swiglu; dtype: f32 or bf16; output_dim 0 means feature_dim.")
-      .def_ro("feature_dim", &MoeConfig::feature_dim)
+          nb::kw_only(), nb::arg("hidden_dim") = nb::none(), nb::arg("ffn_dim"),
+          nb::arg("num_experts"), nb::arg("top_k"), nb::arg("output_dim") = 0,
+          nb::arg("act") = "relu", nb::arg("dtype") = "f32", nb::arg("seed") = 0,
+          nb::arg("feature_dim") = nb::none(),
+          "act: relu, gelu or swiglu; dtype: f32 or bf16; output_dim 0 means hidden_dim. "
+          "feature_dim, hidden_dim's name before pmoe.MoeShape, still works for one release "
+          "and warns.")
+      .def_ro("hidden_dim", &MoeConfig::hidden_dim)
+      .def("shape", &MoeConfig::shape, nb::arg("max_tokens"),
+           "The MoeShape of a layer of this config taking up to max_tokens tokens a rank.")
       .def_ro("ffn_dim", &MoeConfig::ffn_dim)
       .def_ro("num_experts", &MoeConfig::num_experts)
       .def_ro("top_k", &MoeConfig::top_k)
@@ -95,7 +102,7 @@ void bind_moe(nb::module_& m) {
       "moe_weights",
       [](const MoeConfig& config, const std::string& tensor, int expert) {
         const MoeTensor t = parse_moe_tensor(tensor);
-        const int64_t rows = t == MoeTensor::w2 ? config.ffn_dim : config.feature_dim;
+        const int64_t rows = t == MoeTensor::w2 ? config.ffn_dim : config.hidden_dim;
         const int64_t cols = t == MoeTensor::router ? config.num_experts
                              : t == MoeTensor::w2   ? config.out_dim()
                                                     : config.ffn_dim;
@@ -108,7 +115,7 @@ void bind_moe(nb::module_& m) {
       },
       nb::arg("config"), nb::arg("tensor"), nb::arg("expert") = 0,
       "The weights every layer builds from config.seed, as float32 [rows, cols]: 'router' Wg "
-      "[feature_dim, E], 'w1' and 'w1_linear' [feature_dim, ffn_dim], 'w2' [ffn_dim, out_dim].");
+      "[hidden_dim, E], 'w1' and 'w1_linear' [hidden_dim, ffn_dim], 'w2' [ffn_dim, out_dim].");
 
   nb::class_<SimpleMoe>(m, "SimpleMoe", "The whole layer on one rank.")
       .def(nb::init<const MoeConfig&, int>(), nb::arg("config"), nb::arg("max_tokens"))
@@ -132,10 +139,13 @@ tokens; AllToAll dispatch, grouped expert GEMMs, combine. micro_batches=2 splits
 two halves so one half's exchange overlaps the other's experts. Collective.)")
       .def(
           "__init__",
-          [](EpMoe* self, Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
-             int micro_batches, const std::optional<std::vector<int32_t>>& placement,
-             bool rank_mask, const std::string& masked_experts, const std::string& on_peer_loss,
-             double peer_timeout_s) {
+          [](EpMoe* self, Communicator& comm, const MoeConfig& config,
+             std::optional<int> max_tokens, int micro_batches,
+             const std::optional<std::vector<int32_t>>& placement, bool rank_mask,
+             const std::string& masked_experts, const std::string& on_peer_loss,
+             double peer_timeout_s, std::optional<int> max_tokens_per_rank) {
+            const int bound = renamed_arg("EpMoe", "max_tokens", max_tokens,
+                                          "max_tokens_per_rank", max_tokens_per_rank);
             EpMoeOptions options;
             options.micro_batches = micro_batches;
             if (placement) {
@@ -147,13 +157,15 @@ two halves so one half's exchange overlaps the other's experts. Collective.)")
             options.on_peer_loss = parse_on_peer_loss("EpMoe", on_peer_loss);
             options.peer_timeout_s = peer_timeout_s;
             nb::gil_scoped_release release;
-            new (self) EpMoe(comm, config, max_tokens_per_rank, options);
+            new (self) EpMoe(comm, config, bound, options);
           },
-          nb::arg("comm"), nb::arg("config"), nb::arg("max_tokens_per_rank"),
+          nb::arg("comm"), nb::arg("config"), nb::arg("max_tokens") = nb::none(),
           nb::arg("micro_batches") = 1, nb::kw_only(), nb::arg("placement") = nb::none(),
           nb::arg("rank_mask") = false, nb::arg("masked_experts") = "drop",
           nb::arg("on_peer_loss") = "fail", nb::arg("peer_timeout_s") = 0.0,
-          nb::keep_alive<1, 2>(),
+          nb::arg("max_tokens_per_rank") = nb::none(), nb::keep_alive<1, 2>(),
+          "max_tokens: this rank's tokens per forward, at most (max_tokens_per_rank, its name "
+          "before pmoe.MoeShape, still works for one release and warns). "
           "placement: for each expert slot (a multiple of the ranks), the expert of config it "
           "serves; replicas spread the load and keep tokens when a masked rank held one. "
           "rank_mask: the layer can mask ranks (mask_rank); masked_experts: 'drop' or "

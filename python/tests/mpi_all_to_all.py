@@ -15,8 +15,8 @@ def main():
     W, rank = comm.size, comm.rank
     max_tokens, num_experts, top_k, hidden = 5, 2 * W, 3, 16
     for in_dtype, out_dtype in [("f32", "f32"), ("bf16", "bf16")]:
-        a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=num_experts,
-                            experts_per_token=top_k, hidden_dim=hidden, in_dtype=in_dtype,
+        a2a = pmoe.AllToAll(comm, max_tokens=max_tokens, num_experts=num_experts,
+                            top_k=top_k, hidden_dim=hidden, in_dtype=in_dtype,
                             out_dtype=out_dtype)
         local, rows = a2a.num_local_experts, W * max_tokens
         inputs = [make_inputs(r, max_tokens - r % 2, num_experts, top_k, hidden, in_dtype,

@@ -18,8 +18,8 @@ def run_case(world_size, *, in_dtype="f32", out_dtype="f32", max_tokens=6, exper
     errors = []
 
     def rank_main(comm):
-        a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=num_experts,
-                            experts_per_token=top_k, hidden_dim=hidden, in_dtype=in_dtype,
+        a2a = pmoe.AllToAll(comm, max_tokens=max_tokens, num_experts=num_experts,
+                            top_k=top_k, hidden_dim=hidden, in_dtype=in_dtype,
                             out_dtype=out_dtype, in_place_buffers=in_place)
         local, rows = a2a.num_local_experts, world_size * max_tokens
         counts = np.zeros(local, dtype=np.int32)
@@ -113,7 +113,7 @@ def test_ranks_run_in_parallel_with_the_gil_released():
     seen = set()
     def rank_main(comm):
         seen.add(threading.get_ident())
-        run = pmoe.AllToAll(comm, max_num_tokens=2, num_experts=2, experts_per_token=1,
+        run = pmoe.AllToAll(comm, max_tokens=2, num_experts=2, top_k=1,
                             hidden_dim=8, in_dtype="f32", out_dtype="f32")
         x, indices = np.ones((2, 8), np.float32), np.full((2, 1), 1 - comm.rank, np.int32)
         counts, expert_x = np.zeros(1, np.int32), np.zeros((1, 4, 8), np.float32)
@@ -124,7 +124,7 @@ def test_ranks_run_in_parallel_with_the_gil_released():
 
 
 def small_op(comm, **overrides):
-    args = dict(max_num_tokens=4, num_experts=4, experts_per_token=2, hidden_dim=8,
+    args = dict(max_tokens=4, num_experts=4, top_k=2, hidden_dim=8,
                 in_dtype="f32", out_dtype="f32")
     args.update(overrides)
     return pmoe.AllToAll(comm, **args)
@@ -138,8 +138,8 @@ def expect_error(fn, message):
 
 
 def test_bad_config_raises_with_message():
-    expect_error(lambda comm: small_op(comm, experts_per_token=5),
-                 r"experts_per_token must be in \[1, num_experts = 4\], got 5")
+    expect_error(lambda comm: small_op(comm, top_k=5),
+                 r"top_k must be in \[1, num_experts = 4\], got 5")
     expect_error(lambda comm: small_op(comm, in_dtype="f64"), "unknown dtype 'f64'")
     expect_error(lambda comm: small_op(comm, cross_node="ring"),
                  "cross_node must be 'direct' or 'hierarchical', got 'ring'")
@@ -190,7 +190,7 @@ def test_packed_rows_land_in_exactly_their_number():
     W, local, k, H = 2, 2, 3, 16
 
     def rank_main(comm):
-        a2a = pmoe.AllToAll(comm, max_num_tokens=5, num_experts=W * local, experts_per_token=k,
+        a2a = pmoe.AllToAll(comm, max_tokens=5, num_experts=W * local, top_k=k,
                             hidden_dim=H, in_dtype="f32", out_dtype="f32",
                             packed_expert_rows=True)
         for call in range(3):
@@ -255,8 +255,8 @@ def test_replicas_and_a_masked_rank(masked_experts):
         placement = [s % logical for s in range(slots)] if placed else None
 
         def rank_main(comm):
-            a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=slots,
-                                experts_per_token=top_k, hidden_dim=hidden, in_dtype="f32",
+            a2a = pmoe.AllToAll(comm, max_tokens=max_tokens, num_experts=slots,
+                                top_k=top_k, hidden_dim=hidden, in_dtype="f32",
                                 out_dtype="f32", placement=placement, rank_mask=True,
                                 masked_experts=masked_experts)
             local, rows = a2a.num_local_experts, world_size * max_tokens
@@ -315,8 +315,8 @@ def test_on_peer_loss_mask_goes_on_without_a_rank_that_stops_and_takes_it_back()
     assert issubclass(pmoe.PeerLost, pmoe.Error)
 
     def rank_main(comm):
-        a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=slots,
-                            experts_per_token=top_k, hidden_dim=hidden, in_dtype="f32",
+        a2a = pmoe.AllToAll(comm, max_tokens=max_tokens, num_experts=slots,
+                            top_k=top_k, hidden_dim=hidden, in_dtype="f32",
                             out_dtype="f32", placement=placement, on_peer_loss="mask",
                             peer_timeout_s=1.0)
         local, rows = a2a.num_local_experts, world_size * max_tokens
@@ -359,6 +359,6 @@ def test_on_peer_loss_mask_goes_on_without_a_rank_that_stops_and_takes_it_back()
 def test_a_placement_that_leaves_an_expert_without_a_slot_raises():
     def rank_main(comm):
         with pytest.raises(pmoe.Error, match="logical expert 2 has no slot"):
-            pmoe.AllToAll(comm, max_num_tokens=2, num_experts=4, experts_per_token=2,
+            pmoe.AllToAll(comm, max_tokens=2, num_experts=4, top_k=2,
                           hidden_dim=8, placement=[0, 1, 0, 1], num_logical_experts=3)
     pmoe.run_ranks(2, rank_main)

@@ -51,8 +51,8 @@ def test_dispatch_combine_on_device_arrays(world_size, ranks_per_node, cross_nod
 
     def rank_main(comm):
         device = comm.device
-        a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=num_experts,
-                            experts_per_token=top_k, hidden_dim=hidden, in_dtype="f32",
+        a2a = pmoe.AllToAll(comm, max_tokens=max_tokens, num_experts=num_experts,
+                            top_k=top_k, hidden_dim=hidden, in_dtype="f32",
                             out_dtype="f32", ranks_per_node=ranks_per_node,
                             cross_node=cross_node, combine_sums_in_node=sums_in_node)
         local, rows = a2a.num_local_experts, world_size * max_tokens
@@ -87,7 +87,7 @@ def test_combine_sums_in_node_is_refused_by_name_where_it_cannot_run():
     """The CPU backend has no node-summed combine, and direct mode has no relay to sum at."""
     def on(device, **split):
         def rank_main(comm):
-            pmoe.AllToAll(comm, max_num_tokens=4, num_experts=4, experts_per_token=1,
+            pmoe.AllToAll(comm, max_tokens=4, num_experts=4, top_k=1,
                           hidden_dim=8, in_dtype="f32", out_dtype="f32",
                           combine_sums_in_node=True, **split)
         pmoe.run_ranks(2, rank_main, device=device)
@@ -100,7 +100,7 @@ def test_combine_sums_in_node_is_refused_by_name_where_it_cannot_run():
 
 def test_cpu_array_on_a_cuda_rank_is_rejected():
     def rank_main(comm):
-        a2a = pmoe.AllToAll(comm, max_num_tokens=4, num_experts=2, experts_per_token=1,
+        a2a = pmoe.AllToAll(comm, max_tokens=4, num_experts=2, top_k=1,
                             hidden_dim=8, in_dtype="f32", out_dtype="f32")
         x = np.zeros((4, 8), np.float32)
         indices = on_device(np.zeros((4, 1), np.int32), comm.device)

@@ -16,12 +16,12 @@ def hold(obj):  # a reference nobody gives back: obj outlives every module at ex
 
 kept = []
 def rank_main(comm):
-    op = pmoe.AllToAll(comm, max_num_tokens=2, num_experts=2, experts_per_token=1,
+    op = pmoe.AllToAll(comm, max_tokens=2, num_experts=2, top_k=1,
                        hidden_dim=8, in_dtype="f32", out_dtype="f32")
     kept.append(hold(op))
     kept.append(hold(pmoe.AllGatherGemm(comm, 8, 4, 4, dtype="f32")))
 pmoe.run_ranks(2, rank_main)
-config = hold(pmoe.MoeConfig(feature_dim=8, ffn_dim=8, num_experts=2, top_k=1))
+config = hold(pmoe.MoeConfig(hidden_dim=8, ffn_dim=8, num_experts=2, top_k=1))
 hold(pmoe.SimpleMoe(config, max_tokens=2))
 hold(pmoe.zeros([4], "f32", "cpu"))
 print("kept", len(kept) + 3, "objects", flush=True)

@@ -126,7 +126,7 @@ def test_epmoe_grouped_equals_padded(monkeypatch, dtype, swiglu):
         x[:, :num_experts] = torch.tensor([3.0, 2.0, 0.0, -1.0]) + 0.1 * x[:, :num_experts]
         x = x.to(dtype).requires_grad_()
         layer = pt.EpMoE(comm, hidden_dim=hidden, ffn_dim=ffn, num_experts=num_experts,
-                         top_k=top_k, max_num_tokens=max_tokens, swiglu=swiglu, dtype=dtype)
+                         top_k=top_k, max_tokens=max_tokens, swiglu=swiglu, dtype=dtype)
         layer._padded_experts = way == "padded"
         weights = torch.Generator().manual_seed(3)  # thread ranks share torch's generator
         router = torch.eye(num_experts, hidden) + 0.01 * torch.randn(num_experts, hidden,
@@ -210,8 +210,8 @@ def test_dispatch_packed_the_gpu_way(monkeypatch, dtype, weighted):
         if m:
             indices[0, 1] = -1
         w = torch.rand(m, top_k, generator=gen).requires_grad_()
-        a2a = pt.AllToAll(comm, max_num_tokens=max_tokens, num_experts=num_experts,
-                          experts_per_token=top_k, hidden_dim=hidden, dtype=dtype,
+        a2a = pt.AllToAll(comm, max_tokens=max_tokens, num_experts=num_experts,
+                          top_k=top_k, hidden_dim=hidden, dtype=dtype,
                           weighted_dispatch=weighted)
         local = a2a.num_local_experts
         scale = torch.tensor([1.5 + e for e in range(local)] + [float("nan")])

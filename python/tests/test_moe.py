@@ -37,13 +37,13 @@ def relative_error(got, want):
     return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
 
 
-def tokens(batch, feature_dim, seed=0):
-    return np.random.default_rng(seed).uniform(-1, 1, size=(batch, feature_dim)).astype(np.float32)
+def tokens(batch, hidden_dim, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, size=(batch, hidden_dim)).astype(np.float32)
 
 
 @pytest.mark.parametrize("act", ["relu", "gelu", "swiglu"])
 def test_simple_moe_matches_numpy(act):
-    config = pmoe.MoeConfig(feature_dim=24, ffn_dim=40, num_experts=4, top_k=2, act=act, seed=3)
+    config = pmoe.MoeConfig(hidden_dim=24, ffn_dim=40, num_experts=4, top_k=2, act=act, seed=3)
     x = tokens(7, 24)
     y = pmoe.SimpleMoe(config, max_tokens=8).forward(x)
     assert relative_error(y, numpy_moe(config, x)) <= 1e-5
@@ -51,7 +51,7 @@ def test_simple_moe_matches_numpy(act):
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_tp_and_ep_match_numpy(world_size):
-    config = pmoe.MoeConfig(feature_dim=16, ffn_dim=32, output_dim=12, num_experts=8, top_k=8,
+    config = pmoe.MoeConfig(hidden_dim=16, ffn_dim=32, output_dim=12, num_experts=8, top_k=8,
                             act="swiglu", seed=5)
     x = tokens(10, 16, seed=1)  # 10 tokens: not divisible by 4 ranks
     want = numpy_moe(config, x)
@@ -62,7 +62,7 @@ def test_tp_and_ep_match_numpy(world_size):
         tp = pmoe.TpMoe(comm, config, max_tokens=10)
         results[("tp", comm.rank)] = tp.forward(x)
         for micro_batches in (1, 2):
-            ep = pmoe.EpMoe(comm, config, max_tokens_per_rank=len(shards[0]),
+            ep = pmoe.EpMoe(comm, config, max_tokens=len(shards[0]),
                             micro_batches=micro_batches)
             results[("ep", micro_batches, comm.rank)] = ep.forward(x[shards[comm.rank]])
 
@@ -81,7 +81,7 @@ def test_tp_and_ep_match_numpy(world_size):
 def test_ep_with_replicas_and_a_masked_rank_matches_numpy():
     """Every expert on two of 4 ranks (rank r + 2 holds rank r's): after rank 3 stops and the
     others mask it, their outputs still match the whole model's."""
-    config = pmoe.MoeConfig(feature_dim=16, ffn_dim=24, num_experts=4, top_k=2, act="gelu", seed=5)
+    config = pmoe.MoeConfig(hidden_dim=16, ffn_dim=24, num_experts=4, top_k=2, act="gelu", seed=5)
     x = tokens(10, 16, seed=2)
     want = numpy_moe(config, x)
     shards = np.array_split(np.arange(10), 4)
@@ -90,7 +90,7 @@ def test_ep_with_replicas_and_a_masked_rank_matches_numpy():
 
     def rank_main(comm):
         try:
-            layer = pmoe.EpMoe(comm, config, max_tokens_per_rank=len(shards[0]),
+            layer = pmoe.EpMoe(comm, config, max_tokens=len(shards[0]),
                                placement=[s % 4 for s in range(8)], rank_mask=True)
             for call in range(3):
                 if call == 1:
@@ -112,7 +112,7 @@ def test_ep_with_replicas_and_a_masked_rank_matches_numpy():
 
 
 def test_bf16_layer_within_bf16_tolerance():
-    config = pmoe.MoeConfig(feature_dim=32, ffn_dim=64, num_experts=4, top_k=2, dtype="bf16", seed=2)
+    config = pmoe.MoeConfig(hidden_dim=32, ffn_dim=64, num_experts=4, top_k=2, dtype="bf16", seed=2)
     x_bits = f32_to_bf16_bits(tokens(5, 32))
     y_bits = pmoe.SimpleMoe(config, max_tokens=5).forward(x_bits)
     assert y_bits.dtype == np.uint16
@@ -121,14 +121,14 @@ def test_bf16_layer_within_bf16_tolerance():
 
 def test_bad_configs_raise_with_messages():
     with pytest.raises(pmoe.Error, match="top_k = 5 must be in 1..num_experts = 4"):
-        pmoe.MoeConfig(feature_dim=8, ffn_dim=8, num_experts=4, top_k=5)
+        pmoe.MoeConfig(hidden_dim=8, ffn_dim=8, num_experts=4, top_k=5)
     with pytest.raises(pmoe.Error, match="unknown activation|activation"):
-        pmoe.MoeConfig(feature_dim=8, ffn_dim=8, num_experts=4, top_k=1, act="tanh")
-    config = pmoe.MoeConfig(feature_dim=8, ffn_dim=8, num_experts=6, top_k=1)
+        pmoe.MoeConfig(hidden_dim=8, ffn_dim=8, num_experts=4, top_k=1, act="tanh")
+    config = pmoe.MoeConfig(hidden_dim=8, ffn_dim=8, num_experts=6, top_k=1)
 
     def rank_main(comm):
         with pytest.raises(pmoe.Error, match="not divisible by the 4 ranks"):
-            pmoe.EpMoe(comm, config, max_tokens_per_rank=2)
+            pmoe.EpMoe(comm, config, max_tokens=2)
     pmoe.run_ranks(4, rank_main)
 
     with pytest.raises(pmoe.Error, match="x"):
@@ -137,15 +137,15 @@ def test_bad_configs_raise_with_messages():
 
 def test_too_many_tokens_names_the_keyword_to_raise():
     """Each layer's message names its own constructor keyword, the one the caller can change."""
-    config = pmoe.MoeConfig(feature_dim=8, ffn_dim=8, num_experts=2, top_k=1)
+    config = pmoe.MoeConfig(hidden_dim=8, ffn_dim=8, num_experts=2, top_k=1)
     x = np.zeros((3, 8), np.float32)
     with pytest.raises(pmoe.Error, match="3 tokens, more than the 2 this layer was built for; "
                                          "build it with a larger max_tokens$"):
         pmoe.SimpleMoe(config, max_tokens=2).forward(x)
 
     def rank_main(comm):
-        layer = pmoe.EpMoe(comm, config, max_tokens_per_rank=2)
-        with pytest.raises(pmoe.Error, match="build it with a larger max_tokens_per_rank$"):
+        layer = pmoe.EpMoe(comm, config, max_tokens=2)
+        with pytest.raises(pmoe.Error, match="build it with a larger max_tokens$"):
             layer.forward(x)
         assert layer.forward(x[:2]).shape == (2, 8)  # the rejected call cost the layer nothing
     pmoe.run_ranks(2, rank_main)

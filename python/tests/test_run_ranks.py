@@ -46,8 +46,8 @@ def test_a_ranks_assertion_arrives_as_itself():
 
 def test_pmoe_errors_inside_a_rank_stay_pmoe_error():
     def rank_main(comm):
-        pmoe.AllToAll(comm, max_num_tokens=4, num_experts=4, experts_per_token=5, hidden_dim=8)
-    with pytest.raises(pmoe.Error, match="experts_per_token must be in") as caught:
+        pmoe.AllToAll(comm, max_tokens=4, num_experts=4, top_k=5, hidden_dim=8)
+    with pytest.raises(pmoe.Error, match="top_k must be in") as caught:
         pmoe.run_ranks(1, rank_main)
     assert type(caught.value) is pmoe.Error
 

@@ -10,7 +10,7 @@ import pmoe.torch as pt
 
 
 def test_layers_return_torch_for_torch_input():
-    config = pmoe.MoeConfig(feature_dim=16, ffn_dim=32, num_experts=4, top_k=2, act="swiglu",
+    config = pmoe.MoeConfig(hidden_dim=16, ffn_dim=32, num_experts=4, top_k=2, act="swiglu",
                             seed=9)
     x = torch.rand(5, 16, generator=torch.Generator().manual_seed(1)) * 2 - 1
     layer = pmoe.SimpleMoe(config, max_tokens=8)
@@ -18,20 +18,20 @@ def test_layers_return_torch_for_torch_input():
     assert isinstance(y, torch.Tensor) and y.dtype == torch.float32 and y.shape == (5, 16)
     np.testing.assert_array_equal(y.numpy(), layer.forward(x.numpy()))
 
-    bf16 = pmoe.MoeConfig(feature_dim=16, ffn_dim=32, num_experts=4, top_k=2, dtype="bf16",
+    bf16 = pmoe.MoeConfig(hidden_dim=16, ffn_dim=32, num_experts=4, top_k=2, dtype="bf16",
                           seed=9)
     y16 = pmoe.SimpleMoe(bf16, max_tokens=8).forward(x.to(torch.bfloat16))
     assert isinstance(y16, torch.Tensor) and y16.dtype == torch.bfloat16
 
 
 def test_ep_layer_with_torch_tensors_on_thread_ranks():
-    config = pmoe.MoeConfig(feature_dim=8, ffn_dim=16, num_experts=4, top_k=2, seed=2)
+    config = pmoe.MoeConfig(hidden_dim=8, ffn_dim=16, num_experts=4, top_k=2, seed=2)
     x = torch.linspace(-1, 1, 6 * 8).reshape(6, 8)
     want = pmoe.SimpleMoe(config, max_tokens=6).forward(x)
     got = {}
 
     def rank_main(comm):
-        layer = pmoe.EpMoe(comm, config, max_tokens_per_rank=3)
+        layer = pmoe.EpMoe(comm, config, max_tokens=3)
         got[comm.rank] = layer.forward(x[3 * comm.rank:3 * comm.rank + 3].contiguous())
     pmoe.run_ranks(2, rank_main)
     y = torch.cat([got[0], got[1]])
@@ -43,7 +43,7 @@ def test_all_to_all_takes_topk_int64_indices():
     E, k, H, m = 4, 2, 8, 3
 
     def rank_main(comm):
-        op = pmoe.AllToAll(comm, max_num_tokens=m, num_experts=E, experts_per_token=k,
+        op = pmoe.AllToAll(comm, max_tokens=m, num_experts=E, top_k=k,
                            hidden_dim=H, in_dtype="f32", out_dtype="f32")
         x = torch.arange(m * H, dtype=torch.float32).reshape(m, H) + 100 * comm.rank
         scores = torch.tensor([[0.1, 0.9, 0.3, 0.2], [0.8, 0.1, 0.7, 0.0], [0.0, 0.1, 0.2, 0.9]])
@@ -61,7 +61,7 @@ def test_all_to_all_takes_topk_int64_indices():
 
 def test_raw_ops_refuse_what_they_cannot_take_with_pmoe_error():
     def rank_main(comm):
-        op = pmoe.AllToAll(comm, max_num_tokens=2, num_experts=2, experts_per_token=1,
+        op = pmoe.AllToAll(comm, max_tokens=2, num_experts=2, top_k=1,
                            hidden_dim=4, in_dtype="f32", out_dtype="f32")
         counts, expert_x = torch.zeros(2, dtype=torch.int32), torch.zeros(2, 2, 4)
         indices = torch.zeros(2, 1, dtype=torch.int64)
@@ -81,7 +81,7 @@ def test_raw_ops_refuse_what_they_cannot_take_with_pmoe_error():
 def test_padded_functions_refuse_an_in_place_all_to_all():
     """Its ops lay rows out packed, for dispatch_packed and combine_packed only."""
     def rank_main(comm):
-        a2a = pt.AllToAll(comm, max_num_tokens=3, num_experts=2, experts_per_token=1,
+        a2a = pt.AllToAll(comm, max_tokens=3, num_experts=2, top_k=1,
                           hidden_dim=4, in_place_buffers=True)
         x, indices = torch.randn(3, 4), torch.zeros(3, 1, dtype=torch.int64)
         with pytest.raises(pmoe.Error, match=r"dispatch: this AllToAll was made with "
@@ -117,7 +117,7 @@ def test_torch_layer_passes_int64_indices_through():
     E, k, H, m = 4, 2, 8, 3
 
     def rank_main(comm):
-        a2a = pmoe.torch.AllToAll(comm, max_num_tokens=m, num_experts=E, experts_per_token=k,
+        a2a = pmoe.torch.AllToAll(comm, max_tokens=m, num_experts=E, top_k=k,
                                   hidden_dim=H)
         seen = []
         a2a._forward.op = Spy(a2a._forward.op, seen)

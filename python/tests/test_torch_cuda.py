@@ -23,8 +23,8 @@ def test_dispatch_combine_on_cuda_tensors(world_size):
 
     def rank_main(comm):
         stream = torch.cuda.ExternalStream(comm.stream)
-        a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=num_experts,
-                            experts_per_token=top_k, hidden_dim=hidden, in_dtype="f32",
+        a2a = pmoe.AllToAll(comm, max_tokens=max_tokens, num_experts=num_experts,
+                            top_k=top_k, hidden_dim=hidden, in_dtype="f32",
                             out_dtype="f32")
         local, rows = a2a.num_local_experts, world_size * max_tokens
         x, indices, weights = (torch.from_numpy(a).cuda() for a in inputs[comm.rank])

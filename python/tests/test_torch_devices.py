@@ -40,7 +40,7 @@ def run_on(device, fn, n=1):
 
 
 def small(comm):
-    return pt.AllToAll(comm, max_num_tokens=4, num_experts=2 * comm.size, experts_per_token=1,
+    return pt.AllToAll(comm, max_tokens=4, num_experts=2 * comm.size, top_k=1,
                        hidden_dim=8)
 
 
@@ -70,7 +70,7 @@ def test_cpu_tensors_on_a_cuda_communicator_say_what_to_use():
 def test_ep_layer_on_a_cuda_communicator_without_torch_cuda_is_refused():
     def rank_main(comm):
         with pytest.raises(pmoe.Error, match="EpMoE: the communicator serves cuda:0"):
-            pt.EpMoE(comm, hidden_dim=8, ffn_dim=8, num_experts=2, top_k=1, max_num_tokens=4)
+            pt.EpMoE(comm, hidden_dim=8, ffn_dim=8, num_experts=2, top_k=1, max_tokens=4)
 
     run_on("cuda:0", rank_main)
 
@@ -103,7 +103,7 @@ def test_cpu_layer_keeps_its_parameters_on_the_cpu():
     device argument existed (drawn from torch's CPU generator whatever the device)."""
     def rank_main(comm):
         torch.manual_seed(0)
-        layer = pt.EpMoE(comm, hidden_dim=8, ffn_dim=8, num_experts=2, top_k=1, max_num_tokens=4)
+        layer = pt.EpMoE(comm, hidden_dim=8, ffn_dim=8, num_experts=2, top_k=1, max_tokens=4)
         assert all(p.device.type == "cpu" for p in layer.parameters())
         torch.manual_seed(0)
         router = torch.nn.Linear(8, 2, bias=False)
@@ -134,14 +134,14 @@ def test_the_gpu_way_gives_the_cpu_way_results(monkeypatch, dtype):
         if m:
             indices[0, 1] = -1
         w = torch.rand(m, top_k, generator=gen).requires_grad_()
-        a2a = pt.AllToAll(comm, max_num_tokens=max_tokens, num_experts=num_experts,
-                          experts_per_token=top_k, hidden_dim=hidden, dtype=dtype)
+        a2a = pt.AllToAll(comm, max_tokens=max_tokens, num_experts=num_experts,
+                          top_k=top_k, hidden_dim=hidden, dtype=dtype)
         expert_x, _ = pt.dispatch(a2a, x, indices)
         expert_y = (expert_x * 1.5).contiguous()
         y = pt.combine(a2a, expert_y, indices, w, zero_padding=False)
         (y.float() * torch.arange(1.0, hidden + 1)).sum().backward()
         layer = pt.EpMoE(comm, hidden_dim=hidden, ffn_dim=8, num_experts=num_experts,
-                         top_k=top_k, max_num_tokens=max_tokens, swiglu=True, dtype=dtype)
+                         top_k=top_k, max_tokens=max_tokens, swiglu=True, dtype=dtype)
         # The ranks are threads of one process, sharing torch's global generator: the weights
         # come from a generator of their own.
         weights = torch.Generator().manual_seed(3)

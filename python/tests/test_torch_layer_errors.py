@@ -12,7 +12,7 @@ pt = pytest.importorskip("pmoe.torch")
 def make_layer(comm, dtype=torch.float32):
     torch.manual_seed(3)
     return pt.EpMoE(comm, hidden_dim=8, ffn_dim=16, num_experts=2 * comm.size, top_k=2,
-                    max_num_tokens=4, dtype=dtype)
+                    max_tokens=4, dtype=dtype)
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
@@ -41,7 +41,7 @@ def test_other_bad_input_is_pmoe_error_before_the_router():
         layer = make_layer(comm)
         with pytest.raises(pmoe.Error, match=r"shape \(3, 6\), expected \[m, 8\]"):
             layer(torch.zeros(3, 6))
-        with pytest.raises(pmoe.Error, match="5 tokens, more than max_num_tokens = 4"):
+        with pytest.raises(pmoe.Error, match="5 tokens, more than max_tokens = 4"):
             layer(torch.zeros(5, 8))
         with pytest.raises(pmoe.Error, match="expected a torch.Tensor, got list"):
             layer([[0.0] * 8])

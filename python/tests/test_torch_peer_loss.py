@@ -61,7 +61,7 @@ def _worker(rank, store, results, placement):
                                 world_size=WORLD)
         comm = pt.communicator()
         layer = pt.EpMoE(comm, hidden_dim=HIDDEN, ffn_dim=FFN, num_experts=EXPERTS, top_k=TOP_K,
-                         max_num_tokens=TOKENS, on_peer_loss="mask", peer_timeout_s=20,
+                         max_tokens=TOKENS, on_peer_loss="mask", peer_timeout_s=20,
                          placement=placement)
         router, w1, w2 = _dense_weights()
         layer.load_dense(router, w1, w2)

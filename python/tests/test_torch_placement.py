@@ -39,8 +39,8 @@ def test_exchange_with_replicas_equals_the_reference(path):
 
     def rank_main(comm):
         x, indices, weights = routed(comm.rank)
-        a2a = pt.AllToAll(comm, max_num_tokens=TOKENS, num_experts=len(PLACEMENT),
-                          experts_per_token=TOP_K, hidden_dim=HIDDEN, placement=PLACEMENT,
+        a2a = pt.AllToAll(comm, max_tokens=TOKENS, num_experts=len(PLACEMENT),
+                          top_k=TOP_K, hidden_dim=HIDDEN, placement=PLACEMENT,
                           weighted_dispatch=path == "weighted")
         assert a2a.num_logical_experts == LOGICAL and a2a.num_local_experts == 2
         local = torch.arange(a2a.num_local_experts)
@@ -88,7 +88,7 @@ def test_ep_layer_with_every_expert_on_every_rank_is_the_whole_model():
 
     def rank_main(comm):
         layer = pt.EpMoE(comm, hidden_dim=HIDDEN, ffn_dim=F, num_experts=E, top_k=TOP_K,
-                         max_num_tokens=TOKENS, swiglu=True, placement=placement)
+                         max_tokens=TOKENS, swiglu=True, placement=placement)
         assert layer.w1.shape == (4, HIDDEN, F)  # this rank's 4 slots
         layer.load_dense(router, w1, w2, w3)
         x = torch.randn(TOKENS - comm.rank, HIDDEN,
@@ -112,7 +112,7 @@ def test_ep_layer_with_every_expert_on_every_rank_is_the_whole_model():
 def test_a_placement_naming_no_expert_is_refused():
     def rank_main(comm):
         with pytest.raises(pmoe.Error, match="placement"):
-            pt.AllToAll(comm, max_num_tokens=2, num_experts=2, experts_per_token=1,
+            pt.AllToAll(comm, max_tokens=2, num_experts=2, top_k=1,
                         hidden_dim=4, placement=[0, -1])
 
     pmoe.run_ranks(WORLD, rank_main)

@@ -68,8 +68,8 @@ def check_device_arrays(comm, ranks_per_node):
     top_k = min(3, num_experts)
     inputs = [make_inputs(r, max_tokens - r % 2, num_experts, top_k, hidden, "f32", seed=3)
               for r in range(world)]
-    a2a = pmoe.AllToAll(comm, max_num_tokens=max_tokens, num_experts=num_experts,
-                        experts_per_token=top_k, hidden_dim=hidden, in_dtype="f32",
+    a2a = pmoe.AllToAll(comm, max_tokens=max_tokens, num_experts=num_experts,
+                        top_k=top_k, hidden_dim=hidden, in_dtype="f32",
                         out_dtype="f32", ranks_per_node=ranks_per_node)
     local, rows = a2a.num_local_experts, world * max_tokens
     x, indices, weights = (on_device(a, comm.device) for a in inputs[comm.rank])
@@ -96,8 +96,8 @@ def check_device_arrays(comm, ranks_per_node):
 
 def check_errors(comm_gpu, comm_cpu):
     rank = dist.get_rank()
-    a2a = pt.AllToAll(comm_gpu, max_num_tokens=4, num_experts=2 * comm_gpu.size,
-                      experts_per_token=1, hidden_dim=8)
+    a2a = pt.AllToAll(comm_gpu, max_tokens=4, num_experts=2 * comm_gpu.size,
+                      top_k=1, hidden_dim=8)
     x = torch.zeros(4, 8)
     idx = torch.zeros(4, 1, dtype=torch.int64)
     if not torch.cuda.is_available():
@@ -106,8 +106,8 @@ def check_errors(comm_gpu, comm_cpu):
     else:
         expect_error("CPU tensor, CUDA communicator", lambda: pt.dispatch(a2a, x, idx),
                      "cpu", DEVICE, ".to('cuda:0')")
-    cpu_a2a = pt.AllToAll(comm_cpu, max_num_tokens=4, num_experts=2 * comm_cpu.size,
-                          experts_per_token=1, hidden_dim=8)
+    cpu_a2a = pt.AllToAll(comm_cpu, max_tokens=4, num_experts=2 * comm_cpu.size,
+                          top_k=1, hidden_dim=8)
     meta = torch.zeros(4, 8, device="meta")
     expect_error("meta tensor, CPU communicator", lambda: pt.dispatch(cpu_a2a, meta, idx),
                  "meta", "the CPU")
@@ -126,8 +126,8 @@ def check_errors(comm_gpu, comm_cpu):
     try:
         split = pt.communicator(device=DEVICE)
         expect_error("nodes without a split",
-                     lambda: pmoe.AllToAll(split, max_num_tokens=4, num_experts=2 * split.size,
-                                           experts_per_token=1, hidden_dim=8, in_dtype="f32",
+                     lambda: pmoe.AllToAll(split, max_tokens=4, num_experts=2 * split.size,
+                                           top_k=1, hidden_dim=8, in_dtype="f32",
                                            out_dtype="f32"),
                      "CUDA", "node")
         del split
@@ -179,8 +179,8 @@ def check_autograd(comm_gpu, comm_cpu):
     runs = {}
     for name, comm in (("cpu", comm_cpu), ("cuda", comm_gpu)):
         device = torch.device(comm.device)
-        a2a = pt.AllToAll(comm, max_num_tokens=max_tokens, num_experts=num_experts,
-                          experts_per_token=top_k, hidden_dim=hidden)
+        a2a = pt.AllToAll(comm, max_tokens=max_tokens, num_experts=num_experts,
+                          top_k=top_k, hidden_dim=hidden)
         local = a2a.num_local_experts
         scale = torch.tensor([1 + 0.25 * (rank * local + e) for e in range(local)],
                              device=device).view(local, 1, 1)
@@ -212,7 +212,7 @@ def check_autograd(comm_gpu, comm_cpu):
     for name, comm in (("cpu", comm_cpu), ("cuda", comm_gpu)):
         device = torch.device(comm.device)
         layer = pt.EpMoE(comm, hidden_dim=hidden, ffn_dim=48, num_experts=num_experts,
-                         top_k=top_k, max_num_tokens=max_tokens, swiglu=True)
+                         top_k=top_k, max_tokens=max_tokens, swiglu=True)
         if any(p.device != device for p in layer.parameters()):
             raise AssertionError(f"EpMoE on {device}: parameters elsewhere")
         layer.load_dense(**{k: v.to(device) for k, v in dense.items()})
@@ -257,7 +257,7 @@ def check_grouped_epmoe(comm_gpu, comm_cpu):
                                ("cuda", comm_gpu, False)):
         device = torch.device(comm.device)
         layer = pt.EpMoE(comm, hidden_dim=hidden, ffn_dim=ffn, num_experts=num_experts,
-                         top_k=top_k, max_num_tokens=max_tokens, swiglu=True,
+                         top_k=top_k, max_tokens=max_tokens, swiglu=True,
                          dtype=torch.bfloat16)
         layer.load_dense(**{k: v.to(device) for k, v in dense.items()})
         layer._padded_experts = padded
@@ -287,8 +287,8 @@ def check_stream_order(comm_gpu):
     """Inputs written late on a non-default current stream, outputs read there at once."""
     rank, world = dist.get_rank(), dist.get_world_size()
     hidden, num_experts, top_k, m = 64, 2 * world, 2, 8
-    a2a = pt.AllToAll(comm_gpu, max_num_tokens=m, num_experts=num_experts,
-                      experts_per_token=top_k, hidden_dim=hidden)
+    a2a = pt.AllToAll(comm_gpu, max_tokens=m, num_experts=num_experts,
+                      top_k=top_k, hidden_dim=hidden)
     x, indices, weights = (t.to(DEVICE) for t in routed_inputs(rank, m, hidden, num_experts,
                                                                 top_k))
     local = a2a.num_local_experts
@@ -313,8 +313,8 @@ def check_graph(comm_gpu):
     """dispatch -> experts -> combine captured once into a CUDA graph, replayed on new inputs."""
     rank, world = dist.get_rank(), dist.get_world_size()
     hidden, num_experts, top_k, m = 64, 2 * world, 2, 8
-    a2a, eager = (pt.AllToAll(comm_gpu, max_num_tokens=m, num_experts=num_experts,
-                              experts_per_token=top_k, hidden_dim=hidden) for _ in range(2))
+    a2a, eager = (pt.AllToAll(comm_gpu, max_tokens=m, num_experts=num_experts,
+                              top_k=top_k, hidden_dim=hidden) for _ in range(2))
     local = a2a.num_local_experts
     scale = torch.tensor([1 + 0.25 * (rank * local + e) for e in range(local)],
                          device=DEVICE).view(local, 1, 1)

@@ -10,7 +10,7 @@ import pmoe.torch as pt
 torch.set_num_threads(1)  # 2 processes on a 2-core machine
 dist.init_process_group("gloo")
 comm = pt.communicator()
-layer = pt.EpMoE(comm, hidden_dim=16, ffn_dim=32, num_experts=4, top_k=2, max_num_tokens=8,
+layer = pt.EpMoE(comm, hidden_dim=16, ffn_dim=32, num_experts=4, top_k=2, max_tokens=8,
                  swiglu=True)
 x, target = torch.randn(8, 16), torch.randn(8, 16)
 loss = torch.nn.functional.mse_loss(layer(x), target)

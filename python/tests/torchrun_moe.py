@@ -83,7 +83,7 @@ def check_dispatch_combine(comm, dtype, *, m_of, experts_per_rank, k, drop, seed
     E = experts_per_rank * W
     max_tokens = max(m_of(r) for r in range(W)) or 1
     if a2a is None:
-        a2a = pt.AllToAll(comm, max_num_tokens=max_tokens, num_experts=E, experts_per_token=k,
+        a2a = pt.AllToAll(comm, max_tokens=max_tokens, num_experts=E, top_k=k,
                           hidden_dim=H, dtype=dtype, in_place_buffers=in_place,
                           weighted_dispatch=weighted)
     inputs = case_inputs(W, m_of, E, k, H, drop, seed)
@@ -192,7 +192,7 @@ def check_epmoe(comm, dtype, *, swiglu, m_of, experts_per_rank=2, k=2, H=16, F=2
     name = f"{tag}EpMoE {dtype} swiglu={swiglu} W={W} rank {rank}"
 
     layer = pt.EpMoE(comm, hidden_dim=H, ffn_dim=F, num_experts=E, top_k=k,
-                     max_num_tokens=max_tokens, swiglu=swiglu, dtype=dtype)
+                     max_tokens=max_tokens, swiglu=swiglu, dtype=dtype)
     layer.load_dense(router, W1, W2, W3)
     dense = [t.clone().float().requires_grad_() for t in (router, W1, W2)]
     dense.append(W3.clone().float().requires_grad_() if swiglu else None)
@@ -250,7 +250,7 @@ def expect_error(what, fn, needle):
 
 def check_bad_inputs(comm):
     W = comm.size
-    a2a = pt.AllToAll(comm, max_num_tokens=4, num_experts=2 * W, experts_per_token=2,
+    a2a = pt.AllToAll(comm, max_tokens=4, num_experts=2 * W, top_k=2,
                       hidden_dim=8, dtype=torch.float32)
     idx = torch.tensor([[0, 1], [1, 0], [0, -1]])
     x = torch.randn(3, 8)
@@ -265,7 +265,7 @@ def check_bad_inputs(comm):
     expect_error("indices out of range", lambda: pt.dispatch(a2a, x, idx + 2 * W), "")
     expect_error("indices repeated", lambda: pt.dispatch(a2a, x, torch.tensor([[0, 0]] * 3)), "")
     expect_error("float64 layer", lambda: pt.AllToAll(
-        comm, max_num_tokens=4, num_experts=2 * W, experts_per_token=2, hidden_dim=8,
+        comm, max_tokens=4, num_experts=2 * W, top_k=2, hidden_dim=8,
         dtype=torch.float64), "float64")
     rows = (a2a.num_local_experts, W * 4, 8)
     expect_error("expert_y bf16", lambda: pt.combine(a2a, torch.zeros(rows, dtype=torch.bfloat16),
@@ -285,7 +285,7 @@ def check_bad_inputs(comm):
         a2a, rows, counts, idx), "weights missing")
     y = pt.combine_packed(a2a, rows, counts, idx, torch.ones(3, 2))  # completes the pair
     torch.testing.assert_close(y, x * (idx >= 0).sum(1, keepdim=True))
-    weighted = pt.AllToAll(comm, max_num_tokens=4, num_experts=2 * W, experts_per_token=2,
+    weighted = pt.AllToAll(comm, max_tokens=4, num_experts=2 * W, top_k=2,
                            hidden_dim=8, weighted_dispatch=True)
     expect_error("padded dispatch, weighted", lambda: pt.dispatch(weighted, x, idx),
                  "dispatch_packed(a2a, x, indices, weights)")
@@ -309,11 +309,11 @@ def check_disagreement(comm):
     """Rank 0 asks for another hidden size: every rank gets pmoe.Error naming the field."""
     H = 64 if comm.rank == 0 else 8  # sizes that differ after 64-byte alignment
     expect_error("config mismatch", lambda: pt.AllToAll(
-        comm, max_num_tokens=4, num_experts=2 * comm.size, experts_per_token=2, hidden_dim=H),
+        comm, max_tokens=4, num_experts=2 * comm.size, top_k=2, hidden_dim=H),
         "hidden_dim")
     # pmoe's own op, below the torch layer: its config agreement names the field and the values.
     expect_error("raw op config mismatch", lambda: pmoe.AllToAll(
-        comm, max_num_tokens=4, num_experts=2 * comm.size, experts_per_token=2, hidden_dim=H),
+        comm, max_tokens=4, num_experts=2 * comm.size, top_k=2, hidden_dim=H),
         "the ranks' configs differ in hidden_dim")
 
 

@@ -64,16 +64,36 @@ const char* op_name(bool dispatch, Phase phase) {
 
 }  // namespace
 
+// The deprecated aliases are read here and nowhere else in the library.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+AllToAllConfig AllToAllConfig::with_current_names() const {
+  AllToAllConfig c = *this;
+  if (c.max_tokens == 0) c.max_tokens = max_num_tokens;
+  if (c.top_k == 0) c.top_k = experts_per_token;
+  c.max_num_tokens = c.experts_per_token = 0;
+  return c;
+}
+
 void AllToAllConfig::validate(int world_size) const {
+  if (max_num_tokens != 0 || experts_per_token != 0) {
+    PMOE_CHECK(max_num_tokens == 0 || max_tokens == 0 || max_num_tokens == max_tokens,
+               "AllToAllConfig: max_tokens = ", max_tokens, " and its deprecated alias "
+               "max_num_tokens = ", max_num_tokens, " disagree; set max_tokens only");
+    PMOE_CHECK(experts_per_token == 0 || top_k == 0 || experts_per_token == top_k,
+               "AllToAllConfig: top_k = ", top_k, " and its deprecated alias experts_per_token = ",
+               experts_per_token, " disagree; set top_k only");
+    with_current_names().validate(world_size);
+    return;
+  }
+#pragma GCC diagnostic pop
   PMOE_CHECK(world_size >= 1, "AllToAllConfig: world size must be >= 1, got ", world_size);
-  PMOE_CHECK(max_num_tokens >= 1, "AllToAllConfig: max_num_tokens must be >= 1, got ",
-             max_num_tokens);
+  PMOE_CHECK(max_tokens >= 1, "AllToAllConfig: max_tokens must be >= 1, got ", max_tokens);
   PMOE_CHECK(num_experts >= 1, "AllToAllConfig: num_experts must be >= 1, got ", num_experts);
   PMOE_CHECK(num_experts % world_size == 0, "AllToAllConfig: num_experts (", num_experts,
              ") must be divisible by the world size (", world_size, ")");
-  PMOE_CHECK(experts_per_token >= 1 && experts_per_token <= num_experts,
-             "AllToAllConfig: experts_per_token must be in [1, num_experts = ", num_experts,
-             "], got ", experts_per_token);
+  PMOE_CHECK(top_k >= 1 && top_k <= num_experts, "AllToAllConfig: top_k must be in [1, ",
+             "num_experts = ", num_experts, "], got ", top_k);
   PMOE_CHECK(hidden_dim >= 1, "AllToAllConfig: hidden_dim must be >= 1, got ", hidden_dim);
   PMOE_CHECK(is_payload_dtype(in_dtype), "AllToAllConfig: in_dtype must be f32, bf16, f16 or ",
              "f8e4m3, got ", dtype_name(in_dtype));
@@ -119,16 +139,16 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config)
     : AllToAll(comm, config, comm.device()) {}
 
 AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device device)
-    : config_(config),
+    : config_(config.with_current_names()),
       comm_(&comm),
       rank_(comm.rank()),
       world_size_(comm.size()),
       device_(device) {
   detail::ConfigAgreement agree("AllToAll");
-  agree.field("max_num_tokens", config.max_num_tokens);
-  agree.field("num_experts", config.num_experts);
-  agree.field("experts_per_token", config.experts_per_token);
-  agree.field("hidden_dim", config.hidden_dim);
+  agree.field("max_tokens", config_.max_tokens);
+  agree.field("num_experts", config_.num_experts);
+  agree.field("top_k", config_.top_k);
+  agree.field("hidden_dim", config_.hidden_dim);
   agree.field("in_dtype", int64_t(config.in_dtype), detail::show_dtype);
   agree.field("scale_block", config.scale_block);
   agree.field("out_dtype", int64_t(config.out_dtype), detail::show_dtype);
@@ -142,7 +162,7 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device devi
   agree.field("on_peer_loss (0 fail, 1 mask)", int64_t(config.on_peer_loss));
   agree.field("masked_experts", int64_t(config.masked_experts));
   agree.check(comm, [&] {
-    config_.validate(world_size_);
+    config.validate(world_size_);  // as given: an alias that disagrees is refused
     PMOE_CHECK(device == comm.device(), "AllToAll: device ", device.str(),
                " differs from the communicator's ", comm.device().str());
   });
@@ -390,12 +410,12 @@ void AllToAll::dispatch_impl(const Tensor& x, const Tensor& x_scale, const Tenso
                              const Tensor& expert_x_scale, Phase phase, const Tensor& bound_m) {
   const char* op = op_name(true, phase);
   enter(phase == Phase::recv ? Step::dispatch_recv : Step::dispatch_send, op);
-  const int64_t H = config_.hidden_dim, k = config_.experts_per_token;
-  const int64_t rows = int64_t(world_size_) * config_.max_num_tokens;
+  const int64_t H = config_.hidden_dim, k = config_.top_k;
+  const int64_t rows = int64_t(world_size_) * config_.max_tokens;
   PMOE_CHECK(x.dim() == 2, op, ": `x` must be 2-D [m, ", H, "], got ", x.shape_str());
   const int64_t x_rows = x.size(0);
-  PMOE_CHECK(x_rows <= config_.max_num_tokens, op, ": m = ", x_rows,
-             " tokens exceeds max_num_tokens = ", config_.max_num_tokens);
+  PMOE_CHECK(x_rows <= config_.max_tokens, op, ": m = ", x_rows,
+             " tokens exceeds max_tokens = ", config_.max_tokens);
   check_tensor(op, "x", x, config_.in_dtype, device_, {x_rows, H});
   check_index_tensor(op, "indices", indices, device_, {x_rows, k});
   check_tensor(op, "expert_num_tokens", expert_num_tokens, DType::i32, device_,
@@ -406,7 +426,7 @@ void AllToAll::dispatch_impl(const Tensor& x, const Tensor& x_scale, const Tenso
   const int64_t min_rows = phase == Phase::send ? 0 : asked ? arriving_ : most;
   const char* reason = phase == Phase::send ? ""
                        : asked ? "the rows arriving this call (arriving_rows())"
-                               : "the most that can arrive (W * max_num_tokens * "
+                               : "the most that can arrive (W * max_tokens * "
                                  "min(k, E_local); ask arriving_rows() after dispatch(send) "
                                  "for this call's)";
   check_expert_rows(op, "expert_x", expert_x, config_.in_dtype, H, min_rows, reason);
@@ -471,7 +491,7 @@ void AllToAll::check_expert_rows(const char* op, const char* name, const Tensor&
                "fewer than ", reason, ": ", min_rows);
     return;
   }
-  const int64_t rows = int64_t(world_size_) * config_.max_num_tokens;
+  const int64_t rows = int64_t(world_size_) * config_.max_tokens;
   check_tensor(op, name, t, dtype, device_, {num_local_experts_, rows, width});
 }
 
@@ -484,7 +504,7 @@ void AllToAll::combine_impl(const Tensor& expert_y, const Tensor& indices, const
                             const Tensor& y, Phase phase, const Tensor& bound_m) {
   const char* op = op_name(false, phase);
   enter(phase == Phase::recv ? Step::combine_recv : Step::combine_send, op);
-  const int64_t H = config_.hidden_dim, k = config_.experts_per_token;
+  const int64_t H = config_.hidden_dim, k = config_.top_k;
   PMOE_CHECK(y.dim() == 2, op, ": `y` must be 2-D [m, ", H, "], got ", y.shape_str());
   const int64_t y_rows = y.size(0);
   PMOE_CHECK(is_output_dtype(expert_y.dtype()), op, ": `expert_y` must be f32, bf16 or f16 (float32, ",
@@ -531,7 +551,7 @@ void AllToAll::combine_impl(const Tensor& expert_y, const Tensor& indices, const
 Tensor AllToAll::slots_on_host(const Tensor& idx32, int64_t m, const Tensor& weights,
                                Tensor* weights_out) {
   if (!slot_table_->rewrites()) return idx32;
-  const int k = config_.experts_per_token;
+  const int k = config_.top_k;
   const detail::SlotTableView table = slot_table_->view();
   const int32_t* logical = idx32.data<int32_t>();
   routed_slots_.assign(size_t(idx32.numel()), -1);

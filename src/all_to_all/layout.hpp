@@ -94,10 +94,10 @@ struct AllToAllLayout {
   AllToAllLayout(const AllToAllConfig& config, int world_size)
       : world_size(world_size),
         num_local_experts(config.num_experts / world_size),
-        max_tokens(config.max_num_tokens),
-        top_k(config.experts_per_token),
-        max_pairs(config.experts_per_token < config.num_experts / world_size
-                      ? config.experts_per_token
+        max_tokens(config.max_tokens),
+        top_k(config.top_k),
+        max_pairs(config.top_k < config.num_experts / world_size
+                      ? config.top_k
                       : config.num_experts / world_size),
         block_head_bytes(align64(sizeof(int32_t) * (2 + size_t(num_local_experts)))),
         header_bytes(align64(sizeof(int32_t) * size_t(header_ints(max_pairs)))),

@@ -58,12 +58,12 @@ void check_setup(const AllToAllConfig& config, const TrafficSetup& setup,
              dtype_name(expert_y_dtype));
   PMOE_CHECK(indices.size() == size_t(W), "count_traffic: indices must hold one routing per rank (",
              W, "), got ", indices.size());
-  const int k = config.experts_per_token, E = config.num_experts;
+  const int k = config.top_k, E = config.num_experts;
   for (int r = 0; r < W; ++r) {
     const auto& rows = indices[r];
-    PMOE_CHECK(rows.size() % size_t(k) == 0 && rows.size() / k <= size_t(config.max_num_tokens),
+    PMOE_CHECK(rows.size() % size_t(k) == 0 && rows.size() / k <= size_t(config.max_tokens),
                "count_traffic: indices[", r, "] must hold m * ", k,
-               " entries with m <= ", config.max_num_tokens, ", got ", rows.size());
+               " entries with m <= ", config.max_tokens, ", got ", rows.size());
     for (size_t i = 0; i < rows.size(); ++i)
       PMOE_CHECK(rows[i] >= -1 && rows[i] < E, "count_traffic: indices[", r, "][", i,
                  "] must be -1 or an expert in [0, ", E, "), got ", rows[i]);
@@ -99,7 +99,7 @@ Traffic count_traffic(const AllToAllConfig& config, const TrafficSetup& setup,
   split.ranks_per_node = P;
   split.cross_node = hierarchical ? CrossNode::hierarchical : CrossNode::direct;
   const AllToAllLayout lay(split, W);
-  const int E = config.num_experts, k = config.experts_per_token, L = lay.num_local_experts;
+  const int E = config.num_experts, k = config.top_k, L = lay.num_local_experts;
   const uint64_t body = lay.payload_bytes + lay.scale_bytes;  // a slot past its header
   // One combine row, in expert_y's dtype (the kernels send what expert_y holds).
   const uint64_t row_bytes =

@@ -103,7 +103,7 @@ struct Traffic {
   OpTraffic dispatch, combine;
 };
 
-// indices[r]: rank r's top-k rows, m_r * experts_per_token int32 (m_r <= max_num_tokens, the
+// indices[r]: rank r's top-k rows, m_r * top_k int32 (m_r <= max_tokens, the
 // same k for all). Throws pmoe::Error naming the argument on a bad setup or index.
 // expert_y_dtype: the dtype of combine's expert_y (a call argument, not in the config), in which
 // its rows travel: f32, bf16 or f16; config.out_dtype when not given.

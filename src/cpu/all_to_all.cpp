@@ -35,7 +35,7 @@ class CpuAllToAll final : public AllToAllBackend {
         rank_(comm.rank()),
         world_size_(comm.size()),
         num_local_experts_(config.num_experts / comm.size()),
-        rows_per_expert_(int64_t(comm.size()) * config.max_num_tokens),
+        rows_per_expert_(int64_t(comm.size()) * config.max_tokens),
         memory_(split_into_nodes(comm.alloc_symmetric(layout_.total_bytes, layout_.signal_slots()),
                                  config.ranks_per_node)),
         header_(layout_.header_bytes / sizeof(int32_t)),
@@ -44,7 +44,7 @@ class CpuAllToAll final : public AllToAllBackend {
         sent_to_expert_(size_t(config.num_experts)),
         received_(num_local_experts_),
         first_row_(size_t(num_local_experts_)) {
-    routes_.reserve(size_t(world_size_) * config.max_num_tokens * layout_.max_pairs);
+    routes_.reserve(size_t(world_size_) * config.max_tokens * layout_.max_pairs);
   }
 
   void set_routing(const SlotTable&, const std::vector<uint8_t>& live) override { live_ = live; }
@@ -70,12 +70,12 @@ class CpuAllToAll final : public AllToAllBackend {
   Tensor input_buffer() const override {
     if (!config_.in_place_buffers) return {};
     return Tensor(memory_->local() + layout_.input_offset, config_.in_dtype,
-                  {config_.max_num_tokens, config_.hidden_dim});
+                  {config_.max_tokens, config_.hidden_dim});
   }
   Tensor input_scale_buffer() const override {
     if (!config_.in_place_buffers || config_.in_dtype != DType::f8e4m3) return {};
     return Tensor(memory_->local() + layout_.input_scale_offset, DType::f32,
-                  {config_.max_num_tokens, config_.scales_per_token()});
+                  {config_.max_tokens, config_.scales_per_token()});
   }
   Tensor expert_output_buffer() const override {
     if (!config_.in_place_buffers) return {};
@@ -85,7 +85,7 @@ class CpuAllToAll final : public AllToAllBackend {
 
   void dispatch_send(const DispatchArgs& a) override {
     ++epoch_;
-    const int k = config_.experts_per_token;
+    const int k = config_.top_k;
     const size_t payload = layout_.payload_bytes, scales = layout_.scale_bytes;
     const auto* x = static_cast<const std::byte*>(a.x.data());
     const auto* x_scale = static_cast<const std::byte*>(a.x_scale.data());
@@ -259,7 +259,7 @@ class CpuAllToAll final : public AllToAllBackend {
   // The smallest rank above `after` that owns one of the experts in `experts` [k], or -1.
   int next_dest(const int32_t* experts, int after) const {
     int best = -1;
-    for (int j = 0; j < config_.experts_per_token; ++j) {
+    for (int j = 0; j < config_.top_k; ++j) {
       if (!first_in_group(experts, j, config_.num_experts, num_local_experts_)) continue;
       const int owner = experts[j] / num_local_experts_;
       if (owner > after && (best < 0 || owner < best)) best = owner;
@@ -274,7 +274,7 @@ class CpuAllToAll final : public AllToAllBackend {
     if constexpr (std::is_same_v<In, f8e4m3> || std::is_same_v<Out, f8e4m3>) {
       throw Error("AllToAll::combine: f8e4m3 expert_y or y");  // rejected by validation
     } else {
-      const int k = config_.experts_per_token;
+      const int k = config_.top_k;
       const int64_t H = config_.hidden_dim;
       const int32_t* indices = a.indices.data<int32_t>();
       const float* weights = a.weights.data<float>();

@@ -48,13 +48,13 @@ class CpuEpMoe final : public MoeBackend {
         rank_(comm.rank()),
         world_size_(comm.size()),
         num_local_(slot_count(config, options.placement) / comm.size()),
-        wire_dim_(std::max(config.feature_dim, config.out_dim())),
+        wire_dim_(std::max(config.hidden_dim, config.out_dim())),
         per_batch_((max_tokens + micro_batches_ - 1) / micro_batches_),
         router_(config),
         experts_(config, rank_experts(config, options.placement, comm.rank(), comm.size()), 0,
                  config.ffn_dim) {
     const int micro_batches = micro_batches_;
-    const int H = config.feature_dim, O = config.out_dim(), k = config.top_k;
+    const int H = config.hidden_dim, O = config.out_dim(), k = config.top_k;
     if (config.dtype != DType::f32) x_f32_ = Buffer(DType::f32, {max_tokens, H});
     if (H < wire_dim_) x_wire_ = Buffer(config.dtype, {max_tokens, wire_dim_});
     if (O < wire_dim_) y_wire_ = Buffer(config.dtype, {max_tokens, wire_dim_});
@@ -144,7 +144,7 @@ class CpuEpMoe final : public MoeBackend {
   // Each local expert once over the rows it received.
   void run_experts(const Batch& b, MoeStats& stats) {
     const auto start = Clock::now();
-    const int H = config_.feature_dim, O = config_.out_dim();
+    const int H = config_.hidden_dim, O = config_.out_dim();
     const int64_t rows_per_expert = int64_t(world_size_) * per_batch_;
     const size_t expert_bytes = size_t(rows_per_expert) * wire_dim_ * dtype_size(config_.dtype);
     const int32_t* received = batch_counts(b);
@@ -198,7 +198,7 @@ class CpuEpMoe final : public MoeBackend {
 
 void CpuEpMoe::forward(const Tensor& x, const Tensor& y, MoeStats& stats) {
   const MoeConfig& c = config_;
-  const int m = int(x.size(0)), H = c.feature_dim, O = c.out_dim(), k = c.top_k;
+  const int m = int(x.size(0)), H = c.hidden_dim, O = c.out_dim(), k = c.top_k;
   stats.tokens = m;
 
   // Route, and stage the tokens at the wire width.

@@ -19,10 +19,10 @@ LocalMoe::LocalMoe(const MoeConfig& config, int max_tokens, int ffn_begin, int f
       experts_(config, 0, config.num_experts, ffn_begin, ffn_end),
       indices_(DType::i32, {max_tokens, config.top_k}),
       weights_(DType::f32, {max_tokens, config.top_k}),
-      gathered_(DType::f32, {max_tokens, config.feature_dim}),
+      gathered_(DType::f32, {max_tokens, config.hidden_dim}),
       expert_out_(DType::f32, {int64_t(max_tokens) * config.top_k, config.out_dim()}),
       offsets_(size_t(config.num_experts) + 1) {
-  if (config.dtype != DType::f32) x_f32_ = Buffer(DType::f32, {max_tokens, config.feature_dim});
+  if (config.dtype != DType::f32) x_f32_ = Buffer(DType::f32, {max_tokens, config.hidden_dim});
 }
 
 size_t LocalMoe::workspace_bytes() const {
@@ -51,7 +51,7 @@ void LocalMoe::group_pairs(int m) {
 
 void LocalMoe::forward(const Tensor& x, float* y_acc, MoeStats& stats) {
   using Clock = std::chrono::steady_clock;
-  const int m = int(x.size(0)), k = config_.top_k, H = config_.feature_dim, O = config_.out_dim();
+  const int m = int(x.size(0)), k = config_.top_k, H = config_.hidden_dim, O = config_.out_dim();
   stats.tokens = m;
   stats.router_flops = router_.flops(m);
   auto start = Clock::now();

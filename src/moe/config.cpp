@@ -23,12 +23,30 @@ Activation parse_activation(std::string_view name) {
   throw Error(detail::cat("unknown activation '", name, "': expected relu, gelu or swiglu"));
 }
 
+// The deprecated alias is read here and nowhere else in the library.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+MoeConfig MoeConfig::with_current_names() const {
+  MoeConfig c = *this;
+  if (c.hidden_dim == 0) c.hidden_dim = feature_dim;
+  c.feature_dim = 0;
+  return c;
+}
+
 void MoeConfig::validate() const {
-  PMOE_CHECK(feature_dim >= 1, "MoeConfig: feature_dim must be >= 1 (the token width), got ",
-             feature_dim);
+  if (feature_dim != 0) {
+    PMOE_CHECK(hidden_dim == 0 || hidden_dim == feature_dim, "MoeConfig: hidden_dim = ",
+               hidden_dim, " and its deprecated alias feature_dim = ", feature_dim,
+               " disagree; set hidden_dim only");
+    with_current_names().validate();
+    return;
+  }
+#pragma GCC diagnostic pop
+  PMOE_CHECK(hidden_dim >= 1, "MoeConfig: hidden_dim must be >= 1 (the token width), got ",
+             hidden_dim);
   PMOE_CHECK(ffn_dim >= 1, "MoeConfig: ffn_dim must be >= 1 (the expert hidden width), got ",
              ffn_dim);
-  PMOE_CHECK(output_dim >= 0, "MoeConfig: output_dim must be >= 0 (0 means feature_dim), got ",
+  PMOE_CHECK(output_dim >= 0, "MoeConfig: output_dim must be >= 0 (0 means hidden_dim), got ",
              output_dim);
   PMOE_CHECK(num_experts >= 1, "MoeConfig: num_experts must be >= 1, got ", num_experts);
   PMOE_CHECK(top_k >= 1 && top_k <= num_experts, "MoeConfig: top_k = ", top_k,

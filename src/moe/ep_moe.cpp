@@ -19,7 +19,7 @@ namespace {
 void check_config(const MoeConfig& config, int world_size, int max_tokens,
                   const EpMoeOptions& options) {
   config.validate();
-  detail::check_max_tokens("EpMoe", "max_tokens_per_rank", max_tokens);
+  detail::check_max_tokens("EpMoe", "max_tokens", max_tokens);
   const ExpertPlacement& placement = options.placement;
   if (placement.empty()) {
     PMOE_CHECK(config.num_experts % world_size == 0, "EpMoe: num_experts = ", config.num_experts,
@@ -39,19 +39,20 @@ void check_config(const MoeConfig& config, int world_size, int max_tokens,
              "EpMoe: micro_batches must be 1 or 2, got ", options.micro_batches);
 }
 
-const MoeConfig& validated(Communicator& comm, const MoeConfig& config, int max_tokens,
-                           const EpMoeOptions& options) {
+MoeConfig validated(Communicator& comm, const MoeConfig& config, int max_tokens,
+                    const EpMoeOptions& options) {
+  const MoeConfig current = config.with_current_names();
   detail::agree_on_layer(
-      comm, "EpMoe", config,
+      comm, "EpMoe", current,
       [&](detail::ConfigAgreement& agree) {
-        agree.field("max_tokens_per_rank", max_tokens);
+        agree.field("max_tokens", max_tokens);
         agree.field("micro_batches", options.micro_batches);
         agree.field("placement (its slots)", int64_t(options.placement.slot_expert.size()));
         agree.field("rank_mask", options.rank_mask, detail::show_bool);
         agree.field("on_peer_loss (0 fail, 1 mask)", int64_t(options.on_peer_loss));
       },
       [&] { check_config(config, comm.size(), max_tokens, options); });
-  return config;
+  return current;
 }
 
 // With two micro-batches each half has its exchange: when one raises PeerLost the other is
@@ -86,18 +87,18 @@ struct EpMoe::Impl : detail::LayerCore {
   Impl(Communicator& comm, const MoeConfig& config, int max_tokens, const EpMoeOptions& options)
       : LayerCore(validated(comm, config, max_tokens, options), max_tokens, comm.device()),
         micro_batches(options.micro_batches) {
-    backend = detail::backends(device).make_ep_moe(comm, config, max_tokens, options);
+    backend = detail::backends(device).make_ep_moe(comm, LayerCore::config, max_tokens, options);
   }
   int micro_batches;
 };
 
-EpMoe::EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
+EpMoe::EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens,
              int micro_batches)
-    : EpMoe(comm, config, max_tokens_per_rank, EpMoeOptions{micro_batches}) {}
+    : EpMoe(comm, config, max_tokens, EpMoeOptions{micro_batches}) {}
 
-EpMoe::EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens_per_rank,
+EpMoe::EpMoe(Communicator& comm, const MoeConfig& config, int max_tokens,
              const EpMoeOptions& options)
-    : impl_(std::make_unique<Impl>(comm, config, max_tokens_per_rank, options)) {}
+    : impl_(std::make_unique<Impl>(comm, config, max_tokens, options)) {}
 
 void EpMoe::mask_rank(int rank, const std::string& reason) {
   impl_->backend->change_membership([&](AllToAll& a2a) { a2a.mask_rank(rank, reason); });
@@ -122,7 +123,7 @@ EpMoe::~EpMoe() = default;
 
 void EpMoe::forward(const Tensor& x, const Tensor& y) {
   following_losses(*impl_->backend,
-                   [&] { impl_->forward("EpMoe::forward", "max_tokens_per_rank", x, y); });
+                   [&] { impl_->forward("EpMoe::forward", x, y); });
 }
 
 const MoeConfig& EpMoe::config() const { return impl_->config; }
@@ -136,10 +137,8 @@ namespace detail {
 AllToAllConfig ep_exchange_config(const MoeConfig& config, const EpMoeOptions& options,
                                   int tokens_per_batch, int wire_dim, bool in_place) {
   AllToAllConfig a2a;
-  a2a.max_num_tokens = tokens_per_batch;
-  a2a.num_experts = slot_count(config, options.placement);
-  a2a.experts_per_token = config.top_k;
-  a2a.hidden_dim = wire_dim;
+  // The layer's shape, but over its slots (a placement may add replicas) and its wire's width.
+  a2a.shape() = {tokens_per_batch, slot_count(config, options.placement), config.top_k, wire_dim};
   a2a.in_dtype = config.dtype;
   a2a.out_dtype = config.dtype;
   a2a.in_place_buffers = in_place;

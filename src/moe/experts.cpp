@@ -45,12 +45,13 @@ Experts::Experts(const MoeConfig& config, int first_expert, int count, int ffn_b
              first_expert + count, ") are not all in [0, num_experts = ", config.num_experts, ")");
 }
 
-Experts::Experts(const MoeConfig& config, const std::vector<int>& experts, int ffn_begin,
+Experts::Experts(const MoeConfig& given, const std::vector<int>& experts, int ffn_begin,
                  int ffn_end)
     : impl_(std::make_unique<Impl>()),
       first_(experts.empty() ? 0 : experts.front()),
       count_(int(experts.size())) {
-  config.validate();
+  given.validate();
+  const MoeConfig config = given.with_current_names();
   for (int e : experts)
     PMOE_CHECK(e >= 0 && e < config.num_experts, "Experts: expert ", e,
                " is not in [0, num_experts = ", config.num_experts, ")");
@@ -62,7 +63,7 @@ Experts::Experts(const MoeConfig& config, const std::vector<int>& experts, int f
   p.ffn_begin = ffn_begin;
   p.width = ffn_end - ffn_begin;
   p.halves = config.w1_halves();
-  const int H = config.feature_dim, O = config.out_dim(), ld1 = p.halves * p.width;
+  const int H = config.hidden_dim, O = config.out_dim(), ld1 = p.halves * p.width;
   for (const int e : experts) {
     Buffer w1(DType::f32, {H, ld1}), w2(DType::f32, {p.width, O});
     detail::fill_weights(config, MoeTensor::w1, e, 0, H, ffn_begin, ffn_end, w1.data<float>(), ld1);
@@ -93,12 +94,12 @@ size_t Experts::workspace_bytes() const {
 double Experts::flops(int64_t rows) const {
   const Impl& p = *impl_;
   return 2.0 * double(rows) * p.width *
-         (double(p.halves) * p.config.feature_dim + double(p.config.out_dim()));
+         (double(p.halves) * p.config.hidden_dim + double(p.config.out_dim()));
 }
 
 void Experts::forward(int local, const Tensor& x, const Tensor& y) {
   Impl& p = *impl_;
-  const int H = p.config.feature_dim, O = p.config.out_dim();
+  const int H = p.config.hidden_dim, O = p.config.out_dim();
   PMOE_CHECK(local >= 0 && local < count_, "Experts::forward: local expert ", local,
              " outside [0, ", count_, ")");
   detail::check_rows("Experts::forward", "x", x, -1, H, {DType::f32, DType::bf16}, false);

@@ -24,7 +24,7 @@ inline void agree_on_layer(Communicator& comm, const char* layer, const MoeConfi
                            const std::function<void(ConfigAgreement&)>& extra,
                            const std::function<void()>& validate) {
   ConfigAgreement agree(layer);
-  agree.field("feature_dim", config.feature_dim);
+  agree.field("hidden_dim", config.hidden_dim);
   agree.field("ffn_dim", config.ffn_dim);
   agree.field("output_dim", config.out_dim());
   agree.field("num_experts", config.num_experts);
@@ -39,15 +39,13 @@ inline void agree_on_layer(Communicator& comm, const char* layer, const MoeConfi
   agree.check(comm, validate);
 }
 
-// x [m, feature_dim] and y [m, out_dim], both config.dtype, contiguous and on the layer's
-// device, m <= max_tokens. `max_tokens_name` is the constructor argument that set max_tokens
-// (the same word in C++ and Python), so the message names what to change.
+// x [m, hidden_dim] and y [m, out_dim], both config.dtype, contiguous and on the layer's
+// device, m <= max_tokens (the constructor argument, the same word in C++ and Python).
 inline void check_forward(const char* op, const MoeConfig& config, int max_tokens,
-                          const char* max_tokens_name, const Tensor& x, const Tensor& y,
-                          Device device = Device::cpu()) {
-  check_rows(op, "x", x, -1, config.feature_dim, {config.dtype}, true, device);
+                          const Tensor& x, const Tensor& y, Device device = Device::cpu()) {
+  check_rows(op, "x", x, -1, config.hidden_dim, {config.dtype}, true, device);
   PMOE_CHECK(x.size(0) <= max_tokens, op, ": x has ", x.size(0), " tokens, more than the ",
-             max_tokens, " this layer was built for; build it with a larger ", max_tokens_name);
+             max_tokens, " this layer was built for; build it with a larger max_tokens");
   check_rows(op, "y", y, x.size(0), config.out_dim(), {config.dtype}, true, device);
 }
 

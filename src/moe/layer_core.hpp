@@ -17,10 +17,9 @@ struct LayerCore {
   LayerCore(const MoeConfig& config, int max_tokens, Device device)
       : config(config), max_tokens(max_tokens), device(device) {}
 
-  // `op` names the call in errors ("EpMoe::forward"); `max_tokens_name` the constructor argument
-  // that set the bound (check_forward).
-  void forward(const char* op, const char* max_tokens_name, const Tensor& x, const Tensor& y) {
-    check_forward(op, config, max_tokens, max_tokens_name, x, y, device);
+  // `op` names the call in errors ("EpMoe::forward").
+  void forward(const char* op, const Tensor& x, const Tensor& y) {
+    check_forward(op, config, max_tokens, x, y, device);
     stats = MoeStats();
     backend->forward(x, y, stats);
   }

@@ -11,21 +11,22 @@
 
 namespace pmoe {
 
-Router::Router(const MoeConfig& config) : config_(config) {
+Router::Router(const MoeConfig& config) : config_(config.with_current_names()) {
   config.validate();
-  weights_ = Buffer(DType::f32, {config.feature_dim, config.num_experts});
-  detail::fill_weights(config, MoeTensor::router, 0, 0, config.feature_dim, 0, config.num_experts,
-                       weights_.data<float>(), config.num_experts);
+  const MoeConfig& c = config_;
+  weights_ = Buffer(DType::f32, {c.hidden_dim, c.num_experts});
+  detail::fill_weights(c, MoeTensor::router, 0, 0, c.hidden_dim, 0, c.num_experts,
+                       weights_.data<float>(), c.num_experts);
 }
 
 size_t Router::weight_bytes() const { return weights_.nbytes(); }
 
 double Router::flops(int64_t tokens) const {
-  return 2.0 * double(tokens) * config_.feature_dim * config_.num_experts;
+  return 2.0 * double(tokens) * config_.hidden_dim * config_.num_experts;
 }
 
 void Router::route(const Tensor& x, const Tensor& indices, const Tensor& weights) {
-  const int E = config_.num_experts, k = config_.top_k, H = config_.feature_dim;
+  const int E = config_.num_experts, k = config_.top_k, H = config_.hidden_dim;
   detail::check_rows("Router::route", "x", x, -1, H, {DType::f32, DType::bf16}, false);
   const int64_t m = x.size(0);
   detail::check_rows("Router::route", "indices", indices, m, k, {DType::i32}, true);

@@ -9,15 +9,16 @@ namespace pmoe {
 struct SimpleMoe::Impl : detail::LayerCore {
   Impl(const MoeConfig& config, int max_tokens, Device device, Stream stream)
       : LayerCore(config, max_tokens, device) {
-    backend = detail::backends(device).make_simple_moe(config, max_tokens, device, stream);
+    backend = detail::backends(device).make_simple_moe(LayerCore::config, max_tokens, device,
+                                                       stream);
   }
 };
 
 namespace {
-const MoeConfig& validated(const MoeConfig& config, int max_tokens) {
+MoeConfig validated(const MoeConfig& config, int max_tokens) {
   config.validate();
   detail::check_max_tokens("SimpleMoe", "max_tokens", max_tokens);
-  return config;
+  return config.with_current_names();
 }
 }  // namespace
 
@@ -30,7 +31,7 @@ SimpleMoe::SimpleMoe(const MoeConfig& config, int max_tokens, Device device, Str
 SimpleMoe::~SimpleMoe() = default;
 
 void SimpleMoe::forward(const Tensor& x, const Tensor& y) {
-  impl_->forward("SimpleMoe::forward", "max_tokens", x, y);
+  impl_->forward("SimpleMoe::forward", x, y);
 }
 
 const MoeConfig& SimpleMoe::config() const { return impl_->config; }

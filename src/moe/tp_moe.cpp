@@ -21,12 +21,13 @@ void check_config(const MoeConfig& config, int world_size, int max_tokens) {
              ") or change the number of ranks");
 }
 
-const MoeConfig& validated(Communicator& comm, const MoeConfig& config, int max_tokens) {
+MoeConfig validated(Communicator& comm, const MoeConfig& config, int max_tokens) {
+  const MoeConfig current = config.with_current_names();
   detail::agree_on_layer(
-      comm, "TpMoe", config,
+      comm, "TpMoe", current,
       [&](detail::ConfigAgreement& agree) { agree.field("max_tokens", max_tokens); },
       [&] { check_config(config, comm.size(), max_tokens); });
-  return config;
+  return current;
 }
 
 }  // namespace
@@ -34,7 +35,7 @@ const MoeConfig& validated(Communicator& comm, const MoeConfig& config, int max_
 struct TpMoe::Impl : detail::LayerCore {
   Impl(Communicator& comm, const MoeConfig& config, int max_tokens)
       : LayerCore(validated(comm, config, max_tokens), max_tokens, comm.device()) {
-    backend = detail::backends(device).make_tp_moe(comm, config, max_tokens);
+    backend = detail::backends(device).make_tp_moe(comm, LayerCore::config, max_tokens);
   }
 };
 
@@ -44,7 +45,7 @@ TpMoe::TpMoe(Communicator& comm, const MoeConfig& config, int max_tokens)
 TpMoe::~TpMoe() = default;
 
 void TpMoe::forward(const Tensor& x, const Tensor& y) {
-  impl_->forward("TpMoe::forward", "max_tokens", x, y);
+  impl_->forward("TpMoe::forward", x, y);
 }
 
 const MoeConfig& TpMoe::config() const { return impl_->config; }

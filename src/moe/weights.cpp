@@ -26,7 +26,7 @@ float scale_of(const MoeConfig& config, MoeTensor tensor) {
 }  // namespace
 
 int64_t weight_rows(const MoeConfig& config, MoeTensor tensor) {
-  return tensor == MoeTensor::w2 ? config.ffn_dim : config.feature_dim;
+  return tensor == MoeTensor::w2 ? config.ffn_dim : config.hidden_dim;
 }
 
 void fill_weights(const MoeConfig& config, MoeTensor tensor, int expert, int64_t row_begin,
@@ -46,7 +46,8 @@ namespace pmoe {
 
 float moe_weight(const MoeConfig& config, MoeTensor tensor, int expert, int64_t row, int64_t col) {
   float value = 0;
-  detail::fill_weights(config, tensor, expert, row, row + 1, col, col + 1, &value, 1);
+  detail::fill_weights(config.with_current_names(), tensor, expert, row, row + 1, col, col + 1,
+                       &value, 1);
   return value;
 }
 

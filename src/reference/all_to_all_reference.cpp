@@ -9,7 +9,7 @@ namespace pmoe::reference {
 DispatchExpected reference_dispatch(const AllToAllConfig& config, int world_size, int rank,
                                     const std::vector<AllToAllInputs>& all) {
   const int local_experts = config.num_experts / world_size;
-  const int k = config.experts_per_token;
+  const int k = config.top_k;
   const size_t row_bytes = size_t(config.hidden_dim) * dtype_size(config.in_dtype);
   const size_t scale_bytes = sizeof(float) * size_t(config.scales_per_token());
   DispatchExpected expected;
@@ -62,7 +62,7 @@ bool all_bytes_are(const std::byte* p, size_t bytes, uint8_t value) {
 // with packed_expert_rows after the rows of the experts before it.
 size_t first_row_of_expert(const AllToAllConfig& config, int world_size, const int32_t* counts,
                            int e) {
-  if (!config.packed_expert_rows) return size_t(e) * world_size * config.max_num_tokens;
+  if (!config.packed_expert_rows) return size_t(e) * world_size * config.max_tokens;
   size_t row = 0;
   for (int before = 0; before < e; ++before) row += size_t(counts[before]);
   return row;
@@ -75,7 +75,7 @@ std::string compare_dispatch(const AllToAllConfig& config, int world_size,
                              const Tensor& expert_x, const Tensor& expert_x_scale,
                              uint8_t sentinel) {
   const int local_experts = config.num_experts / world_size;
-  const size_t rows_per_expert = size_t(world_size) * config.max_num_tokens;
+  const size_t rows_per_expert = size_t(world_size) * config.max_tokens;
   const size_t row_bytes = size_t(config.hidden_dim) * dtype_size(config.in_dtype);
   const size_t scale_bytes = sizeof(float) * size_t(config.scales_per_token());
   const int32_t* counts = expert_num_tokens.data<int32_t>();
@@ -160,7 +160,7 @@ void run_fake_experts(const AllToAllConfig& config, int world_size, int rank,
 
 Buffer reference_combine(const AllToAllConfig& config, const AllToAllInputs& mine,
                          DType expert_y_dtype) {
-  const int H = config.hidden_dim, k = config.experts_per_token, S = config.scales_per_token();
+  const int H = config.hidden_dim, k = config.top_k, S = config.scales_per_token();
   const size_t row_bytes = size_t(H) * dtype_size(config.in_dtype);
   Buffer y(config.out_dtype, {mine.m, H});
   for (int t = 0; t < mine.m; ++t) {

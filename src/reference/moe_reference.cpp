@@ -34,7 +34,7 @@ struct ExpertWeights {
 };
 
 ExpertWeights build_expert(const MoeConfig& c, int e) {
-  const int H = c.feature_dim, F = c.ffn_dim, O = c.out_dim();
+  const int H = c.hidden_dim, F = c.ffn_dim, O = c.out_dim();
   ExpertWeights w;
   w.w1.resize(size_t(H) * F);
   for (int h = 0; h < H; ++h)
@@ -61,7 +61,7 @@ struct ExpertOutput {
 };
 
 ExpertOutput run_expert(const MoeConfig& c, const ExpertWeights& w, const std::vector<double>& x) {
-  const int H = c.feature_dim, F = c.ffn_dim, O = c.out_dim();
+  const int H = c.hidden_dim, F = c.ffn_dim, O = c.out_dim();
   const bool swiglu = c.act == Activation::swiglu;
   std::vector<double> gate(size_t(F), 0.0), linear(size_t(F), 0.0);
   std::vector<double> gate_mag(size_t(F), 0.0), linear_mag(size_t(F), 0.0);
@@ -92,7 +92,7 @@ ExpertOutput run_expert(const MoeConfig& c, const ExpertWeights& w, const std::v
 }  // namespace
 
 Buffer make_moe_input(const MoeConfig& config, int tokens, uint64_t seed) {
-  const int H = config.feature_dim;
+  const int H = config.hidden_dim;
   Buffer x(config.dtype, {tokens, H});
   for (int t = 0; t < tokens; ++t)
     for (int h = 0; h < H; ++h) {
@@ -115,7 +115,7 @@ double moe_tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : 1e-2; }
 
 MoeExpected reference_moe(const MoeConfig& c, const Tensor& x, const std::vector<int>& rows) {
   c.validate();
-  const int H = c.feature_dim, E = c.num_experts, k = c.top_k, O = c.out_dim();
+  const int H = c.hidden_dim, E = c.num_experts, k = c.top_k, O = c.out_dim();
   MoeExpected out;
   out.rows = rows;
   out.y.assign(rows.size() * size_t(O), 0.0);

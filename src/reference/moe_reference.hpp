@@ -11,7 +11,7 @@
 
 namespace pmoe::reference {
 
-// A batch of layer inputs [tokens, feature_dim] config.dtype: x[t, h] uniform in [-1, 1) from
+// A batch of layer inputs [tokens, hidden_dim] config.dtype: x[t, h] uniform in [-1, 1) from
 // (seed, t, h), rounded to the dtype. Every rank builds the same batch without communicating.
 Buffer make_moe_input(const MoeConfig& config, int tokens, uint64_t seed);
 
@@ -29,7 +29,7 @@ struct MoeExpected {
   std::vector<double> magnitude;
 };
 
-// The layer output for tokens `rows` of x [B, feature_dim] (config.dtype), in double:
+// The layer output for tokens `rows` of x [B, hidden_dim] (config.dtype), in double:
 // y = sum over the top-k experts of softmax(top-k logits) * act(x W1_e) W2_e.
 MoeExpected reference_moe(const MoeConfig& config, const Tensor& x, const std::vector<int>& rows);
 

@@ -30,7 +30,7 @@ Routing parse_routing(std::string_view name) {
 
 AllToAllInputs make_inputs(const AllToAllConfig& config, int rank, int m, uint64_t seed,
                            Routing routing) {
-  const int H = config.hidden_dim, k = config.experts_per_token, E = config.num_experts;
+  const int H = config.hidden_dim, k = config.top_k, E = config.num_experts;
   const int S = config.scales_per_token();
   // Streams of the generator, so that x, scales and routing never share random numbers.
   enum : uint64_t { kX = 1, kScale, kExpert, kDrop, kWeight };

@@ -91,7 +91,7 @@ TEST_P(AllToAllCuda, EdgeCases) {
   dropped.routing = Routing::dropped;
   expect_case_on_gpu(W(), dropped);
   AllToAllCase all_experts = base();
-  all_experts.config.experts_per_token = all_experts.config.num_experts;
+  all_experts.config.top_k = all_experts.config.num_experts;
   expect_case_on_gpu(W(), all_experts);
   AllToAllCase odd = base(2, 7);  // rows that are not a multiple of 16 bytes
   odd.config.in_dtype = DType::f16;
@@ -138,12 +138,12 @@ TEST_P(AllToAllCuda, MoreLocalExpertsThanOneRankingPass) {
 // (12 bytes: the scales take the byte-wise copy).
 TEST_P(AllToAllCuda, MoreWorkThanBlocks) {
   AllToAllCase wide = base(4, 1032);
-  wide.config.max_num_tokens = 300;
+  wide.config.max_tokens = 300;
   wide.tokens = TokenCounts::full;
   wide.calls = 2;
   expect_case_on_gpu(W(), wide);
   AllToAllCase f8 = with_f8(base(3, 384));
-  f8.config.max_num_tokens = 300;
+  f8.config.max_tokens = 300;
   expect_case_on_gpu(W(), f8);
 }
 
@@ -164,7 +164,7 @@ TEST_P(AllToAllCuda, Int64Indices) {
   expect_case_on_gpu(W(), c);
   // More indices (1100 x top-k >= 2200) than the narrowing kernel's grid has threads (8 x 256).
   AllToAllCase many = base(4, 16);
-  many.config.max_num_tokens = 1100;
+  many.config.max_tokens = 1100;
   many.tokens = TokenCounts::full;
   many.i64_indices = true;
   many.calls = 1;

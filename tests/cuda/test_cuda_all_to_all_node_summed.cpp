@@ -75,7 +75,7 @@ TEST_P(NodeSummedCombine, EdgeCases) {
   dropped.routing = Routing::dropped;
   run(dropped);
   AllToAllCase all_experts = base();
-  all_experts.config.experts_per_token = all_experts.config.num_experts;
+  all_experts.config.top_k = all_experts.config.num_experts;
   all_experts.tokens = TokenCounts::full;
   run(all_experts);
   AllToAllCase odd = base(2, 7);  // rows that are not a multiple of 16 bytes: the scalar path

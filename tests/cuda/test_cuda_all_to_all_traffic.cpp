@@ -188,8 +188,8 @@ TEST_P(AllToAllCudaTraffic, RemoteTrafficEqualsCountTraffic) {
 // combine alone.
 std::vector<uint64_t> combine_network_bytes(const AllToAllConfig& cfg,
                                             const std::vector<std::vector<int32_t>>& routing) {
-  const int W = int(routing.size()), k = cfg.experts_per_token, H = cfg.hidden_dim;
-  const int M = cfg.max_num_tokens, L = cfg.num_experts / W;
+  const int W = int(routing.size()), k = cfg.top_k, H = cfg.hidden_dim;
+  const int M = cfg.max_tokens, L = cfg.num_experts / W;
   std::vector<uint64_t> bytes(size_t(W), 0);
   run_ranks(W, [&](Communicator& comm) {
     const Device gpu = comm.device();

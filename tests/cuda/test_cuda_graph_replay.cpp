@@ -1,6 +1,6 @@
 // pmoe::CudaGraph (include/pmoe/graph.hpp) on cuda:0, through the public API only: 4 ranks as
 // threads sharing the device, each capturing its AllToAll dispatch and combine once with bound_m
-// and replaying them with new routing and a new m (0 to max_num_tokens) before each replay,
+// and replaying them with new routing and a new m (0 to max_tokens) before each replay,
 // checked against the plain reference; 2 ranks, one capturing while the other allocates, copies
 // and synchronises; 1 rank, whose capture fails (a host synchronisation, a throwing work) and
 // leaves a clear error and a usable stream, and whose graphs move. Built for the emulated device

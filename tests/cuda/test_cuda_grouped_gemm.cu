@@ -193,7 +193,7 @@ TEST(GroupedGemm, IssuedRowsFollowTheCountsUnderZipfRoutingAtThePresets) {
           if (used < 1024 && r > 0) continue;  // rank 0 (the hottest) always runs
           cuda::DeviceExperts experts(cfg, detail::rank_experts(cfg, {}, r, W), 0, cfg.ffn_dim,
                                       max_rows, Device::cuda(0));
-          const int H = cfg.feature_dim, F = cfg.ffn_dim, O = cfg.out_dim();
+          const int H = cfg.hidden_dim, F = cfg.ffn_dim, O = cfg.out_dim();
           Buffer x(DType::bf16, {L, C, H}, Device::cuda(0));
           Buffer hidden(DType::f32, {L, C, F}, Device::cuda(0)), out(DType::f32, {L, C, O}, Device::cuda(0));
           Buffer act(DType::bf16, {L, C, F}, Device::cuda(0));

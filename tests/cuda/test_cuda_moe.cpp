@@ -186,7 +186,7 @@ TEST(MoeCudaShapes, TiledExpertsComputeTheRowsInUseNotEverySlot) {
 void expect_tokens_of_the_last_experts_grouped() {
   constexpr int kExperts = 16'400, kFirstPass = 64 * 256, kTokens = 8, kCandidates = 500;
   const MoeConfig cfg = make_moe_config(4, 4, kExperts, 2, Activation::relu, DType::f32);
-  const int H = cfg.feature_dim, k = cfg.top_k;
+  const int H = cfg.hidden_dim, k = cfg.top_k;
   Buffer x(DType::f32, {kTokens, H});
   Router router(cfg);
   int found = 0;

@@ -101,7 +101,7 @@ void expect_live_rows_only(const Shape& s, MoeVariant variant, DType dtype) {
                             std::string(dtype_name(dtype));
   // Every token picks top_k distinct experts: m k rows in use over all ranks.
   const int64_t rows = int64_t(s.batch) * s.top_k, elem = int64_t(dtype_size(dtype));
-  const int64_t H = c.feature_dim, F = c.ffn_dim, O = c.out_dim(), f32 = sizeof(float);
+  const int64_t H = c.hidden_dim, F = c.ffn_dim, O = c.out_dim(), f32 = sizeof(float);
   // swiglu: gate and linear halves read in f32, the product written in the layer's dtype.
   expect_bytes(counted, "moe_activate", rows * 2 * F * f32, rows * F * elem, where);
   if (variant == MoeVariant::simple) {
@@ -140,7 +140,7 @@ void expect_model_charges_counted_bytes(const Shape& s) {
   const Counted counted = run_counted(s, MoeVariant::simple, DType::bf16);
   const MoeConfig& c = counted.c.config;
   bench::ExpertStageShape shape;
-  shape.feature = c.feature_dim;
+  shape.feature = c.hidden_dim;
   shape.ffn = c.ffn_dim;
   shape.output = c.out_dim();
   shape.tokens = s.batch;

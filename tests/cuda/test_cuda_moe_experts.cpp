@@ -141,7 +141,7 @@ TEST(MoeCudaGemm, Tf32IsAnF32LayersOptionAndRoundsTheInputs) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   cpu::set_blas_threads(1);
   MoeConfig cfg = make_moe_config(24, 36, 4, 2, Activation::gelu, DType::f32);
-  const int m = 16, H = cfg.feature_dim, O = cfg.out_dim();
+  const int m = 16, H = cfg.hidden_dim, O = cfg.out_dim();
   const Buffer x = reference::make_moe_input(cfg, m, 5);
   const auto expected = reference::reference_moe(cfg, x, reference::all_rows(m));
   auto run = [&](const MoeConfig& c) {

@@ -89,7 +89,7 @@ TEST(MoeCudaInput, TpRanksWithDifferentTokenCountsAreToldOnTheDevice) {
   PMOE_REQUIRE_CUDA_RUNTIME();
   cpu::set_blas_threads(1);
   const MoeConfig cfg = make_moe_config(16, 32, 4, 2);
-  const int H = cfg.feature_dim, O = cfg.out_dim();
+  const int H = cfg.hidden_dim, O = cfg.out_dim();
   std::vector<std::string> first(2), errors(2), after(2);
   std::vector<uint64_t> launched_by_second(2);
   run_ranks(

@@ -49,7 +49,7 @@ TEST(MoeCudaGraph, ForwardCapturedAndReplayedWithNewInputs) {
               ep = std::make_unique<EpMoe>(comm, cfg, shard_rows(batch, W, 0).size(), mb);
             else
               tp = std::make_unique<TpMoe>(comm, cfg, batch);
-            const int H = cfg.feature_dim, O = cfg.out_dim();
+            const int H = cfg.hidden_dim, O = cfg.out_dim();
             Buffer x(cfg.dtype, {mine.size(), H}, Device::cuda(0));
             Buffer y(cfg.dtype, {mine.size(), O}, Device::cuda(0));
             Buffer y_host(cfg.dtype, {mine.size(), O});

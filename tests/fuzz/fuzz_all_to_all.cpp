@@ -48,8 +48,8 @@ struct Plan {
 
 bool config_valid(const AllToAllConfig& c, int W) {
   const bool f8 = c.in_dtype == DType::f8e4m3;
-  return c.max_num_tokens >= 1 && c.num_experts >= 1 && c.num_experts % W == 0 &&
-         c.experts_per_token >= 1 && c.experts_per_token <= c.num_experts && c.hidden_dim >= 1 &&
+  return c.max_tokens >= 1 && c.num_experts >= 1 && c.num_experts % W == 0 &&
+         c.top_k >= 1 && c.top_k <= c.num_experts && c.hidden_dim >= 1 &&
          (c.in_dtype == DType::f32 || c.in_dtype == DType::bf16 || c.in_dtype == DType::f16 ||
           f8) &&
          (c.out_dtype == DType::f32 || c.out_dtype == DType::bf16 || c.out_dtype == DType::f16) &&
@@ -61,9 +61,9 @@ Plan make_plan(FuzzInput& in) {
   p.W = in.range(1, 4);
   AllToAllConfig& c = p.cfg;
   const DType all_dtypes[] = {DType::f32, DType::bf16, DType::f16, DType::f8e4m3, DType::i32};
-  c.max_num_tokens = in.chance(16) ? in.range(-2, 0) : in.range(1, 9);
+  c.max_tokens = in.chance(16) ? in.range(-2, 0) : in.range(1, 9);
   c.num_experts = in.chance(16) ? in.range(-1, 0) : p.W * in.range(1, 3) + (in.chance(16) ? 1 : 0);
-  c.experts_per_token = in.chance(16) ? in.range(-1, c.num_experts + 2)
+  c.top_k = in.chance(16) ? in.range(-1, c.num_experts + 2)
                                       : in.range(1, std::max(1, c.num_experts));
   c.in_dtype = all_dtypes[in.chance(16) ? 4 : in.range(0, 3)];
   c.out_dtype = all_dtypes[in.chance(16) ? in.range(3, 4) : in.range(0, 2)];
@@ -79,7 +79,7 @@ Plan make_plan(FuzzInput& in) {
   const int calls = in.range(1, 3);
   for (int i = 0; i < calls; ++i) {
     CallPlan call;
-    for (int r = 0; r < p.W; ++r) call.m.push_back(in.range(0, std::max(0, c.max_num_tokens)));
+    for (int r = 0; r < p.W; ++r) call.m.push_back(in.range(0, std::max(0, c.max_tokens)));
     call.routing = static_cast<reference::Routing>(in.range(0, 2));
     call.seed = in.u64();
     call.corruption = in.chance(40) ? static_cast<Corruption>(in.range(1, 5)) : Corruption::none;
@@ -99,7 +99,7 @@ Plan make_plan(FuzzInput& in) {
 // returns false if the corruption makes the call invalid.
 bool corrupt(const Plan& p, const CallPlan& call, std::vector<AllToAllInputs>& all) {
   AllToAllInputs& victim = all[size_t(call.bad_rank)];
-  const int k = p.cfg.experts_per_token, E = p.cfg.num_experts;
+  const int k = p.cfg.top_k, E = p.cfg.num_experts;
   if (call.corruption == Corruption::m_over) return false;  // applied when m is chosen
   if (call.corruption == Corruption::none || victim.m == 0) return true;
   int32_t* idx = victim.indices.data<int32_t>();
@@ -141,7 +141,7 @@ void run_rank(Communicator& comm, const Plan& p, int& calls_done, RankState& sta
   const int W = comm.size(), rank = comm.rank();
   AllToAll a2a(comm, cfg);
   const int E_local = cfg.num_experts / W, H = cfg.hidden_dim, S = cfg.scales_per_token();
-  const int64_t rows = int64_t(W) * cfg.max_num_tokens;
+  const int64_t rows = int64_t(W) * cfg.max_tokens;
   const bool f8 = cfg.in_dtype == DType::f8e4m3;
   Buffer counts(DType::i32, {E_local});
   Buffer expert_x(cfg.in_dtype, {E_local, rows, H});
@@ -152,7 +152,7 @@ void run_rank(Communicator& comm, const Plan& p, int& calls_done, RankState& sta
     std::vector<AllToAllInputs> all;
     for (int r = 0; r < W; ++r) {
       int m = call.m[size_t(r)];
-      if (call.corruption == Corruption::m_over && r == call.bad_rank) m = cfg.max_num_tokens;
+      if (call.corruption == Corruption::m_over && r == call.bad_rank) m = cfg.max_tokens;
       all.push_back(reference::make_inputs(cfg, r, m, call.seed, call.routing));
     }
     corrupt(p, call, all);
@@ -167,7 +167,7 @@ void run_rank(Communicator& comm, const Plan& p, int& calls_done, RankState& sta
       // One row more than the bound: x is built for max rows, then viewed with one more.
       big_x = Buffer(cfg.in_dtype, {mine.m + 1, H});
       x = big_x;
-      indices = Buffer(DType::i32, {mine.m + 1, cfg.experts_per_token});
+      indices = Buffer(DType::i32, {mine.m + 1, cfg.top_k});
       if (f8) x_scale = Buffer(DType::f32, {mine.m + 1, S});
     }
     if (rank == call.bad_rank && (call.defect == Defect::bound_m_over ||
@@ -189,7 +189,7 @@ void run_rank(Communicator& comm, const Plan& p, int& calls_done, RankState& sta
           break;
         }
         case Defect::indices_shape:
-          wrong_indices = Buffer(DType::i32, {x.size(0), cfg.experts_per_token + 1});
+          wrong_indices = Buffer(DType::i32, {x.size(0), cfg.top_k + 1});
           indices = wrong_indices;
           break;
         case Defect::expert_x_rows:
@@ -204,7 +204,7 @@ void run_rank(Communicator& comm, const Plan& p, int& calls_done, RankState& sta
           }
           break;
         case Defect::weights_dtype:
-          wrong_weights = Buffer(DType::bf16, {x.size(0), cfg.experts_per_token});
+          wrong_weights = Buffer(DType::bf16, {x.size(0), cfg.top_k});
           weights = wrong_weights;
           break;
         case Defect::y_rows:

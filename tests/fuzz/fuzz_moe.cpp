@@ -23,7 +23,7 @@ using testing::MoeCase;
 using testing::MoeVariant;
 
 bool config_valid(const MoeConfig& c) {
-  return c.feature_dim >= 1 && c.ffn_dim >= 1 && c.output_dim >= 0 && c.num_experts >= 1 &&
+  return c.hidden_dim >= 1 && c.ffn_dim >= 1 && c.output_dim >= 0 && c.num_experts >= 1 &&
          c.top_k >= 1 && c.top_k <= c.num_experts &&
          (c.dtype == DType::f32 || c.dtype == DType::bf16);
 }
@@ -41,7 +41,7 @@ bool split_valid(const MoeCase& c, int W) {
 // A SimpleMoe forward with one bad argument; it must throw.
 void bad_forward(FuzzInput& in, const MoeConfig& config, int max_tokens) {
   SimpleMoe layer(config, max_tokens);
-  const int H = config.feature_dim, O = config.out_dim();
+  const int H = config.hidden_dim, O = config.out_dim();
   int m = in.range(0, max_tokens);
   const DType wrong = config.dtype == DType::f32 ? DType::bf16 : DType::f32;
   Buffer x(config.dtype, {m, H}), y(config.dtype, {m, O});
@@ -76,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int W = in.range(1, 4);
   MoeCase c;
   MoeConfig& g = c.config;
-  g.feature_dim = in.chance(12) ? in.range(-1, 0) : in.range(1, 24);
+  g.hidden_dim = in.chance(12) ? in.range(-1, 0) : in.range(1, 24);
   g.ffn_dim = in.chance(12) ? in.range(-1, 0) : in.range(1, 24);
   g.output_dim = in.chance(12) ? -1 : in.range(0, 24);
   g.num_experts = in.chance(12) ? in.range(-1, 0) : in.range(1, 8);

@@ -91,9 +91,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // One AllToAll and one SimpleMoe of fixed shapes; the fuzzed tensor replaces one argument.
   AllToAllConfig cfg;
-  cfg.max_num_tokens = 4;
+  cfg.max_tokens = 4;
   cfg.num_experts = 2;
-  cfg.experts_per_token = 2;
+  cfg.top_k = 2;
   cfg.hidden_dim = 3;
   cfg.in_dtype = DType::bf16;
   cfg.out_dtype = DType::f32;
@@ -113,7 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       a2a.combine(args[4], args[1], args[5], args[6]);
     } else {
       MoeConfig mc;
-      mc.feature_dim = 3;
+      mc.hidden_dim = 3;
       mc.ffn_dim = 4;
       mc.num_experts = 2;
       mc.top_k = 1;

@@ -77,13 +77,13 @@ TEST(AllToAllMpi, EdgeCases) {
   dropped.routing = Routing::dropped;
   expect_case(dropped);
   AllToAllCase all_experts = base(world_size());
-  all_experts.config.experts_per_token = all_experts.config.num_experts;
+  all_experts.config.top_k = all_experts.config.num_experts;
   expect_case(all_experts);
 }
 
 TEST(AllToAllMpi, SplitPhasesAndManyCalls) {
   AllToAllCase c = base(world_size());
-  c.config.max_num_tokens = 5;
+  c.config.max_tokens = 5;
   c.config.hidden_dim = 16;
   c.split_phases = true;
   c.calls = 200;

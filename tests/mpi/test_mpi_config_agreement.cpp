@@ -42,7 +42,7 @@ TEST(RejectedCallMpi, PeersThatTimeOutNameIt) {
     W = comm.size();
     const AllToAllConfig cfg = make_config(4, 2 * W, 2, 32, DType::f32, DType::f32);
     AllToAll a2a(comm, cfg);
-    const int64_t L = cfg.num_experts / W, rows = int64_t(W) * cfg.max_num_tokens;
+    const int64_t L = cfg.num_experts / W, rows = int64_t(W) * cfg.max_tokens;
     Buffer x(DType::f32, {4, 32}), indices(DType::i32, {4, 2}), counts(DType::i32, {L}),
         expert_x(DType::f32, {L, rows, 32}), wrong(DType::bf16, {4, 32});
     for (int t = 0; t < 4; ++t)

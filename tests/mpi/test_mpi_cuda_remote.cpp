@@ -93,7 +93,7 @@ TEST_P(CudaRemoteMpi, EdgeCases) {
   dropped.split_phases = true;
   expect_split_case(comm, dropped, GetParam());
   AllToAllCase wide = base(comm.size());
-  wide.config.experts_per_token = wide.config.num_experts;
+  wide.config.top_k = wide.config.num_experts;
   wide.i64_indices = true;
   expect_split_case(comm, wide, GetParam());
 }

@@ -60,7 +60,7 @@ struct Op {
                                   /*hidden=*/64, in, out, in == DType::f8e4m3 ? 32 : 0);
     a2a = std::make_unique<AllToAll>(comm, config);
     const int E_local = config.num_experts / W;
-    const int64_t rows = int64_t(W) * config.max_num_tokens;
+    const int64_t rows = int64_t(W) * config.max_tokens;
     counts = Buffer(DType::i32, {E_local});
     expert_x = Buffer(in, {E_local, rows, config.hidden_dim});
     if (in == DType::f8e4m3)
@@ -82,7 +82,7 @@ std::string run_call(Communicator& comm, Op& op, uint64_t seed, int call) {
 
   std::vector<AllToAllInputs> all;
   for (int r = 0; r < W; ++r) {
-    const int m = int(hash64(seed, uint64_t(call), uint64_t(r)) % uint64_t(cfg.max_num_tokens + 1));
+    const int m = int(hash64(seed, uint64_t(call), uint64_t(r)) % uint64_t(cfg.max_tokens + 1));
     all.push_back(reference::make_inputs(cfg, r, m, hash64(seed, uint64_t(call), 99), routing));
   }
   const AllToAllInputs& mine = all[size_t(rank)];

@@ -23,7 +23,7 @@ struct Common {
         in(inputs),
         W(comm.size()),
         rank(comm.rank()),
-        k(config.experts_per_token),
+        k(config.top_k),
         E_local(config.num_experts / comm.size()),
         H(config.hidden_dim),
         S(config.scales_per_token()),
@@ -83,11 +83,11 @@ class AlltoallvPath final : public BaselinePath {
  public:
   AlltoallvPath(Communicator& comm, const AllToAllConfig& config, const AllToAllInputs& inputs)
       : c_(comm, config, inputs),
-        rows_per_expert_(int64_t(c_.W) * config.max_num_tokens),
-        forward_(comm, size_t(config.max_num_tokens) * c_.k * c_.row_bytes),
+        rows_per_expert_(int64_t(c_.W) * config.max_tokens),
+        forward_(comm, size_t(config.max_tokens) * c_.k * c_.row_bytes),
         backward_(comm, size_t(rows_per_expert_) * std::min(c_.k, c_.E_local) * c_.y_row_bytes),
         recv_(size_t(rows_per_expert_) * std::min(c_.k, c_.E_local) * c_.row_bytes),
-        back_(size_t(config.max_num_tokens) * c_.k * c_.y_row_bytes),
+        back_(size_t(config.max_tokens) * c_.k * c_.y_row_bytes),
         position_(size_t(inputs.m) * c_.k, -1) {
     expert_rows_.resize(size_t(c_.E_local) * rows_per_expert_ * c_.row_bytes);
     expert_y_.resize(size_t(c_.E_local) * rows_per_expert_ * c_.y_row_bytes);
@@ -213,7 +213,7 @@ class DensePaddedPath final : public BaselinePath {
  public:
   DensePaddedPath(Communicator& comm, const AllToAllConfig& config, const AllToAllInputs& inputs)
       : c_(comm, config, inputs),
-        max_(config.max_num_tokens),
+        max_(config.max_tokens),
         block_rows_(size_t(c_.E_local) * max_),
         forward_(comm, size_t(c_.W) * block_rows_ * c_.row_bytes),
         backward_(comm, size_t(c_.W) * block_rows_ * c_.y_row_bytes),

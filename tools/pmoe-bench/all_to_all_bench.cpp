@@ -43,9 +43,9 @@ namespace all_to_all_bench {
 
 AllToAllConfig config_for(const Options& o, int tokens) {
   AllToAllConfig c;
-  c.max_num_tokens = tokens;
+  c.max_tokens = tokens;
   c.num_experts = o.experts;
-  c.experts_per_token = o.topk;
+  c.top_k = o.topk;
   c.hidden_dim = o.hidden;
   c.in_dtype = parse_dtype(o.dtype);
   PMOE_CHECK(c.in_dtype == DType::bf16 || c.in_dtype == DType::f8e4m3,

@@ -99,7 +99,7 @@ void run_config(Communicator& comm, Context& ctx) {
   const AllToAllConfig cfg = config_for(o, ctx.tokens);
   const int W = comm.size(), rank = comm.rank();
   const int E_local = cfg.num_experts / W, H = cfg.hidden_dim, S = cfg.scales_per_token();
-  const int64_t capacity = int64_t(W) * cfg.max_num_tokens;
+  const int64_t capacity = int64_t(W) * cfg.max_tokens;
   const bool f8 = cfg.in_dtype == DType::f8e4m3;
   const std::string where = detail::cat("ranks=", W, " tokens=", ctx.tokens);
 

@@ -17,7 +17,7 @@ double rank_mean(Communicator& comm, double mine) {
 AllToAllBytes required_bytes(Communicator& comm, const AllToAllConfig& cfg,
                              const std::vector<reference::AllToAllInputs>& all,
                              const Tensor& counts) {
-  const int rank = comm.rank(), k = cfg.experts_per_token, H = cfg.hidden_dim;
+  const int rank = comm.rank(), k = cfg.top_k, H = cfg.hidden_dim;
   const int local_experts = cfg.num_experts / comm.size();
   // Tokens arriving here: those of any rank with at least one expert on this rank.
   int64_t arriving = 0, landed = 0, summed = 0;

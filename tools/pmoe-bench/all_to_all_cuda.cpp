@@ -193,7 +193,7 @@ CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig&
   const int W = comm.size(), rank = comm.rank(), L = cfg.num_experts / W, H = cfg.hidden_dim;
   const int S = cfg.scales_per_token();
   const Device gpu = comm.device();
-  const int64_t capacity = int64_t(W) * cfg.max_num_tokens;
+  const int64_t capacity = int64_t(W) * cfg.max_tokens;
   const bool f8 = cfg.in_dtype == DType::f8e4m3;
   CudaAllToAllResult result;
 
@@ -222,7 +222,7 @@ CudaAllToAllResult run_all_to_all_cuda(Communicator& comm, const AllToAllConfig&
   const Tensor exs = f8 ? expert_x_scale.tensor() : Tensor();
   if (cfg.in_place_buffers) {  // as an MoE layer runs it: the op's own buffers, peers read them
     x_arg = a2a.input_buffer();
-    PMOE_CHECK(x_arg.size(0) == tokens, "the bench runs max_num_tokens tokens, got ",
+    PMOE_CHECK(x_arg.size(0) == tokens, "the bench runs max_tokens tokens, got ",
                x_arg.shape_str(), " for ", tokens);
     copy(x_arg, in.x);
     if (f8) {

@@ -25,10 +25,10 @@ using nlohmann::json;
 
 AllToAllConfig model_config(const ModelShape& s, int world_size, int tokens) {
   AllToAllConfig c;
-  c.max_num_tokens = tokens;
+  c.max_tokens = tokens;
   // At least one expert per rank: EP512 and EP1024 with 256 experts round E up to W.
   c.num_experts = (std::max(s.experts, world_size) + world_size - 1) / world_size * world_size;
-  c.experts_per_token = s.topk;
+  c.top_k = s.topk;
   c.hidden_dim = s.hidden;
   c.in_dtype = parse_dtype(s.dtype);
   c.scale_block = c.in_dtype == DType::f8e4m3 ? s.scale_block : 0;
@@ -41,7 +41,7 @@ ModelRow model_row(const ModelShape& s, const HardwarePreset& hw, int W, int ran
                    int tokens, TrafficMode mode, const std::string& routing, uint64_t seed,
                    bool relay_reduces) {
   const AllToAllConfig c = model_config(s, W, tokens);
-  const auto indices = make_routing(routing, W, tokens, c.experts_per_token, c.num_experts, seed);
+  const auto indices = make_routing(routing, W, tokens, c.top_k, c.num_experts, seed);
   ModelRow row;
   row.traffic =
       detail::count_traffic(c, {W, std::min(ranks_per_node, W), mode, relay_reduces}, indices);

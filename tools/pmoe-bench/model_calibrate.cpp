@@ -162,7 +162,7 @@ Measured measure(const Options& o, int W, int tokens) {
   Measured out;
   for (const auto& in : all)
     out.indices.emplace_back(in.indices.data<int32_t>(),
-                             in.indices.data<int32_t>() + size_t(in.m) * cfg.experts_per_token);
+                             in.indices.data<int32_t>() + size_t(in.m) * cfg.top_k);
   std::mutex lock;
   std::string failure;
   run_on_ranks(W, [&](Communicator& comm) {

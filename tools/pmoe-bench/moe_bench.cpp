@@ -97,7 +97,7 @@ std::vector<int> sweep_values(const Options& o, const CLI::App& cmd) {
 std::vector<int> rows_to_check(const MoeConfig& c, int batch, int ranks) {
   const double macs =
       double(batch) * c.top_k *
-      (double(c.w1_halves()) * c.feature_dim * c.ffn_dim + double(c.ffn_dim) * c.out_dim());
+      (double(c.w1_halves()) * c.hidden_dim * c.ffn_dim + double(c.ffn_dim) * c.out_dim());
   if (macs <= 3e8) return reference::all_rows(batch);
   std::vector<int> rows;
   for (int r = 0; r < ranks; ++r) {
@@ -120,7 +120,7 @@ nlohmann::json row_json(const std::string& variant, const MoeConfig& c, int batc
           {key, value},
           {"batch_size", batch},
           {"topk", c.top_k},
-          {"feature_dim", c.feature_dim},
+          {"feature_dim", c.hidden_dim},
           {"min_ms", r.ms.min},
           {"median_ms", r.ms.median},
           {"max_ms", r.ms.max},
@@ -264,7 +264,7 @@ void run(Options o, const CLI::App& cmd) {
   std::map<int, std::vector<int64_t>> group_sizes;  // batch -> each expert's rows (torch's groups)
   for (int value : values) {
     MoeConfig c;
-    c.feature_dim = o.benchmark_type == "feature_dim" ? value : o.feature;
+    c.hidden_dim = o.benchmark_type == "feature_dim" ? value : o.feature;
     c.ffn_dim = o.hidden;
     c.output_dim = o.output;
     c.num_experts = o.experts;

@@ -106,7 +106,7 @@ void fill_pattern(const Buffer& b) {
 // Times the dense GEMM pair of the same FLOPs as this rank's expert stage; returns its median ms.
 double time_dense_gemms(Communicator& comm, const MoeRunSpec& spec, int64_t rows) {
   const MoeConfig& c = spec.config;
-  const int H = c.feature_dim, F = c.ffn_dim, O = c.out_dim(), G = c.w1_halves() * F;
+  const int H = c.hidden_dim, F = c.ffn_dim, O = c.out_dim(), G = c.w1_halves() * F;
   const int64_t m = std::max<int64_t>(rows, 0);
   Buffer a(DType::f32, {m, H}), w1(DType::f32, {H, G}), w2(DType::f32, {F, O});
   Buffer hidden(DType::f32, {m, G}), out(DType::f32, {m, O});
@@ -194,7 +194,7 @@ void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
   Buffer y(c.dtype, {y_rows, c.out_dim()});
   Buffer x_device, y_device;  // --device cuda: the layer's input and output live there
   if (on_device) {
-    x_device = Buffer(c.dtype, {mine.size(), c.feature_dim}, spec.device);
+    x_device = Buffer(c.dtype, {mine.size(), c.hidden_dim}, spec.device);
     y_device = Buffer(c.dtype, {y_rows, c.out_dim()}, spec.device);
     copy(x_device, x_host);
     device_memory.sample(comm);
@@ -222,7 +222,7 @@ void run_rank(Communicator& comm, const MoeRunSpec& spec, const Tensor& x,
   const auto votes = comm.all_gather(std::as_bytes(std::span(&failed, 1)));
   for (int r = 0; r < W; ++r)
     PMOE_CHECK(votes[size_t(r)] == std::byte{0}, "moe check failed: ", variant_key(spec.variant),
-               " batch=", spec.batch, " top_k=", c.top_k, " feature_dim=", c.feature_dim,
+               " batch=", spec.batch, " top_k=", c.top_k, " hidden_dim=", c.hidden_dim,
                (r == rank ? ": " + error : " on rank " + std::to_string(r)));
 
   std::vector<MoeStats> per_iteration;

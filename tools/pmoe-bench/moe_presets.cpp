@@ -29,7 +29,7 @@ const MoePreset& find_moe_preset(const std::string& name) {
 
 MoeConfig preset_config(const MoePreset& p, DType dtype) {
   MoeConfig c;
-  c.feature_dim = p.feature;
+  c.hidden_dim = p.feature;
   c.ffn_dim = p.ffn;
   c.num_experts = p.experts;
   c.top_k = p.top_k;

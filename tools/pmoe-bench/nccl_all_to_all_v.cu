@@ -109,14 +109,14 @@ class NcclAllToAllV final : public BaselinePath {
         api_(cuda::nccl_host_api()),
         W_(comm.size()),
         rank_(comm.rank()),
-        k_(cfg.experts_per_token),
+        k_(cfg.top_k),
         E_local_(cfg.num_experts / W_),
         H_(cfg.hidden_dim),
         S_(cfg.scales_per_token()),
         payload_(size_t(H_) * dtype_size(cfg.in_dtype)),
         row_(payload_ + sizeof(float) * S_),
         y_row_(size_t(H_) * sizeof(uint16_t)),
-        capacity_(int64_t(W_) * cfg.max_num_tokens),
+        capacity_(int64_t(W_) * cfg.max_tokens),
         most_received_(capacity_ * std::min(k_, E_local_)),
         stream_(static_cast<cudaStream_t>(comm.stream().handle)) {
     PMOE_CHECK(cfg.out_dtype == DType::bf16, "nccl_alltoallv: out_dtype bf16 only");
@@ -125,7 +125,7 @@ class NcclAllToAllV final : public BaselinePath {
     if (rank_ == 0) PMOE_NCCL_HOST_CHECK(api_.GetUniqueId(&id));
     comm.broadcast(std::as_writable_bytes(std::span(&id, 1)), 0);
     PMOE_NCCL_HOST_CHECK(api_.CommInitRank(&nccl_, W_, id, rank_));
-    const size_t sent = size_t(cfg.max_num_tokens) * k_;
+    const size_t sent = size_t(cfg.max_tokens) * k_;
     x_ = device_array<std::byte>(size_t(in.m) * payload_);
     x_scale_ = device_array<std::byte>(size_t(in.m) * S_ * sizeof(float));
     weights_ = device_array<float>(size_t(in.m) * k_);

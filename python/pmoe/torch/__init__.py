@@ -5,7 +5,7 @@
     comm = pmoe.torch.communicator()           # pmoe's own shm + TCP paths, no MPI
     # or pmoe.torch.communicator(device="cuda"): CUDA tensors on torch's current GPU
     layer = pmoe.torch.EpMoE(comm, hidden_dim=..., ffn_dim=..., num_experts=..., top_k=...,
-                             max_num_tokens=...)
+                             max_tokens=...)
     y = layer(x); y.sum().backward()
 
 communicator()  a pmoe Communicator over a torch.distributed group, on the CPU or a GPU

@@ -33,12 +33,28 @@ calls stay collective.
 """
 import contextlib
 import functools
+import warnings
 
 import torch
 
 from .. import _pmoe
 
 _PMOE_DTYPE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def _renamed(op, name, value, old_name, old_value):
+    """A dimension given as `name` or, for one release, as `old_name`, its name before
+    pmoe.MoeShape (with a DeprecationWarning)."""
+    if old_value is not None:
+        warnings.warn(f"{op}: {old_name} is deprecated; pass {name} instead", DeprecationWarning,
+                      stacklevel=3)
+        if value is not None and value != old_value:
+            raise _error(f"{op}: {name} = {value} and {old_name} = {old_value} (its deprecated "
+                         f"name) disagree; pass {name} only")
+        return old_value
+    if value is None:
+        raise TypeError(f"{op}: missing the keyword argument {name}")
+    return value
 
 
 def _error(message):
@@ -104,9 +120,9 @@ class _Op:
         self.dtype = dtype
         self.device = device
         self.order = order  # order() brackets each pmoe call: _StreamOrder on a GPU
-        self.hidden = config["hidden_dim"]
+        self.hidden_dim = config["hidden_dim"]
         self.local = self.op.num_local_experts
-        self.rows = self.op.world_size * config["max_num_tokens"]
+        self.rows = self.op.world_size * config["max_tokens"]
         self.pending = None  # the indices of a dispatch not yet followed by its combine
         self.settles = 0  # empty calls made to complete a half-run pair (tests read it)
         self._landing = self._outgoing = self._input = None  # made on first use, then kept
@@ -119,7 +135,7 @@ class _Op:
         """A padded [E_local, rows, hidden] buffer kept for the op's life, for dispatches whose
         rows are copied out at once (the packed functions): no fresh pages per call."""
         if self._landing is None:
-            self._landing = torch.empty(self.local, self.rows, self.hidden,
+            self._landing = torch.empty(self.local, self.rows, self.hidden_dim,
                                         dtype=self._torch_dtype(), device=self.device)
         return self._landing
 
@@ -130,7 +146,7 @@ class _Op:
             if self.in_place:
                 self._outgoing = self._own_buffer(self.op.expert_output_buffer())
             else:  # zeros: columns a caller leaves unwritten are summed too (and dropped)
-                self._outgoing = torch.zeros(self.local, self.rows, self.hidden,
+                self._outgoing = torch.zeros(self.local, self.rows, self.hidden_dim,
                                              dtype=self._torch_dtype(), device=self.device)
         return self._outgoing
 
@@ -149,7 +165,7 @@ class _Op:
                 self._input = self._own_buffer(self.op.input_buffer())
             staged = self._input[:m]
         else:
-            staged = torch.zeros(m, self.hidden, dtype=self._torch_dtype(), device=self.device)
+            staged = torch.zeros(m, self.hidden_dim, dtype=self._torch_dtype(), device=self.device)
         if blocks is None:
             staged.copy_(x)
             return staged
@@ -167,8 +183,8 @@ class _Op:
         idx, self.pending = self.pending, None
         self.settles += 1
         dtype, device = self._torch_dtype(), self.device
-        y = torch.empty(idx.shape[0], self.hidden, dtype=dtype, device=device)
-        rows = torch.zeros(self.local, self.rows, self.hidden, dtype=dtype, device=device)
+        y = torch.empty(idx.shape[0], self.hidden_dim, dtype=dtype, device=device)
+        rows = torch.zeros(self.local, self.rows, self.hidden_dim, dtype=dtype, device=device)
         weights = torch.zeros(idx.shape, dtype=torch.float32, device=device)
         with self.order():
             self.op.combine(rows, idx, weights, y)
@@ -190,12 +206,12 @@ class _Op:
             expert_x = out
         elif not exact:
             make = torch.zeros if zero_padding else torch.empty
-            expert_x = make(self.local, self.rows, self.hidden, dtype=dtype, device=self.device)
+            expert_x = make(self.local, self.rows, self.hidden_dim, dtype=dtype, device=self.device)
         with self.order():
             if exact:
-                self.op.dispatch(x, indices, counts, torch.empty(0, self.hidden, dtype=dtype),
+                self.op.dispatch(x, indices, counts, torch.empty(0, self.hidden_dim, dtype=dtype),
                                  phase="send")
-                expert_x = torch.empty(self.op.arriving_rows(), self.hidden, dtype=dtype)
+                expert_x = torch.empty(self.op.arriving_rows(), self.hidden_dim, dtype=dtype)
                 self.op.dispatch(x, indices, counts, expert_x, phase="recv")
             else:
                 self.op.dispatch(x, indices, counts, expert_x)
@@ -209,12 +225,12 @@ class _Op:
         if self.pending is not None and not _same(self.pending, indices):
             self._settle()
         if self.pending is None:  # the rows' content does not matter to a combine: zeros
-            self.dispatch(torch.zeros(indices.shape[0], self.hidden, dtype=self._torch_dtype(),
+            self.dispatch(torch.zeros(indices.shape[0], self.hidden_dim, dtype=self._torch_dtype(),
                                       device=self.device), indices)
 
     def combine(self, expert_y, indices, weights):
         self.ready_for_combine(indices)
-        y = torch.empty(indices.shape[0], self.hidden, dtype=self._torch_dtype(),
+        y = torch.empty(indices.shape[0], self.hidden_dim, dtype=self._torch_dtype(),
                         device=self.device)
         try:
             with self.order():
@@ -238,7 +254,7 @@ class AllToAll:
 
     Collective over `comm` (pmoe.torch.communicator()). W = comm.size ranks, E = num_experts
     (divisible by W); rank r owns experts [r * E / W, (r + 1) * E / W). Tokens per call and rank
-    at most max_num_tokens. dtype: torch.float32, torch.bfloat16 or torch.float16 (pmoe's ops
+    at most max_tokens. dtype: torch.float32, torch.bfloat16 or torch.float16 (pmoe's ops
     have no float64 path). Tensors must be on the device the communicator serves (self.device:
     the CPU, or its GPU). Builds three pmoe.AllToAll ops (forward, backward, and the small f32
     exchange of combine's backward; two with weighted_dispatch); workspace_bytes() says what
@@ -246,7 +262,7 @@ class AllToAll:
     agreement, naming the field (hidden_dim is the forward exchange's row width: H, plus the
     carried weights with weighted_dispatch).
     in_place_buffers: on the CPU, give each op pmoe's in-place input and expert output buffers
-    (one padded [E_local, W * max_num_tokens, H] buffer more per op, in shared memory), which
+    (one padded [E_local, W * max_tokens, H] buffer more per op, in shared memory), which
     dispatch_packed and combine_packed use to skip a copy of every token and every expert row;
     its ops also land the rows packed, in a tensor of exactly their number, so dispatch_packed
     gathers nothing. For those two functions only: dispatch and combine refuse it.
@@ -267,15 +283,19 @@ class AllToAll:
     logical_experts(local) says which logical expert each local slot serves.
     """
 
-    def __init__(self, comm, *, max_num_tokens, num_experts, experts_per_token, hidden_dim,
+    def __init__(self, comm, *, max_tokens=None, num_experts, top_k=None, hidden_dim,
                  dtype=torch.float32, in_place_buffers=False, weighted_dispatch=False,
                  on_peer_loss="fail", peer_timeout_s=0.0, placement=None,
-                 num_logical_experts=0):
+                 num_logical_experts=0, max_num_tokens=None, experts_per_token=None):
+        max_tokens = _renamed("pmoe.torch.AllToAll", "max_tokens", max_tokens, "max_num_tokens",
+                              max_num_tokens)
+        top_k = _renamed("pmoe.torch.AllToAll", "top_k", top_k, "experts_per_token",
+                         experts_per_token)
         if dtype not in _PMOE_DTYPE:
             raise _error(f"pmoe.torch.AllToAll: dtype must be torch.float32, torch.bfloat16 or "
                          f"torch.float16, got {dtype} (pmoe's ops have no float64 path)")
-        config = dict(max_num_tokens=max_num_tokens, num_experts=num_experts,
-                      experts_per_token=experts_per_token, on_peer_loss=on_peer_loss,
+        config = dict(max_tokens=max_tokens, num_experts=num_experts, top_k=top_k,
+                      on_peer_loss=on_peer_loss,
                       peer_timeout_s=float(peer_timeout_s))
         slot_expert = list(range(num_experts))
         if placement is not None:
@@ -288,9 +308,9 @@ class AllToAll:
         self.num_logical_experts = num_logical_experts or num_experts
         self.comm = comm
         self.dtype = dtype
-        self.max_num_tokens = max_num_tokens
+        self.max_tokens = max_tokens
         self.num_experts = num_experts
-        self.top_k = experts_per_token
+        self.top_k = top_k
         self.hidden_dim = hidden_dim
         self.device = _served_device(comm)
         order = contextlib.nullcontext  # the CPU: pmoe's ops run in this thread, in order
@@ -304,11 +324,11 @@ class AllToAll:
             # Dispatch carries each token's k weights and k expert ids after its H elements, as
             # the bits of 2k f32 (two elements each in a 16-bit dtype); the backward combine
             # brings each row's weight gradient back in the column of its slot.
-            self.carried = 2 * experts_per_token * (4 // dtype.itemsize)
+            self.carried = 2 * top_k * (4 // dtype.itemsize)
             forward_width = hidden_dim + self.carried
-            backward_width = hidden_dim + experts_per_token
+            backward_width = hidden_dim + top_k
         else:
-            self._slots = _Op(comm, dict(config, hidden_dim=2 * experts_per_token), "f32", **ops)
+            self._slots = _Op(comm, dict(config, hidden_dim=2 * top_k), "f32", **ops)
         self._forward = _Op(comm, dict(config, hidden_dim=forward_width), _PMOE_DTYPE[dtype],
                             **ops)
         self._backward = _Op(comm, dict(config, hidden_dim=backward_width), _PMOE_DTYPE[dtype],
@@ -406,9 +426,9 @@ class AllToAll:
             raise _error(f"{name}: dtype {x.dtype}, expected {dtype} (the AllToAll's dtype)")
         if x.dim() != 2 or x.shape[1] != width:
             raise _error(f"{name}: shape {tuple(x.shape)}, expected [m, {width}]")
-        if x.shape[0] > self.max_num_tokens:
-            raise _error(f"{name}: {x.shape[0]} tokens, more than max_num_tokens = "
-                         f"{self.max_num_tokens}")
+        if x.shape[0] > self.max_tokens:
+            raise _error(f"{name}: {x.shape[0]} tokens, more than max_tokens = "
+                         f"{self.max_tokens}")
         if not x.is_contiguous():
             raise _error(f"{name}: tensor is not contiguous (call .contiguous())")
 
@@ -544,11 +564,11 @@ def dispatch(a2a, x, indices, *, zero_padding=True):
     """Sends each token of x to its experts; differentiable in x.
 
     a2a      pmoe.torch.AllToAll
-    x        [m, H] a2a.dtype, contiguous, on a2a.device; m <= max_num_tokens (may differ
+    x        [m, H] a2a.dtype, contiguous, on a2a.device; m <= max_tokens (may differ
              between ranks)
     indices  [m, k] int32 or int64: expert ids in [0, E), or -1 for a slot to skip; no expert
              twice in a row
-    returns  (expert_x [E_local, W * max_num_tokens, H], expert_num_tokens [E_local] int32):
+    returns  (expert_x [E_local, W * max_tokens, H], expert_num_tokens [E_local] int32):
              rows of local expert e are expert_x[e, :expert_num_tokens[e]], ordered by (source
              rank, source token); the rest are zero, or, with zero_padding=False, left as the
              memory was (for callers that read only the rows that arrived, as combine does;
@@ -563,7 +583,7 @@ def combine(a2a, expert_y, indices, weights, *, zero_padding=True):
     """Brings expert rows back: y[t] = sum_j weights[t, j] * expert_y[row of (t, j)], skipping
     -1 slots, summed in f32. Differentiable in expert_y and weights.
 
-    expert_y [E_local, W * max_num_tokens, H] a2a.dtype, rows in dispatch's order
+    expert_y [E_local, W * max_tokens, H] a2a.dtype, rows in dispatch's order
     indices  [m, k], the same as given to the matching dispatch
     weights  [m, k] floating point (used in f32)
     returns  y [m, H] a2a.dtype
@@ -573,7 +593,7 @@ def combine(a2a, expert_y, indices, weights, *, zero_padding=True):
     a2a.check_padded("combine")
     if not isinstance(expert_y, torch.Tensor) or not isinstance(weights, torch.Tensor):
         raise _error("combine: expert_y and weights must be torch.Tensors")
-    want = (a2a.num_local_experts, a2a.world_size * a2a.max_num_tokens, a2a.hidden_dim)
+    want = (a2a.num_local_experts, a2a.world_size * a2a.max_tokens, a2a.hidden_dim)
     a2a.check_device("expert_y", expert_y)
     a2a.check_device("weights", weights)
     if tuple(expert_y.shape) != want:

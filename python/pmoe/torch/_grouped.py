@@ -2,7 +2,7 @@
 in dispatch's padded buffer, found on the device.
 
 Dispatch lands the rows of local expert e in rows [0, counts[e]) of slot e of a padded buffer
-[E_local, R, H] (R = W * max_num_tokens). Packed, they are one [bound, H] tensor:
+[E_local, R, H] (R = W * max_tokens). Packed, they are one [bound, H] tensor:
 
     packed row i:   | e = 0: counts[0] rows | e = 1: counts[1] rows | ... | tail: zero rows |
                     0                       offs[0]                 offs[1] ...  offs[-1]   bound

@@ -10,7 +10,7 @@
 The experts compute on the rows that arrived only (_grouped.py draws the layout): each expert's
 first counts[e] rows of dispatch's padded buffer are gathered into one packed tensor, and
 torch._grouped_mm runs every expert's GEMM over its own rows (offs = cumsum(counts)), instead of
-every expert over the whole padded buffer, E_local * W * max_num_tokens rows (E / k times the
+every expert over the whole padded buffer, E_local * W * max_tokens rows (E / k times the
 rows that arrived). On a GPU (a communicator made with device="cuda:N") the parameters live on
 that GPU and the packing index is computed on the device, into a buffer sized for the most rows
 that can arrive, so nothing waits for the counts on the host and a forward can be captured into
@@ -29,7 +29,7 @@ from torch import nn
 
 from .. import _pmoe
 from . import _grouped
-from ._autograd import (AllToAll, _served_device, _torch_sees_pmoe_device, combine,
+from ._autograd import (AllToAll, _renamed, _served_device, _torch_sees_pmoe_device, combine,
                         dispatch)
 
 #: Tests set it to run the experts the GPU's way on the CPU: packed rows found without reading
@@ -55,7 +55,7 @@ def expert_forward(x, w1, w2, w3=None):
 class EpMoE(nn.Module):
     """Collective at construction over `comm` (pmoe.torch.communicator()).
 
-    hidden_dim H, ffn_dim F, num_experts E (divisible by comm.size), top_k, max_num_tokens (per
+    hidden_dim H, ffn_dim F, num_experts E (divisible by comm.size), top_k, max_tokens (per
     rank and call), swiglu (adds w3), dtype of activations and parameters (float32, bfloat16,
     float16). Parameters live on the communicator's device (the CPU or its GPU) and start random
     from torch's CPU generator (the same values on either device); load_dense() sets them from
@@ -77,10 +77,12 @@ class EpMoE(nn.Module):
     gradients before the step (or use replicas for serving).
     """
 
-    def __init__(self, comm, *, hidden_dim, ffn_dim, num_experts, top_k, max_num_tokens,
+    def __init__(self, comm, *, hidden_dim, ffn_dim, num_experts, top_k, max_tokens=None,
                  swiglu=False, dtype=torch.float32, on_peer_loss="fail", peer_timeout_s=0.0,
-                 placement=None):
+                 placement=None, max_num_tokens=None):
         super().__init__()
+        max_tokens = _renamed("pmoe.torch.EpMoE", "max_tokens", max_tokens, "max_num_tokens",
+                              max_num_tokens)
         self.comm = comm
         self.top_k = top_k
         device = _served_device(comm)
@@ -94,7 +96,7 @@ class EpMoE(nn.Module):
         if placement is not None:
             slots = dict(num_experts=len(placement), placement=placement,
                          num_logical_experts=num_experts)
-        self.a2a = AllToAll(comm, max_num_tokens=max_num_tokens, experts_per_token=top_k,
+        self.a2a = AllToAll(comm, max_tokens=max_tokens, top_k=top_k,
                             hidden_dim=hidden_dim, dtype=dtype, on_peer_loss=on_peer_loss,
                             peer_timeout_s=peer_timeout_s, **slots)
         local = self.a2a.num_local_experts
@@ -136,7 +138,7 @@ class EpMoE(nn.Module):
             self.w3.copy_(w3[local])
 
     def forward(self, x):
-        """x [m, H] -> y [m, H], m <= max_num_tokens (may differ between ranks, 0 included).
+        """x [m, H] -> y [m, H], m <= max_tokens (may differ between ranks, 0 included).
 
         x must have the layer's dtype; anything else raises pmoe.Error before any work."""
         # Checked here, not left to dispatch: the router's matmul runs first and would fail

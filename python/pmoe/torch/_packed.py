@@ -1,5 +1,5 @@
 """Dispatch and combine on packed rows: the rows that arrived, [n, H], not the padded
-[E_local, W * max_num_tokens, H] buffer, which stays inside the AllToAll and is reused by every
+[E_local, W * max_tokens, H] buffer, which stays inside the AllToAll and is reused by every
 call.
 
 This is the form an expert-parallel layer wants (transformers' experts_forward takes packed rows
@@ -36,7 +36,7 @@ weights the rows in f32): pmoe.transformers uses weighted dispatch for f32 layer
 Rows of local expert e are rows[offsets[e]:offsets[e + 1]] with offsets the cumulative counts,
 ordered by (source rank, source token), as dispatch lays them out. On the CPU n = counts.sum().
 On a GPU, reading that sum would wait for the exchange, so n is the most rows that can arrive,
-W * max_num_tokens * min(top_k, E_local), and the rows past counts.sum() are a zero tail: the
+W * max_tokens * min(top_k, E_local), and the rows past counts.sum() are a zero tail: the
 packing index is computed on the device (_grouped.layout), and nothing waits on the host. The
 caller's experts should give the tail zero rows (combine reads none of them; in pmoe.transformers
 they carry expert id E_local, transformers' mark of a row for no local expert).
@@ -243,7 +243,7 @@ def dispatch_packed(a2a, x, indices, weights=None):
     differentiable in x (and weights).
 
     a2a      pmoe.torch.AllToAll (in_place_buffers=True on the CPU saves a copy per token)
-    x        [m, H] a2a.dtype, contiguous, on a2a.device; m <= max_num_tokens
+    x        [m, H] a2a.dtype, contiguous, on a2a.device; m <= max_tokens
     indices  [m, k] int32 or int64 expert ids in [0, E), or -1 for a slot to skip; no expert
              twice in a row
     weights  [m, k] floating point: only, and always, with an AllToAll made with

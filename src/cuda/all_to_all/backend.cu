@@ -67,18 +67,16 @@ class CudaAllToAll final : public AllToAllBackend {
                "spinning one for ever. Set CUDA_DEVICE_MAX_CONNECTIONS >= ", streams, " before CUDA "
                "starts (pmoe sets 32 where it is unset)");
     const int W = comm.size(), L = config.num_experts / W;
-    const size_t max_routes = size_t(W) * config.max_num_tokens * layout_.max_pairs;
+    const size_t max_routes = size_t(W) * config.max_tokens * layout_.max_pairs;
 
     AllToAllParams& p = params_;
     p = AllToAllParams{};
+    static_cast<MoeShape&>(p) = config.shape();
     p.rank = comm.rank();
     p.world_size = W;
     p.num_local_experts = L;
-    p.top_k = config.experts_per_token;
-    p.hidden_dim = config.hidden_dim;
-    p.max_tokens = config.max_num_tokens;
     p.scales_per_token = config.scales_per_token();
-    p.rows_per_expert = int64_t(W) * config.max_num_tokens;
+    p.rows_per_expert = int64_t(W) * config.max_tokens;
     p.in_elem_bytes = dtype_size(config.in_dtype);
     p.out_dtype = int(config.out_dtype);
     p.layout = layout_;
@@ -116,12 +114,12 @@ class CudaAllToAll final : public AllToAllBackend {
       scratch_bytes_ += (bytes + 255) / 256 * 256;
       return at;
     };
-    const size_t send_slot = reserve(sizeof(int32_t) * config.max_num_tokens * W);
+    const size_t send_slot = reserve(sizeof(int32_t) * config.max_tokens * W);
     const size_t send_position =
-        reserve(sizeof(int32_t) * config.max_num_tokens * config.experts_per_token);
+        reserve(sizeof(int32_t) * config.max_tokens * config.top_k);
     const size_t send_count = reserve(sizeof(int32_t) * W);
     const size_t send_expert_count = reserve(sizeof(int32_t) * config.num_experts);
-    const size_t relay_slot = reserve(sizeof(int32_t) * config.max_num_tokens * layout_.nodes);
+    const size_t relay_slot = reserve(sizeof(int32_t) * config.max_tokens * layout_.nodes);
     const size_t relay_count = reserve(sizeof(int32_t) * layout_.nodes);
     const size_t relay_tally = reserve(sizeof(int32_t) * layout_.nodes);
     const size_t recv_base = reserve(sizeof(int32_t) * W * L);
@@ -138,7 +136,7 @@ class CudaAllToAll final : public AllToAllBackend {
     const size_t owners_ready = reserve(sizeof(int32_t));
     const size_t round = reserve(sizeof(cuda::Round));  // zeroed: dispatch(send) comes first
     // i64 indices narrowed for the kernels, one copy per op: combine's must outlive dispatch's.
-    const size_t index_count = size_t(config.max_num_tokens) * config.experts_per_token;
+    const size_t index_count = size_t(config.max_tokens) * config.top_k;
     const size_t dispatch_indices = reserve(sizeof(int32_t) * index_count);
     calls_state_end_ = dispatch_indices;  // what a call leaves in scratch lies before this
     const size_t combine_indices = reserve(sizeof(int32_t) * index_count);
@@ -228,12 +226,12 @@ class CudaAllToAll final : public AllToAllBackend {
   Tensor input_buffer() const override {
     if (!config_.in_place_buffers) return {};
     return Tensor(region() + layout_.input_offset, config_.in_dtype,
-                  {config_.max_num_tokens, config_.hidden_dim}, device_);
+                  {config_.max_tokens, config_.hidden_dim}, device_);
   }
   Tensor input_scale_buffer() const override {
     if (!config_.in_place_buffers || config_.in_dtype != DType::f8e4m3) return {};
     return Tensor(region() + layout_.input_scale_offset, DType::f32,
-                  {config_.max_num_tokens, config_.scales_per_token()}, device_);
+                  {config_.max_tokens, config_.scales_per_token()}, device_);
   }
   Tensor expert_output_buffer() const override {
     if (!config_.in_place_buffers) return {};
@@ -459,7 +457,7 @@ class CudaAllToAll final : public AllToAllBackend {
                      float* weights_out) const {
     const bool wide = indices.dtype() == DType::i64;
     if (routed)
-      cuda::launch_route_slots(indices.data(), wide, indices.size(0), config_.experts_per_token,
+      cuda::launch_route_slots(indices.data(), wide, indices.size(0), config_.top_k,
                                comm_.rank(), table_view_, staged, weights, weights_out, stream_,
                                blocks_);
     else if (wide)
@@ -500,7 +498,7 @@ class CudaAllToAll final : public AllToAllBackend {
   // The most token slots this rank can receive in a call: every rank's bound, or this rank's m
   // when it is the only one.
   int64_t most_slots(int64_t m) const {
-    return comm_.size() == 1 ? m : int64_t(comm_.size()) * config_.max_num_tokens;
+    return comm_.size() == 1 ? m : int64_t(comm_.size()) * config_.max_tokens;
   }
   int grid_for(int64_t work) const { return int(std::clamp<int64_t>(work, 1, blocks_)); }
   bool every_peer_direct() const {

@@ -30,6 +30,7 @@
 #include "all_to_all/layout.hpp"
 #include "all_to_all/route.hpp"
 #include "all_to_all/step.hpp"
+#include "pmoe/shape.hpp"
 
 #include <cuda_runtime.h>
 
@@ -99,9 +100,10 @@ struct ErrorWord {
 // found the step out of order (or an earlier error) and sent nothing.
 constexpr int kSendDone = 0, kReturnDone = 1, kSendAborted = 2, kBlockCounters = 3;
 
-struct AllToAllParams {
-  // Shape.
-  int rank, world_size, num_local_experts, top_k, hidden_dim, max_tokens, scales_per_token;
+// The exchange's MoeShape (max_tokens, num_experts, top_k, hidden_dim) under the config's names,
+// then what the kernels derive from it.
+struct AllToAllParams : MoeShape {
+  int rank, world_size, num_local_experts, scales_per_token;
   int64_t rows_per_expert;
   int in_elem_bytes, y_elem_bytes, out_dtype, y_dtype;  // y_dtype/out_dtype: pmoe::DType values
   AllToAllLayout layout;

@@ -63,7 +63,7 @@ class DeviceExperts {
         halves_(config.w1_halves()),
         runs_(runs),
         gemms_(config.dtype, config.tf32, count_, device) {
-    const int H = config.feature_dim, O = config.out_dim(), ld1 = halves_ * width_;
+    const int H = config.hidden_dim, O = config.out_dim(), ld1 = halves_ * width_;
     const int count = count_;
     std::vector<float> w1(size_t(count) * H * ld1), w2(size_t(count) * width_ * O);
     for (int local = 0; local < count; ++local) {
@@ -120,7 +120,7 @@ class DeviceExperts {
   }
   double flops(int64_t rows) const {
     return 2.0 * double(rows) * width_ *
-           (double(halves_) * config_.feature_dim + config_.out_dim());
+           (double(halves_) * config_.hidden_dim + config_.out_dim());
   }
 
   // out = act(x . W1) . W2 over the rows in use of every expert's group of C rows, `counts`
@@ -135,7 +135,7 @@ class DeviceExperts {
     PMOE_CHECK(plan.tiles <= max_tiles_ && run < runs_, "DeviceExperts: ", plan.tiles,
                " tiles for ", max_rows, " rows (run ", run, "), more than the ", max_tiles_,
                " tiles and ", runs_, " runs planned for");
-    const int H = config_.feature_dim, O = config_.out_dim(), ld1 = hidden_ld();
+    const int H = config_.hidden_dim, O = config_.out_dim(), ld1 = hidden_ld();
     const int64_t elem = int64_t(dtype_size(config_.dtype));
     const int act_ld = separate_act() ? width_ : ld1;
     if (!separate_act()) act = hidden;

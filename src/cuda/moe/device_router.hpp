@@ -19,7 +19,7 @@ namespace pmoe::cuda::inline PMOE_CUDA_FLAVOR {
 class DeviceRouter {
  public:
   DeviceRouter(const MoeConfig& config, int max_tokens, Device device) : config_(config) {
-    const int H = config.feature_dim, E = config.num_experts;
+    const int H = config.hidden_dim, E = config.num_experts;
     std::vector<float> wg(size_t(H) * E);
     detail::fill_weights(config, MoeTensor::router, 0, 0, H, 0, E, wg.data(), E);
     weights_ = Buffer(DType::f32, {H, E}, device);
@@ -31,7 +31,7 @@ class DeviceRouter {
   void route(cublasHandle_t handle, cudaStream_t stream, int m, const float* x, int32_t* indices,
              float* weights) const {
     if (m == 0) return;
-    const int H = config_.feature_dim, E = config_.num_experts;
+    const int H = config_.hidden_dim, E = config_.num_experts;
     gemm_batched_row_major(handle, m, E, H, x, H, 0, weights_.data<float>(), E, 0,
                            logits_.data<float>(), E, 0, 1);
     TopKSoftmax t;
@@ -47,7 +47,7 @@ class DeviceRouter {
   size_t weight_bytes() const { return weights_.nbytes(); }
   size_t workspace_bytes() const { return logits_.nbytes(); }
   double flops(int64_t tokens) const {
-    return 2.0 * double(tokens) * config_.feature_dim * config_.num_experts;
+    return 2.0 * double(tokens) * config_.hidden_dim * config_.num_experts;
   }
 
  private:

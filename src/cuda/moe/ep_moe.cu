@@ -69,7 +69,7 @@ class DeviceEpMoe final : public MoeBackend {
         rank_(comm.rank()),
         world_(comm.size()),
         num_local_(slot_count(config, options.placement) / comm.size()),
-        wire_(std::max(config.feature_dim, config.out_dim())),
+        wire_(std::max(config.hidden_dim, config.out_dim())),
         per_batch_((max_tokens + options.micro_batches - 1) / options.micro_batches),
         micro_batches_(options.micro_batches),
         counts_logical_rows_(options.placement.empty() && !options.rank_mask &&
@@ -92,7 +92,7 @@ class DeviceEpMoe final : public MoeBackend {
       PMOE_CUDA_CHECK(cudaEventCreateWithFlags(&counted_, cudaEventDisableTiming));
     }
     const Device device = comm.device();
-    const int H = config.feature_dim, O = config.out_dim(), k = config.top_k;
+    const int H = config.hidden_dim, O = config.out_dim(), k = config.top_k;
     const int64_t R = slots();
     if (config.dtype != DType::f32) x_f32_ = Buffer(DType::f32, {max_tokens, H}, device);
     if (O < wire_) y_wire_ = Buffer(config.dtype, {max_tokens, wire_}, device);
@@ -135,7 +135,7 @@ class DeviceEpMoe final : public MoeBackend {
   const AllToAll& exchange() const override { return *exchanges_.front(); }
 
   void forward(const Tensor& x, const Tensor& y, MoeStats& stats) override {
-    const int m = int(x.size(0)), H = config_.feature_dim, O = config_.out_dim();
+    const int m = int(x.size(0)), H = config_.hidden_dim, O = config_.out_dim();
     const size_t elem = dtype_size(config_.dtype);
     stats.tokens = m;
     stats.router_flops = router_.flops(m);

@@ -34,7 +34,7 @@ class DeviceLocalMoe {
         router_(config, max_tokens, device),
         experts_(config, detail::all_experts(config), ffn_begin, ffn_end,
                  int64_t(max_tokens) * config.top_k, device) {
-    const int H = config.feature_dim, E = config.num_experts, k = config.top_k;
+    const int H = config.hidden_dim, E = config.num_experts, k = config.top_k;
     const int O = config.out_dim();
     if (config.dtype != DType::f32) x_f32_ = Buffer(DType::f32, {max_tokens, H}, device);
     indices_ = Buffer(DType::i32, {max_tokens, k}, device);
@@ -63,7 +63,7 @@ class DeviceLocalMoe {
   // Its phases (route, experts, the gating sum as combine) are bracketed on `timer`, started.
   static constexpr int kPhases = 3;
   void forward(const Tensor& x, void* y, DType y_dtype, MoeStats& stats, PhaseTimer& timer) {
-    const int m = int(x.size(0)), H = config_.feature_dim, E = config_.num_experts;
+    const int m = int(x.size(0)), H = config_.hidden_dim, E = config_.num_experts;
     const int k = config_.top_k, O = config_.out_dim();
     stats.tokens = m;
     stats.router_flops = router_.flops(m);
