@@ -118,12 +118,10 @@ void AllToAllConfig::validate(int world_size) const {
 AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config)
     : AllToAll(comm, config, comm.device()) {}
 
-AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device device)
-    : config_(config),
-      comm_(&comm),
-      rank_(comm.rank()),
-      world_size_(comm.size()),
-      device_(device) {
+// Every rank's config against every other's, and this rank's against its world (collective): at
+// construction, and again when a newcomer in a lost rank's place builds the op (admit).
+void AllToAll::agree_on_config(Communicator& comm, const AllToAllConfig& config,
+                               Device device) const {
   detail::ConfigAgreement agree("AllToAll");
   agree.field("max_num_tokens", config.max_num_tokens);
   agree.field("num_experts", config.num_experts);
@@ -146,6 +144,15 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device devi
     PMOE_CHECK(device == comm.device(), "AllToAll: device ", device.str(),
                " differs from the communicator's ", comm.device().str());
   });
+}
+
+AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device device)
+    : config_(config),
+      comm_(&comm),
+      rank_(comm.rank()),
+      world_size_(comm.size()),
+      device_(device) {
+  agree_on_config(comm, config, device);
   num_local_experts_ = config_.num_experts / world_size_;
   mask_.live.assign(size_t(world_size_), 1);
   mask_.reasons.assign(size_t(world_size_), "");
@@ -198,6 +205,37 @@ void AllToAll::unmask_rank(int rank) {
   backend_->set_routing(*slot_table_, mask_.live);
   calls_started_ = calls_done_ = backend_->calls_made(calls_started_);
   loss_board_->post_mask(mask_.live, calls_started_);
+}
+
+AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Replacing)
+    : AllToAll(comm, config, comm.device()) {
+  // The constructor above ran the survivors' admit with them: the config agreed, and each
+  // allocation took over the lost rank's memory, which they handed over. What is left is what a
+  // rank that comes back does.
+  PMOE_CHECK(loss_board_, "AllToAll (replacing a lost rank): set AllToAllConfig::on_peer_loss = "
+             "mask");
+  loss_board_->take_over_post();
+  rejoin();
+}
+
+void AllToAll::admit(int rank) {
+  const char* op = "AllToAll::admit";
+  PMOE_CHECK(loss_board_, op, ": set AllToAllConfig::on_peer_loss = mask (a newcomer joins as a "
+             "rank that comes back does)");
+  PMOE_CHECK(device_.kind == Device::Kind::cpu, op, " on rank ", rank_, ": a newcomer on ",
+             device_.str(), " is not built yet; the CPU only");
+  PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this AllToAll is unusable (", broken_,
+             ")");
+  PMOE_CHECK(next_ == Step::dispatch_send, op, " on rank ", rank_, ": admit between calls "
+             "(after combine(recv)); the next step is ", detail::step_name(next_));
+  PMOE_CHECK(rank >= 0 && rank < world_size_, op, ": rank ", rank, " is outside [0, ",
+             world_size_, ")");
+  PMOE_CHECK(!mask_.live[size_t(rank)], op, " on rank ", rank_, ": rank ", rank, " is live (a "
+             "newcomer takes the place of a rank the survivors masked)");
+  agree_on_config(*comm_, config_, device_);
+  for (SymmetricMemory* memory : backend_->symmetric_memory()) comm_->hand_over(*memory, rank);
+  comm_->hand_over(loss_board_->memory(), rank);
+  unmask_rank(rank);
 }
 
 void AllToAll::rejoin() {
