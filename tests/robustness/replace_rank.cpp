@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -275,18 +276,16 @@ int main(int argc, char** argv) {
     ranks.push_back(spawn([&, r] {
       for (int other = 0; other < kWorld; ++other)  // each child keeps its own listener only
         if (other != r) SocketCommunicator::Listener(std::move(listeners[size_t(other)]));
-      if (r == kVictim) {
+      if (r == kVictim) {  // dies 100 to 400 ms in, in whatever call and step it is then
         std::mt19937 random(seed);
         const int delay_ms = 100 + int(random() % 300);
         std::thread([delay_ms] {
           std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
           raise(SIGKILL);
         }).detach();
-        AllToAll* never = nullptr;
         SocketCommunicator comm(std::move(listeners[size_t(r)]), r, addresses, nodes, job);
         AllToAll a2a(comm, make_config(64));
-        never = &a2a;
-        for (;;) checked_call(*never, r, never->calls_started() + 1, {});
+        for (;;) checked_call(a2a, r, a2a.calls_started() + 1, {});
       }
       survivor(std::move(listeners[size_t(r)]), r, addresses, nodes, job);
     }));
