@@ -276,15 +276,15 @@ int main(int argc, char** argv) {
     ranks.push_back(spawn([&, r] {
       for (int other = 0; other < kWorld; ++other)  // each child keeps its own listener only
         if (other != r) SocketCommunicator::Listener(std::move(listeners[size_t(other)]));
-      if (r == kVictim) {  // dies 100 to 400 ms in, in whatever call and step it is then
+      if (r == kVictim) {  // dies 100 to 400 ms after its op is made, in whatever call it is in
+        SocketCommunicator comm(std::move(listeners[size_t(r)]), r, addresses, nodes, job);
+        AllToAll a2a(comm, make_config(64));
         std::mt19937 random(seed);
         const int delay_ms = 100 + int(random() % 300);
         std::thread([delay_ms] {
           std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
           raise(SIGKILL);
         }).detach();
-        SocketCommunicator comm(std::move(listeners[size_t(r)]), r, addresses, nodes, job);
-        AllToAll a2a(comm, make_config(64));
         for (;;) checked_call(a2a, r, a2a.calls_started() + 1, {});
       }
       survivor(std::move(listeners[size_t(r)]), r, addresses, nodes, job);
