@@ -47,7 +47,7 @@ bit-identical run after run. Every call validates its arguments before sending a
              const std::string& cross_node, bool combine_sums_in_node, bool packed_expert_rows,
              const std::optional<std::vector<int32_t>>& placement, int num_logical_experts,
              bool rank_mask, const std::string& masked_experts, const std::string& on_peer_loss,
-             double peer_timeout_s) {
+             double peer_timeout_s, bool replacing) {
             AllToAllConfig c;
             c.max_num_tokens = max_num_tokens;
             c.num_experts = num_experts;
@@ -73,7 +73,10 @@ bit-identical run after run. Every call validates its arguments before sending a
             c.on_peer_loss = parse_on_peer_loss("AllToAll", on_peer_loss);
             c.peer_timeout_s = peer_timeout_s;
             nb::gil_scoped_release release;  // collective: peers are constructing too
-            new (self) AllToAll(comm, c);
+            if (replacing)
+              new (self) AllToAll(comm, c, AllToAll::Replacing{});
+            else
+              new (self) AllToAll(comm, c);
           },
           nb::arg("comm"), nb::kw_only(), nb::arg("max_num_tokens"), nb::arg("num_experts"),
           nb::arg("experts_per_token"), nb::arg("hidden_dim"), nb::arg("in_dtype") = "bf16",
@@ -83,7 +86,7 @@ bit-identical run after run. Every call validates its arguments before sending a
           nb::arg("packed_expert_rows") = false, nb::arg("placement") = nb::none(),
           nb::arg("num_logical_experts") = 0, nb::arg("rank_mask") = false,
           nb::arg("masked_experts") = "drop", nb::arg("on_peer_loss") = "fail",
-          nb::arg("peer_timeout_s") = 0.0,
+          nb::arg("peer_timeout_s") = 0.0, nb::arg("replacing") = false,
           nb::keep_alive<1, 2>(),
           "Collective over comm. in_dtype: f32, bf16, f16 or f8e4m3 (then scale_block > 0 "
           "elements per f32 scale); out_dtype: f32, bf16 or f16. ranks_per_node > 0: ranks "
@@ -102,7 +105,9 @@ bit-identical run after run. Every call validates its arguments before sending a
           "or 'mask' (every rank on one node, CPU or CUDA: the survivors mask it and go on; "
           "the call in which they find it raises pmoe.PeerLost); peer_timeout_s: with 'mask', "
           "how long a wait for a peer lasts before the peer is lost (0: PMOE_TIMEOUT_S) "
-          "(docs/robustness.md).")
+          "(docs/robustness.md). replacing: this process takes a lost rank's place (comm from "
+          "SocketCommunicator.replacing) while every survivor calls admit(rank): the op takes "
+          "over the lost rank's memory and joins as rejoin() does.")
       .def(
           "dispatch",
           [](AllToAll& self, nb::handle x, nb::handle indices, nb::handle expert_num_tokens,
@@ -175,6 +180,16 @@ y        [m, H] out_dtype, out: y[t] = sum_j weights[t, j] * expert_y[row of (t,
           "on_peer_loss='mask' only. Every live rank calls it between the same two calls with "
           "the same rank, while that rank calls rejoin(); it waits for the rank, and from the "
           "next call on the rank's slots serve again.")
+      .def(
+          "admit",
+          [](AllToAll& self, int rank) {
+            nb::gil_scoped_release release;  // collective with the survivors and the newcomer
+            self.admit(rank);
+          },
+          nb::arg("rank"),
+          "on_peer_loss='mask', on every survivor, after SocketCommunicator.admit(rank), while a "
+          "new process builds the op with replacing=True: checks its config, hands it the op's "
+          "memory, then does what unmask_rank does.")
       .def(
           "rejoin",
           [](AllToAll& self) {
