@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "all_to_all_cases.hpp"
+#include "comm/socket_regions.hpp"
 #include "comm/wait.hpp"
 #include "pmoe/error.hpp"
 #include "pmoe/socket_communicator.hpp"
@@ -227,6 +228,33 @@ TEST(SocketComm, BadArguments) {
   EXPECT_THROW(SocketCommunicator(std::move(other), 0, {"x:1", "y:2"}, {"n"}, "job"), Error);
   SocketCommunicator::Listener third("127.0.0.1");
   EXPECT_THROW(SocketCommunicator(std::move(third), 0, {"x:1"}, {"n"}, "a/b"), Error);
+}
+
+// A newcomer in a lost rank's place takes over an allocation only when every survivor hands the
+// same one to it; each rank judges the gathered requests alike (tests/robustness/replace_rank.cpp
+// runs the whole admission).
+TEST(SocketComm, AHandOverIsAgreedOrRefusedAlikeOnEveryRank) {
+  using detail::AllocationRequest;
+  auto judge = [](int rank, const std::vector<AllocationRequest>& all, uint64_t* serial) {
+    std::vector<std::byte> gathered(all.size() * sizeof(AllocationRequest));
+    std::memcpy(gathered.data(), all.data(), gathered.size());
+    return detail::agreed_hand_over(rank, gathered, all[size_t(rank)], serial);
+  };
+  uint64_t serial = 99;
+  const std::vector<AllocationRequest> fresh(3, AllocationRequest{128, 2, -1, 0});
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(judge(r, fresh, &serial), -1);
+  const std::vector<AllocationRequest> handed = {{128, 2, 1, 5}, {128, 2, -1, 0}, {128, 2, 1, 5}};
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(judge(r, handed, &serial), 1);
+    EXPECT_EQ(serial, 5u);
+  }
+  // A survivor that allocates while the others hand over, two allocations, other sizes.
+  const std::vector<std::vector<AllocationRequest>> refused = {
+      {{128, 2, 1, 5}, {128, 2, -1, 0}, {128, 2, -1, 0}},
+      {{128, 2, 1, 5}, {128, 2, -1, 0}, {128, 2, 1, 6}},
+      {{128, 2, 1, 5}, {256, 2, -1, 0}, {128, 2, 1, 5}}};
+  for (const auto& requests : refused)
+    for (int r = 0; r < 3; ++r) EXPECT_THROW(judge(r, requests, &serial), Error);
 }
 
 }  // namespace

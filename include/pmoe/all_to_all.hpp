@@ -133,6 +133,13 @@ class AllToAll {
   AllToAll(Communicator& comm, const AllToAllConfig& config);
   // The same, naming the device, which must be the communicator's.
   AllToAll(Communicator& comm, const AllToAllConfig& config, Device device);
+  // on_peer_loss = mask, in a new process that takes lost rank r's place (its communicator made
+  // by SocketCommunicator::replacing), while every survivor calls admit(r) on its op: the same
+  // config is checked against theirs (pmoe::Error on every rank if it differs), each of the op's
+  // allocations takes over r's memory instead of allocating, and the op then joins as rejoin()
+  // does: its first call is the one the survivors make next. Bounded as rejoin() is.
+  struct Replacing {};
+  AllToAll(Communicator& comm, const AllToAllConfig& config, Replacing);
   ~AllToAll();
   AllToAll(const AllToAll&) = delete;
   AllToAll& operator=(const AllToAll&) = delete;
@@ -222,6 +229,13 @@ class AllToAll {
   // call count, and makes the op usable again, between calls. Its next call is the one the
   // others make next.
   void rejoin();
+  // on_peer_loss = mask, on every survivor, after SocketCommunicator::admit(rank): a new process
+  // builds the op in `rank`'s place (the Replacing constructor). Checks its config against this
+  // rank's, hands it the op's memory (its own allocation is the lost rank's), then does what
+  // unmask_rank does. Between calls, with the same rank on every survivor. Throws pmoe::Error,
+  // changing nothing, for a rank that is live or out of range, an op not made with
+  // on_peer_loss = mask, a CUDA device (not built yet), or a newcomer whose config differs.
+  void admit(int rank);
   // on_peer_loss = mask: another op of this rank raised pmoe::PeerLost for `ranks` (two
   // exchanges that take turns, as EpMoe's micro-batches do): this one goes on without them too,
   // abandoning its call in flight if any. Collective over the survivors, each of which calls it
@@ -252,6 +266,7 @@ class AllToAll {
 
  private:
   using Step = detail::Step;  // src/all_to_all/step.hpp
+  void agree_on_config(Communicator& comm, const AllToAllConfig& config, Device device) const;
   void enter(Step step, const char* op);  // checks the phase order
   void run_step(Step step, const char* op, const std::function<void()>& body);
   // The tokens this call: `rows`, or *bound_m where the host can read it (validated).

@@ -67,6 +67,12 @@ class Communicator {
   // that the ranks' host threads read and write beside a device's kernels. Ranks off this rank's
   // node get no mapping (peer() returns null for them).
   virtual std::unique_ptr<SymmetricMemory> alloc_host_symmetric(size_t bytes);
+  // A new process in lost rank `rank`'s place builds each op again; an op's admit gives it the
+  // op's `memory` (this rank's allocation, made by this communicator), which the newcomer's
+  // matching alloc_symmetric takes over instead of allocating. Collective over the survivors and
+  // the newcomer. Only communicators that admit new processes can (SocketCommunicator on one
+  // node's shared memory); this default throws pmoe::Error.
+  virtual void hand_over(SymmetricMemory& memory, int rank);
 
   // Throws if the group has failed (another thread rank threw). Cheap; ops call it at entry.
   void check_group() const;

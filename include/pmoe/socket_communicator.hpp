@@ -11,6 +11,7 @@
 // communicator's own collectives), never these TCP frames.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@ namespace pmoe {
 
 namespace detail {
 class SocketTransport;
+struct SocketRegions;
 }
 
 class SocketCommunicator final : public Communicator {
@@ -54,6 +56,32 @@ class SocketCommunicator final : public Communicator {
                      Device device = Device::cpu());
   ~SocketCommunicator() override;
 
+  // A new process in the place of rank `rank`, whose process ended (docs/robustness.md, "A new
+  // process in a dead one's place"). The same arguments as the constructor's, where
+  // addresses[rank] is this process's own listener's (the others keep theirs); every other rank
+  // calls admit(rank) meanwhile. Connects to every other rank and takes the job's picture from
+  // them: it must be the one they were given, but for this rank's address (checked on every
+  // rank, pmoe::Error otherwise). Each op it then builds in replacing mode (AllToAll's
+  // constructor with AllToAll::Replacing) takes over the lost rank's memory instead of
+  // allocating new. One node's shared memory on the CPU only, so far: a CUDA device is refused.
+  static std::unique_ptr<SocketCommunicator> replacing(Listener&& listener, int rank,
+                                                       std::vector<std::string> addresses,
+                                                       std::vector<std::string> nodes,
+                                                       std::string job_id,
+                                                       Device device = Device::cpu());
+  // Collective over every other rank and the newcomer's replacing(): takes the connection of the
+  // process now in `rank`'s place on this rank's listener (bounded by the timeout), checks the
+  // picture of the job, and watches the new process instead of the dead one. Throws pmoe::Error,
+  // having changed nothing, for a rank out of range, this rank, a rank whose connection is still
+  // open (it lives: mask it and stop it first), a rank with no peer on its node (its memory is
+  // gone with it), or a CUDA device. Between calls: no other thread of this rank may wait on the
+  // communicator meanwhile. Ops are admitted afterwards, one by one (AllToAll::admit).
+  void admit(int rank);
+  // Collective over the survivors and the newcomer `rank`: gives the newcomer `memory`, which
+  // its matching alloc_symmetric takes over as the lost rank's (the node's segments, passed as
+  // descriptors over a Unix socket, since their names are gone). Ops call it from their admit.
+  void hand_over(SymmetricMemory& memory, int rank) override;
+
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void barrier() override;
@@ -67,12 +95,32 @@ class SocketCommunicator final : public Communicator {
   // alloc_symmetric in `where`'s memory: this rank's device, or the host.
   std::unique_ptr<SymmetricMemory> alloc_symmetric_in(Device where, size_t bytes,
                                                       int signal_slots);
+  struct Replacing {};
+  SocketCommunicator(Replacing, Listener&& listener, int rank, std::vector<std::string> addresses,
+                     std::vector<std::string> nodes, std::string job_id, Device device);
+  // The picture of the job every rank must share: addresses, node names, job id, device kind.
+  uint64_t job_digest(const std::vector<std::string>& addresses) const;
+  // The rest of admit() and replacing(), on every rank once `newcomer`'s connections are up.
+  void welcome(int newcomer, const std::vector<std::string>& addresses);
+  // The hand-over's side on the newcomer: allocation `serial`'s node segments, received from
+  // the sponsor (socket_admission.cpp). Returns "" or what failed.
+  std::string adopt_segments(detail::SocketRegions& regions, std::vector<std::byte*>& data, size_t total,
+                      uint64_t serial);
+  // The lowest rank other than `newcomer` on its node: it holds every segment and passes them.
+  int sponsor_of(int newcomer) const;
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> node_ranks_;
   std::shared_ptr<detail::SocketTransport> transport_;
   std::string job_id_;
   uint64_t allocations_ = 0;
+  std::vector<std::string> addresses_, nodes_;
+  // Each live allocation on the CPU, by its local data: what hand_over() passes on.
+  std::map<const std::byte*, std::weak_ptr<detail::SocketRegions>> allocations_by_data_;
+  // Unix sockets that carry descriptors: the sponsor's, one per newcomer; the newcomer's, to its
+  // sponsor (-1 until replacing() made it).
+  std::map<int, int> channels_;
+  int channel_to_sponsor_ = -1;
 };
 
 }  // namespace pmoe

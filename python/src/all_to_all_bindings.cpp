@@ -69,7 +69,7 @@ bit-identical run after run. Every call validates its arguments before sending a
              const std::string& cross_node, bool combine_sums_in_node, bool packed_expert_rows,
              const std::optional<std::vector<int32_t>>& placement, int num_logical_experts,
              bool rank_mask, const std::string& masked_experts, const std::string& on_peer_loss,
-             double peer_timeout_s, std::optional<int> max_num_tokens,
+             double peer_timeout_s, bool replacing, std::optional<int> max_num_tokens,
              std::optional<int> experts_per_token) {
             AllToAllConfig c;
             c.shape() = {renamed_arg("AllToAll", "max_tokens", max_tokens, "max_num_tokens",
@@ -98,7 +98,10 @@ bit-identical run after run. Every call validates its arguments before sending a
             c.on_peer_loss = parse_on_peer_loss("AllToAll", on_peer_loss);
             c.peer_timeout_s = peer_timeout_s;
             nb::gil_scoped_release release;  // collective: peers are constructing too
-            new (self) AllToAll(comm, c);
+            if (replacing)
+              new (self) AllToAll(comm, c, AllToAll::Replacing{});
+            else
+              new (self) AllToAll(comm, c);
           },
           nb::arg("comm"), nb::kw_only(), nb::arg("max_tokens") = nb::none(),
           nb::arg("num_experts"), nb::arg("top_k") = nb::none(), nb::arg("hidden_dim"),
@@ -109,8 +112,9 @@ bit-identical run after run. Every call validates its arguments before sending a
           nb::arg("packed_expert_rows") = false, nb::arg("placement") = nb::none(),
           nb::arg("num_logical_experts") = 0, nb::arg("rank_mask") = false,
           nb::arg("masked_experts") = "drop", nb::arg("on_peer_loss") = "fail",
-          nb::arg("peer_timeout_s") = 0.0, nb::arg("max_num_tokens") = nb::none(),
-          nb::arg("experts_per_token") = nb::none(), nb::keep_alive<1, 2>(),
+          nb::arg("peer_timeout_s") = 0.0, nb::arg("replacing") = false,
+          nb::arg("max_num_tokens") = nb::none(), nb::arg("experts_per_token") = nb::none(),
+          nb::keep_alive<1, 2>(),
           "Collective over comm. max_tokens: tokens per rank per call, at most; top_k: experts "
           "per token (max_num_tokens and experts_per_token, their names before pmoe.MoeShape, "
           "still work for one release and warn). in_dtype: f32, bf16, f16 or f8e4m3 (then "
@@ -131,7 +135,9 @@ bit-identical run after run. Every call validates its arguments before sending a
           "or 'mask' (every rank on one node, CPU or CUDA: the survivors mask it and go on; "
           "the call in which they find it raises pmoe.PeerLost); peer_timeout_s: with 'mask', "
           "how long a wait for a peer lasts before the peer is lost (0: PMOE_TIMEOUT_S) "
-          "(docs/robustness.md).")
+          "(docs/robustness.md). replacing: this process takes a lost rank's place (comm from "
+          "SocketCommunicator.replacing) while every survivor calls admit(rank): the op takes "
+          "over the lost rank's memory and joins as rejoin() does.")
       .def(
           "dispatch",
           [](AllToAll& self, nb::handle x, nb::handle indices, nb::handle expert_num_tokens,
@@ -204,6 +210,16 @@ y        [m, H] out_dtype, out: y[t] = sum_j weights[t, j] * expert_y[row of (t,
           "on_peer_loss='mask' only. Every live rank calls it between the same two calls with "
           "the same rank, while that rank calls rejoin(); it waits for the rank, and from the "
           "next call on the rank's slots serve again.")
+      .def(
+          "admit",
+          [](AllToAll& self, int rank) {
+            nb::gil_scoped_release release;  // collective with the survivors and the newcomer
+            self.admit(rank);
+          },
+          nb::arg("rank"),
+          "on_peer_loss='mask', on every survivor, after SocketCommunicator.admit(rank), while a "
+          "new process builds the op with replacing=True: checks its config, hands it the op's "
+          "memory, then does what unmask_rank does.")
       .def(
           "rejoin",
           [](AllToAll& self) {

@@ -1,6 +1,7 @@
 // SocketCommunicator: ranks of a job started by another launcher (torchrun). pmoe.torch builds it;
 // these are the two steps it needs around its own address exchange.
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include "bindings.hpp"
@@ -55,6 +56,30 @@ and kind of device; pmoe.torch.communicator() fills them in.)")
           },
           nb::arg("mine"),
           "Set-up only: every rank's bytes (the same length on every rank), in rank order.")
+      .def_static(
+          "replacing",
+          [](SocketCommunicator::Listener& listener, int rank, std::vector<std::string> addresses,
+             std::vector<std::string> nodes, std::string job_id, const std::string& device) {
+            const Device where = parse_device(device);
+            nb::gil_scoped_release release;  // the survivors admit it meanwhile
+            return SocketCommunicator::replacing(std::move(listener), rank, std::move(addresses),
+                                                 std::move(nodes), std::move(job_id), where);
+          },
+          nb::arg("listener"), nb::arg("rank"), nb::arg("addresses"), nb::arg("nodes"),
+          nb::arg("job_id"), nb::arg("device") = "cpu",
+          "A new process in the place of `rank`, whose process ended, while every other rank "
+          "calls admit(rank): the constructor's arguments, with addresses[rank] this process's "
+          "own listener's. One node's CPU only (docs/robustness.md).")
+      .def(
+          "admit",
+          [](SocketCommunicator& c, int rank) {
+            nb::gil_scoped_release release;  // waits for the newcomer's connection
+            c.admit(rank);
+          },
+          nb::arg("rank"),
+          "Every other rank, between calls: takes the connection of the process now in `rank`'s "
+          "place; then each op's admit(rank). Raises pmoe.Error, changing nothing, for a rank "
+          "whose process lives.")
       .def_prop_ro("node_ranks", &SocketCommunicator::node_ranks,
                    "The ranks (ascending, this one included) that share memory with this one.");
 }

@@ -138,17 +138,17 @@ void AllToAllConfig::validate(int world_size) const {
 AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config)
     : AllToAll(comm, config, comm.device()) {}
 
-AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device device)
-    : config_(config.with_current_names()),
-      comm_(&comm),
-      rank_(comm.rank()),
-      world_size_(comm.size()),
-      device_(device) {
+// Every rank's config against every other's, and this rank's against its world (collective): at
+// construction, and again when a newcomer in a lost rank's place builds the op (admit). Ranks
+// agree on the dimensions under their current names, whichever names each rank used.
+void AllToAll::agree_on_config(Communicator& comm, const AllToAllConfig& config,
+                               Device device) const {
+  const MoeShape shape = config.with_current_names().shape();
   detail::ConfigAgreement agree("AllToAll");
-  agree.field("max_tokens", config_.max_tokens);
-  agree.field("num_experts", config_.num_experts);
-  agree.field("top_k", config_.top_k);
-  agree.field("hidden_dim", config_.hidden_dim);
+  agree.field("max_tokens", shape.max_tokens);
+  agree.field("num_experts", shape.num_experts);
+  agree.field("top_k", shape.top_k);
+  agree.field("hidden_dim", shape.hidden_dim);
   agree.field("in_dtype", int64_t(config.in_dtype), detail::show_dtype);
   agree.field("scale_block", config.scale_block);
   agree.field("out_dtype", int64_t(config.out_dtype), detail::show_dtype);
@@ -166,6 +166,15 @@ AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device devi
     PMOE_CHECK(device == comm.device(), "AllToAll: device ", device.str(),
                " differs from the communicator's ", comm.device().str());
   });
+}
+
+AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Device device)
+    : config_(config.with_current_names()),
+      comm_(&comm),
+      rank_(comm.rank()),
+      world_size_(comm.size()),
+      device_(device) {
+  agree_on_config(comm, config, device);
   num_local_experts_ = config_.num_experts / world_size_;
   mask_.live.assign(size_t(world_size_), 1);
   mask_.reasons.assign(size_t(world_size_), "");
@@ -218,6 +227,37 @@ void AllToAll::unmask_rank(int rank) {
   backend_->set_routing(*slot_table_, mask_.live);
   calls_started_ = calls_done_ = backend_->calls_made(calls_started_);
   loss_board_->post_mask(mask_.live, calls_started_);
+}
+
+AllToAll::AllToAll(Communicator& comm, const AllToAllConfig& config, Replacing)
+    : AllToAll(comm, config, comm.device()) {
+  // The constructor above ran the survivors' admit with them: the config agreed, and each
+  // allocation took over the lost rank's memory, which they handed over. What is left is what a
+  // rank that comes back does.
+  PMOE_CHECK(loss_board_, "AllToAll (replacing a lost rank): set AllToAllConfig::on_peer_loss = "
+             "mask");
+  loss_board_->take_over_post();
+  rejoin();
+}
+
+void AllToAll::admit(int rank) {
+  const char* op = "AllToAll::admit";
+  PMOE_CHECK(loss_board_, op, ": set AllToAllConfig::on_peer_loss = mask (a newcomer joins as a "
+             "rank that comes back does)");
+  PMOE_CHECK(device_.kind == Device::Kind::cpu, op, " on rank ", rank_, ": a newcomer on ",
+             device_.str(), " is not built yet; the CPU only");
+  PMOE_CHECK(broken_.empty(), op, " on rank ", rank_, ": this AllToAll is unusable (", broken_,
+             ")");
+  PMOE_CHECK(next_ == Step::dispatch_send, op, " on rank ", rank_, ": admit between calls "
+             "(after combine(recv)); the next step is ", detail::step_name(next_));
+  PMOE_CHECK(rank >= 0 && rank < world_size_, op, ": rank ", rank, " is outside [0, ",
+             world_size_, ")");
+  PMOE_CHECK(!mask_.live[size_t(rank)], op, " on rank ", rank_, ": rank ", rank, " is live (a "
+             "newcomer takes the place of a rank the survivors masked)");
+  agree_on_config(*comm_, config_, device_);
+  for (SymmetricMemory* memory : backend_->symmetric_memory()) comm_->hand_over(*memory, rank);
+  comm_->hand_over(loss_board_->memory(), rank);
+  unmask_rank(rank);
 }
 
 void AllToAll::rejoin() {

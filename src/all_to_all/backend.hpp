@@ -69,6 +69,9 @@ class AllToAllBackend {
   // Between calls: the calls this rank has made, `host_count` where the host saw them all (a
   // device's graph replays pass no host count: its kernels count them).
   virtual int64_t calls_made(int64_t host_count) { return host_count; }
+  // The symmetric allocations the backend made, in the order it made them: what an op's admit
+  // hands to a newcomer in a lost rank's place. Empty where that is not built (a device).
+  virtual std::vector<SymmetricMemory*> symmetric_memory() { return {}; }
 };
 
 }  // namespace pmoe::detail

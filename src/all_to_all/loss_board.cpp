@@ -216,6 +216,21 @@ void LossBoard::post_mask(const std::vector<uint8_t>& live, int64_t calls) {
   publish(lost, calls, calls);
 }
 
+void LossBoard::take_over_post() {
+  Post& post = post_of(rank_);
+  std::atomic_ref<uint64_t> sequence(post.sequence);
+  my_posts_ = word(post.posts).load(std::memory_order_relaxed);
+  const uint64_t at = sequence.load(std::memory_order_relaxed);
+  if (at % 2 == 0) return publish(std::vector<uint8_t>(size_t(size_)), 0, 0);
+  // Odd: the writer died inside write_sequenced. Finish that write, then make it whole.
+  word(post.posts).store(++my_posts_, std::memory_order_relaxed);
+  word(post.calls_done).store(0, std::memory_order_relaxed);
+  word(post.calls_started).store(0, std::memory_order_relaxed);
+  word(post.joining).store(0, std::memory_order_relaxed);
+  for (int x = 0; x < size_; ++x) word(post.lost()[x]).store(0, std::memory_order_relaxed);
+  sequence.store(at + 1, std::memory_order_release);
+}
+
 void LossBoard::await_joining(int rank, double timeout_s) const {
   const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
   while (!read(rank).joining) {

@@ -91,6 +91,14 @@ class LossBoard {
   // Posts this rank's mask and call count between calls (after unmask_rank), for a joining rank.
   void post_mask(const std::vector<uint8_t>& live, int64_t calls);
 
+  // In a newcomer whose board memory is a lost rank's (AllToAll's Replacing constructor): makes
+  // that rank's post this one's. Its count goes on from the dead writer's (peers notice a post
+  // by a changed count), and a post it left half-written is finished, empty, so that readers
+  // do not take it for one being written for ever.
+  void take_over_post();
+  // The board's memory (an op's admit hands it to a newcomer).
+  SymmetricMemory& memory() const { return *memory_; }
+
   struct Post;
 
  private:

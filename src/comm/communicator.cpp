@@ -45,6 +45,12 @@ std::unique_ptr<SymmetricMemory> Communicator::alloc_host_symmetric(size_t bytes
   return alloc_symmetric(bytes, 0);
 }
 
+void Communicator::hand_over(SymmetricMemory&, int rank) {
+  throw Error(detail::cat("hand_over(rank ", rank, "): this communicator cannot admit a new process "
+                          "in a lost rank's place (SocketCommunicator on one node's shared memory "
+                          "can)"));
+}
+
 namespace detail {
 const std::shared_ptr<Group>& group_of(const Communicator& comm) { return comm.group_; }
 }  // namespace detail

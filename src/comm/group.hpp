@@ -35,6 +35,7 @@ class Group {
 
   // Set once, at set-up, before any wait.
   void set_peer_watch(std::shared_ptr<PeerWatch> watch) { watch_ = std::move(watch); }
+  const std::shared_ptr<PeerWatch>& peer_watch() const { return watch_; }
 
   // The rejection board (rejection_board.hpp): slots[r] is rank r's slot, or null where this
   // process cannot see it. Set once, at set-up; `keepalive` owns the memory.

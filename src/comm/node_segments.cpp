@@ -7,7 +7,7 @@ namespace pmoe::detail {
 void map_node_segments(std::vector<ShmSegment>& segments, std::vector<std::byte*>& data,
                        size_t total, int rank, const std::vector<int>& node_ranks,
                        const std::function<std::string(int)>& name_of, const AgreeOnStep& agree,
-                       const std::function<void()>& before_last_step) {
+                       const std::function<void()>& before_last_step, bool keep_fds) {
   struct UnlinkOnFailure {
     const std::vector<int>& ranks;
     const std::function<std::string(int)>& name_of;
@@ -19,7 +19,7 @@ void map_node_segments(std::vector<ShmSegment>& segments, std::vector<std::byte*
   } guard{node_ranks, name_of};
   std::string error;
   try {
-    segments.push_back(ShmSegment::create(name_of(rank), total));
+    segments.push_back(ShmSegment::create(name_of(rank), total, keep_fds));
     data[size_t(rank)] = segments.back().data();
   } catch (const Error& e) {
     error = e.what();
@@ -28,7 +28,7 @@ void map_node_segments(std::vector<ShmSegment>& segments, std::vector<std::byte*
   for (int r : node_ranks) {
     if (r == rank) continue;
     try {
-      segments.push_back(ShmSegment::open(name_of(r), total));
+      segments.push_back(ShmSegment::open(name_of(r), total, keep_fds));
       data[size_t(r)] = segments.back().data();
     } catch (const Error& e) {
       error = e.what();

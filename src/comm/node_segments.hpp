@@ -21,10 +21,12 @@ using AgreeOnStep = std::function<void(const std::string& my_error, const char* 
 // Collective over the ranks that call it. Appends the segments mapped to `segments` and sets
 // data[r] for this rank and each of `node_ranks`; `total` bytes each, named name_of(r).
 // before_last_step runs once the peers are mapped, before the step after which peers may write
-// (the socket transport registers the region there).
+// (the socket transport registers the region there). keep_fds: every segment keeps its file
+// descriptor (ShmSegment::create), for a later hand-over to a process in a lost rank's place.
 void map_node_segments(std::vector<ShmSegment>& segments, std::vector<std::byte*>& data,
                        size_t total, int rank, const std::vector<int>& node_ranks,
                        const std::function<std::string(int)>& name_of, const AgreeOnStep& agree,
-                       const std::function<void()>& before_last_step = {});
+                       const std::function<void()>& before_last_step = {},
+                       bool keep_fds = false);
 
 }  // namespace pmoe::detail

@@ -83,6 +83,21 @@ bool PeerWatch::ended(int rank) {
   return false;
 }
 
+void PeerWatch::rewatch(int rank, const Identity& theirs, const Identity& mine) {
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    if (peers_[i].rank != rank) continue;
+    if (peers_[i].pidfd >= 0) ::close(peers_[i].pidfd);
+    peers_.erase(peers_.begin() + ptrdiff_t(i));
+    break;
+  }
+  if (mine.pid_namespace != 0 && theirs.pid_namespace == mine.pid_namespace)
+    peers_.push_back({rank, theirs.pid, open_pidfd(theirs.pid)});
+  // The flags follow the peers' order, which just changed: read each one's state afresh.
+  ended_ = std::make_unique<std::atomic<bool>[]>(peers_.size());
+  next_check_ns_.store(0, std::memory_order_relaxed);
+  refresh();
+}
+
 std::string PeerWatch::poll() {
   refresh();
   // Every ended peer is named: survivors that noticed the first death leave too, and a check

@@ -47,6 +47,9 @@ class PeerWatch {
   std::string poll();
   // Whether `rank` is a watched peer that has ended (rate-limited as poll()).
   bool ended(int rank);
+  // A new process took `rank`'s place (SocketCommunicator::admit): watch it instead of the one
+  // that ended. Between calls only: no other thread of this process may wait meanwhile.
+  void rewatch(int rank, const Identity& theirs, const Identity& mine);
 
  private:
   struct Peer {

@@ -22,18 +22,26 @@ class ShmSegment {
   ShmSegment& operator=(ShmSegment&& other) noexcept;
 
   // Creates `name` with `bytes` zeroed bytes and maps it; throws pmoe::Error with errno's text.
-  static ShmSegment create(const std::string& name, size_t bytes);
+  // keep_fd: the segment keeps its file descriptor, so that the memory can later be handed to a
+  // process that takes a lost rank's place once the name is gone (SocketCommunicator::admit).
+  static ShmSegment create(const std::string& name, size_t bytes, bool keep_fd = false);
   // Maps an existing segment created by a peer.
-  static ShmSegment open(const std::string& name, size_t bytes);
+  static ShmSegment open(const std::string& name, size_t bytes, bool keep_fd = false);
+  // Maps the segment behind `fd` (received from a peer; taken over, kept as with keep_fd). Throws
+  // if it holds fewer than `bytes` bytes; `what` names it in errors.
+  static ShmSegment adopt(int fd, size_t bytes, const std::string& what);
   // Removes the name; mappings stay valid. Errors are ignored (the name may be gone already).
   static void unlink(const std::string& name);
 
   std::byte* data() const { return data_; }
   size_t bytes() const { return bytes_; }
+  // The kept file descriptor, or -1.
+  int fd() const { return fd_; }
 
  private:
   std::byte* data_ = nullptr;
   size_t bytes_ = 0;
+  int fd_ = -1;
 };
 
 }  // namespace pmoe::detail

@@ -21,6 +21,7 @@
 #include "comm/shm_segment.hpp"
 #include "comm/node_occupancy.hpp"
 #include "comm/peer_watch.hpp"
+#include "comm/socket_regions.hpp"
 #include "comm/socket_transport.hpp"
 #include "core/device_runtime.hpp"
 #include "pmoe/error.hpp"
@@ -28,18 +29,7 @@
 namespace pmoe {
 namespace {
 
-// Everything one symmetric allocation owns: the mappings of this rank's and its node peers'
-// segments (on a GPU: its device memory and the peers' IPC mappings), and its registration with
-// the transport.
-struct SocketRegions {
-  std::vector<detail::ShmSegment> segments;
-  detail::DeviceSegments device_segments;
-  std::shared_ptr<detail::SocketTransport> transport;
-  uint64_t serial = 0;
-  ~SocketRegions() {
-    if (transport) transport->remove_region(serial);
-  }
-};
+using detail::SocketRegions;
 
 using SocketSymmetricMemory = detail::RoutedSymmetricMemory<detail::SocketTransport, SocketRegions>;
 
@@ -114,13 +104,11 @@ SocketCommunicator::SocketCommunicator(Listener&& listener, int rank,
   transport_ = std::make_shared<detail::SocketTransport>(std::exchange(listener.fd_, -1), rank,
                                                          addresses, timeout_s());
 
+  addresses_ = std::move(addresses);
+  nodes_ = std::move(nodes);
   // Every rank must have been given the same picture of the job, and run on the same kind of
   // device (each process its own GPU, so the index may differ).
-  std::vector<std::string> parts = addresses;
-  parts.insert(parts.end(), nodes.begin(), nodes.end());
-  parts.push_back(job_id_);
-  parts.push_back(device.kind == Device::Kind::cuda ? "cuda" : "cpu");
-  const uint64_t mine = digest(parts);
+  const uint64_t mine = job_digest(addresses_);
   const auto all = all_gather(std::as_bytes(std::span(&mine, 1)));
   for (int r = 0; r < size_; ++r) {
     uint64_t theirs;
@@ -130,7 +118,7 @@ SocketCommunicator::SocketCommunicator(Listener&& listener, int rank,
                "another kind of device (this rank: ", device.str(), ")");
   }
   for (int r = 0; r < size_; ++r)
-    if (nodes[size_t(r)] == nodes[size_t(rank_)]) node_ranks_.push_back(r);
+    if (nodes_[size_t(r)] == nodes_[size_t(rank_)]) node_ranks_.push_back(r);
   // Waits block early where this node's ranks outnumber its CPUs (torchrun's 4 ranks on 2 cores).
   detail::note_node_occupancy(*this, node_ranks_);
   // Node-local peers are watched, as MPI's are: a dead one fails a wait at once, or is masked
@@ -148,7 +136,19 @@ SocketCommunicator::SocketCommunicator(Listener&& listener, int rank,
   }
 }
 
-SocketCommunicator::~SocketCommunicator() { detail::destroy_stream(stream()); }
+SocketCommunicator::~SocketCommunicator() {
+  for (const auto& [newcomer, fd] : channels_) ::close(fd);
+  if (channel_to_sponsor_ >= 0) ::close(channel_to_sponsor_);
+  detail::destroy_stream(stream());
+}
+
+uint64_t SocketCommunicator::job_digest(const std::vector<std::string>& addresses) const {
+  std::vector<std::string> parts = addresses;
+  parts.insert(parts.end(), nodes_.begin(), nodes_.end());
+  parts.push_back(job_id_);
+  parts.push_back(device().kind == Device::Kind::cuda ? "cuda" : "cpu");
+  return digest(parts);
+}
 
 std::vector<std::byte> SocketCommunicator::all_gather(std::span<const std::byte> mine) {
   std::vector<std::byte> all(mine.size() * size_t(size_));
@@ -195,19 +195,13 @@ std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric_in(Device w
   PMOE_CHECK(signal_slots >= 0, "alloc_symmetric: negative signal count ", signal_slots);
   const size_t data_bytes = (bytes + 63) / 64 * 64;
   const size_t total = data_bytes + size_t(signal_slots) * SymmetricMemory::kSignalBytes;
-  // A peer that maps a larger segment than its creator made would fault on touching the end:
-  // ranks that disagree on an op's config (and so on its sizes) fail here, on every rank.
-  const uint64_t request[2] = {bytes, uint64_t(signal_slots)};
-  const auto requests = all_gather(std::as_bytes(std::span(request)));
-  for (int r = 0; r < size_; ++r) {
-    uint64_t theirs[2];
-    std::memcpy(theirs, requests.data() + size_t(r) * sizeof theirs, sizeof theirs);
-    PMOE_CHECK(theirs[0] == request[0] && theirs[1] == request[1], "alloc_symmetric on rank ",
-               rank_, ": rank ", r, " asks for ", theirs[0], " bytes and ", theirs[1],
-               " signals, this rank for ", bytes, " and ", signal_slots,
-               " (the ranks disagree on the op's config)");
-  }
-  const uint64_t serial = allocations_++;
+  // Ranks that disagree on an op's config (and so on its sizes) fail here, on every rank; a
+  // newcomer takes over the allocation the survivors hand it (socket_admission.cpp).
+  const detail::AllocationRequest request{bytes, uint64_t(signal_slots), -1, 0};
+  uint64_t handed_serial = 0;
+  const int handed_to = detail::agreed_hand_over(
+      rank_, all_gather(std::as_bytes(std::span(&request, 1))), request, &handed_serial);
+  const uint64_t serial = handed_to == rank_ ? handed_serial : allocations_++;
   auto name_of = [&](int r) {
     return detail::cat("/", detail::shm_prefix(), ".torch.", job_id_, ".", serial, ".", r);
   };
@@ -238,8 +232,20 @@ std::unique_ptr<SymmetricMemory> SocketCommunicator::alloc_symmetric_in(Device w
     regions->transport = transport_;  // held, never registered with: no frame lands on a GPU
     regions->serial = serial;
   } else {
-    detail::map_node_segments(regions->segments, data, total, rank_, node_ranks_, name_of, agree,
-                              register_region);
+    if (handed_to == rank_) {
+      const std::string error = adopt_segments(*regions, data, total, serial);
+      if (error.empty()) register_region();
+      agree(error, "take over the lost rank's segments");
+    } else {
+      // Each segment keeps its descriptor, for a newcomer in a lost rank's place (hand_over).
+      detail::map_node_segments(regions->segments, data, total, rank_, node_ranks_, name_of,
+                                agree, register_region, /*keep_fds=*/true);
+      regions->segment_ranks.push_back(rank_);
+      for (int r : node_ranks_)
+        if (r != rank_) regions->segment_ranks.push_back(r);
+    }
+    std::erase_if(allocations_by_data_, [](const auto& entry) { return entry.second.expired(); });
+    allocations_by_data_[data[size_t(rank_)]] = regions;
   }
   return std::make_unique<SocketSymmetricMemory>(rank_, bytes, signal_slots, std::move(data),
                                                  std::move(signals), regions, group(), timeout_s(),

@@ -135,6 +135,67 @@ SocketTransport::SocketTransport(int listen_fd, int rank, std::vector<std::strin
   }
 }
 
+SocketTransport::SocketTransport(Replacing, int listen_fd, int rank,
+                                 std::vector<std::string> addresses, double timeout_s)
+    : rank_(rank), timeout_s_(timeout_s), listen_fd_(listen_fd) {
+  const int size = int(addresses.size());
+  fds_.assign(size_t(size), -1);
+  incoming_.resize(size_t(size));
+  messages_.resize(size_t(size));
+  const auto deadline = deadline_after(timeout_s);
+  try {
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const std::string what =
+          cat("SocketCommunicator replacing rank ", rank, ": connecting to rank ", r);
+      const int fd = connect_to(addresses[size_t(r)], deadline, what);
+      fds_[size_t(r)] = fd;
+      const int32_t me = rank;
+      exchange_exactly(fd, const_cast<int32_t*>(&me), sizeof me, true, deadline, what);
+      set_stream_options(fd);
+    }
+  } catch (...) {
+    for (int fd : fds_)
+      if (fd >= 0) ::close(fd);
+    ::close(listen_fd_);
+    throw;
+  }
+}
+
+bool SocketTransport::connected(int peer) {
+  std::lock_guard lock(mutex_);
+  progress();
+  return fds_[size_t(peer)] >= 0;
+}
+
+void SocketTransport::accept_replacement(int peer) {
+  std::lock_guard lock(mutex_);
+  const std::string what =
+      cat("SocketCommunicator::admit on rank ", rank_, ": waiting for rank ", peer, "'s newcomer");
+  PMOE_CHECK(fds_[size_t(peer)] < 0, what, ": the connection of rank ", peer, " is still open");
+  const auto deadline = deadline_after(timeout_s_);
+  pollfd pfd{listen_fd_, POLLIN, 0};
+  PMOE_CHECK(poll(&pfd, 1, remaining_ms(deadline)) > 0, what, ": nobody connected within ",
+             timeout_s_, " s");
+  const int fd = accept(listen_fd_, nullptr, nullptr);
+  PMOE_CHECK(fd >= 0, what, ": accept failed: ", std::strerror(errno));
+  int32_t announced = -1;
+  try {
+    exchange_exactly(fd, &announced, sizeof announced, false, deadline, what);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (announced != peer) {
+    ::close(fd);
+    throw Error(cat(what, ": a connection announced rank ", announced, ", not ", peer));
+  }
+  set_stream_options(fd);
+  fds_[size_t(peer)] = fd;
+  incoming_[size_t(peer)] = Incoming{};
+  messages_[size_t(peer)].clear();
+}
+
 SocketTransport::~SocketTransport() {
   for (int fd : fds_)
     if (fd >= 0) ::close(fd);

@@ -31,6 +31,11 @@ class SocketTransport {
   // `addresses[r]` is rank r's "host:port". Connects to the lower ranks and accepts the higher
   // ones, within `timeout_s`.
   SocketTransport(int listen_fd, int rank, std::vector<std::string> addresses, double timeout_s);
+  // A process in lost rank `rank`'s place: connects to every other rank (each accepts it in
+  // accept_replacement), within `timeout_s`. Keeps `listen_fd` for a later replacement of a peer.
+  struct Replacing {};
+  SocketTransport(Replacing, int listen_fd, int rank, std::vector<std::string> addresses,
+                  double timeout_s);
   ~SocketTransport();
   SocketTransport(const SocketTransport&) = delete;
   SocketTransport& operator=(const SocketTransport&) = delete;
@@ -50,6 +55,14 @@ class SocketTransport {
 
   // Applies every frame that has arrived. Throws pmoe::Error if a peer closed its connection.
   void progress();
+
+  // Whether `peer`'s connection is open (after reading what has arrived: a peer whose process
+  // ended has had its connection closed by the kernel).
+  bool connected(int peer);
+  // Accepts, on this rank's listener, the connection of the process that takes `peer`'s place
+  // (bounded by the timeout), in place of the old one, which must be closed. What the old one
+  // left unread is dropped.
+  void accept_replacement(int peer);
 
  private:
   struct Header {

@@ -54,6 +54,7 @@ class CpuAllToAll final : public AllToAllBackend {
   }
   // Signals only grow: from calls_base + 1 on, what the abandoned calls left reads as stale.
   void restart_at(int64_t calls_base) override { epoch_ = uint64_t(calls_base); }
+  std::vector<SymmetricMemory*> symmetric_memory() override { return {memory_.get()}; }
 
   AllToAll::RemoteTraffic remote_traffic() const override {
     const auto* split = dynamic_cast<const NodeSplitMemory*>(memory_.get());
