@@ -120,7 +120,7 @@ def test_torch_layer_passes_int64_indices_through():
         a2a = pmoe.torch.AllToAll(comm, max_tokens=m, num_experts=E, top_k=k,
                                   hidden_dim=H)
         seen = []
-        a2a._forward.op = Spy(a2a._forward.op, seen)
+        a2a.forward_exchange.op = Spy(a2a.forward_exchange.op, seen)
         x = torch.rand(m, H, generator=torch.Generator().manual_seed(comm.rank))
         scores = torch.rand(m, E, generator=torch.Generator().manual_seed(7 + comm.rank))
         weights, indices = torch.topk(scores, k)

@@ -9,9 +9,9 @@
 
 #include <memory>
 
-#include "all_to_all/backend.hpp"
-#include "moe/backend.hpp"
-#include "overlap/backend.hpp"
+#include "backends/all_to_all_backend.hpp"
+#include "backends/moe_backend.hpp"
+#include "backends/overlap_backend.hpp"
 #include "pmoe/comm.hpp"
 #include "pmoe/moe.hpp"
 

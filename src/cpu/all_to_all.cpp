@@ -14,10 +14,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "all_to_all/backend.hpp"
 #include "all_to_all/layout.hpp"
 #include "all_to_all/loss_board.hpp"
 #include "all_to_all/route.hpp"
+#include "backends/all_to_all_backend.hpp"
 #include "comm/node_split.hpp"
 #include "cpu/reduce.hpp"
 #include "pmoe/error.hpp"

@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "all_to_all/slot_table.hpp"
-#include "moe/backend.hpp"
-#include "moe/expert_slots.hpp"
+#include "backends/moe_backend.hpp"
 #include "moe/ep_traffic.hpp"
+#include "moe/expert_slots.hpp"
 #include "moe/rows.hpp"
 #include "pmoe/all_to_all.hpp"
 #include "pmoe/error.hpp"

@@ -13,8 +13,8 @@
 #include <functional>
 #include <memory>
 
+#include "backends/overlap_backend.hpp"
 #include "cpu/comm_worker.hpp"
-#include "overlap/backend.hpp"
 #include "overlap/plan.hpp"
 #include "pmoe/comm.hpp"
 

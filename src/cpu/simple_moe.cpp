@@ -2,8 +2,8 @@
 // Sums are in f32; a bf16 layer rounds them into y at the end.
 #include <memory>
 
+#include "backends/moe_backend.hpp"
 #include "cpu/local_moe.hpp"
-#include "moe/backend.hpp"
 
 namespace pmoe::detail {
 namespace {

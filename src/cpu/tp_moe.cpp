@@ -7,9 +7,9 @@
 #include <chrono>
 #include <memory>
 
+#include "backends/moe_backend.hpp"
 #include "cpu/all_reduce.hpp"
 #include "cpu/local_moe.hpp"
-#include "moe/backend.hpp"
 
 namespace pmoe::detail {
 namespace {

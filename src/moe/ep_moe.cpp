@@ -6,8 +6,8 @@
 #include <functional>
 #include <vector>
 
+#include "backends/moe_backend.hpp"
 #include "backends/registry.hpp"
-#include "moe/backend.hpp"
 #include "moe/expert_slots.hpp"
 #include "moe/layer_core.hpp"
 

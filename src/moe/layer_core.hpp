@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "moe/backend.hpp"
+#include "backends/moe_backend.hpp"
 #include "moe/layer_args.hpp"
 
 namespace pmoe::detail {

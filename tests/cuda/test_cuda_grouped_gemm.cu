@@ -261,7 +261,9 @@ void expect_library_groups(DType dtype, const std::vector<int32_t>& counts, int 
   const cuda::GemmLibrary library = cuda::gemm_library_for(0);
   const size_t workspace_bytes = cuda::library_workspace_bytes(library, groups, 0);
   void* workspace = nullptr;
-  if (workspace_bytes > 0) ASSERT_EQ(cudaMalloc(&workspace, workspace_bytes), cudaSuccess);
+  if (workspace_bytes > 0) {
+    ASSERT_EQ(cudaMalloc(&workspace, workspace_bytes), cudaSuccess);
+  }
 
   cuda::LibraryOperands o;
   o.a = a, o.lda = lda, o.a_step = int64_t(C) * lda * int64_t(sizeof(T));

@@ -32,222 +32,11 @@ settled by an empty counterpart call at its next use; every rank takes the same 
 calls stay collective.
 """
 import contextlib
-import functools
-import warnings
 
 import torch
 
-from .. import _pmoe
-
-_PMOE_DTYPE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-
-
-def _renamed(op, name, value, old_name, old_value):
-    """A dimension given as `name` or, for one release, as `old_name`, its name before
-    pmoe.MoeShape (with a DeprecationWarning)."""
-    if old_value is not None:
-        warnings.warn(f"{op}: {old_name} is deprecated; pass {name} instead", DeprecationWarning,
-                      stacklevel=3)
-        if value is not None and value != old_value:
-            raise _error(f"{op}: {name} = {value} and {old_name} = {old_value} (its deprecated "
-                         f"name) disagree; pass {name} only")
-        return old_value
-    if value is None:
-        raise TypeError(f"{op}: missing the keyword argument {name}")
-    return value
-
-
-def _error(message):
-    return _pmoe.Error(message)
-
-
-@functools.cache
-def _torch_sees_pmoe_device():
-    """Whether torch's CUDA tensors and pmoe's CUDA device are one memory: a GPU that both run
-    on (not pmoe's emulated device, which torch cannot see)."""
-    return torch.cuda.is_available() and _pmoe.cuda_available() and not _pmoe.cuda_emulated()
-
-
-def _same(a, b):
-    """Whether two routings are equal (the same values, if not the same tensor). The same
-    memory in the same shape counts as equal without reading it (on a GPU, reading would wait)."""
-    if a is b:
-        return True
-    if a.shape != b.shape or a.device != b.device:
-        return False
-    if a.data_ptr() == b.data_ptr() and a.stride() == b.stride() and a.dtype == b.dtype:
-        return True
-    return torch.equal(a, b)
-
-
-def _served_device(comm):
-    """The torch.device whose tensors `comm`'s ops take: the CPU, or its GPU."""
-    return torch.device(getattr(comm, "device", "cpu"))
-
-
-class _StreamOrder:
-    """Orders pmoe's ops on a CUDA communicator's stream after, and before, torch's current
-    stream: events only, no host synchronisation, and capturable into a CUDA graph."""
-
-    def __init__(self, comm, device):
-        self.device = device
-        self.pmoe_stream = torch.cuda.ExternalStream(comm.stream, device=device)
-
-    @contextlib.contextmanager
-    def __call__(self):
-        torch_stream = torch.cuda.current_stream(self.device)  # autograd's threads set their own
-        self.pmoe_stream.wait_stream(torch_stream)
-        try:
-            yield
-        finally:
-            torch_stream.wait_stream(self.pmoe_stream)
-
-
-class _Op:
-    """One pmoe.AllToAll and where it stands in its dispatch -> combine alternation."""
-
-    def __init__(self, comm, config, dtype, device, order, in_place):
-        # With in-place buffers (the CPU only: pmoe hands them to Python as host arrays), the
-        # packed functions (_packed.py) stage tokens in the op's input buffer and write expert rows
-        # to its output buffer, where the node's peers read them: neither takes an extra copy.
-        self.in_place = in_place and device.type == "cpu"
-        # Those ops also lay the rows out packed (dispatch(exact=True)): the padded functions refuse
-        # such an AllToAll (check_padded).
-        self.packed = self.in_place
-        self.op = _pmoe.AllToAll(comm, in_dtype=dtype, out_dtype=dtype,
-                                 in_place_buffers=self.in_place, packed_expert_rows=self.packed,
-                                 **config)
-        self.dtype = dtype
-        self.device = device
-        self.order = order  # order() brackets each pmoe call: _StreamOrder on a GPU
-        self.hidden_dim = config["hidden_dim"]
-        self.local = self.op.num_local_experts
-        self.rows = self.op.world_size * config["max_tokens"]
-        self.pending = None  # the indices of a dispatch not yet followed by its combine
-        self.settles = 0  # empty calls made to complete a half-run pair (tests read it)
-        self._landing = self._outgoing = self._input = None  # made on first use, then kept
-
-    def _own_buffer(self, numpy_view):
-        view = torch.from_numpy(numpy_view)
-        return view.view(torch.bfloat16) if self.dtype == "bf16" else view
-
-    def landing(self):
-        """A padded [E_local, rows, hidden] buffer kept for the op's life, for dispatches whose
-        rows are copied out at once (the packed functions): no fresh pages per call."""
-        if self._landing is None:
-            self._landing = torch.empty(self.local, self.rows, self.hidden_dim,
-                                        dtype=self._torch_dtype(), device=self.device)
-        return self._landing
-
-    def outgoing(self):
-        """The padded buffer the packed functions' combines read: the op's own expert output
-        buffer on the CPU (peers read its rows in place), else a buffer kept like landing()."""
-        if self._outgoing is None:
-            if self.in_place:
-                self._outgoing = self._own_buffer(self.op.expert_output_buffer())
-            else:  # zeros: columns a caller leaves unwritten are summed too (and dropped)
-                self._outgoing = torch.zeros(self.local, self.rows, self.hidden_dim,
-                                             dtype=self._torch_dtype(), device=self.device)
-        return self._outgoing
-
-    def _stage(self, x):
-        """x as dispatch should read it: copied into the op's input buffer where it has one
-        (peers read it there: one copy of m rows instead of one per destination), else x. x may
-        be a list of [m, w_i] column blocks, set side by side (the columns after them, if any,
-        are read by no one). Called with no dispatch pending: the op's last combine waited
-        until every peer had read the buffer's last tokens."""
-        blocks = x if isinstance(x, (list, tuple)) else None
-        if blocks is None and not self.in_place:
-            return x
-        m = (blocks[0] if blocks else x).shape[0]
-        if self.in_place:
-            if self._input is None:
-                self._input = self._own_buffer(self.op.input_buffer())
-            staged = self._input[:m]
-        else:
-            staged = torch.zeros(m, self.hidden_dim, dtype=self._torch_dtype(), device=self.device)
-        if blocks is None:
-            staged.copy_(x)
-            return staged
-        start = 0
-        for block in blocks:
-            staged[:, start:start + block.shape[1]].copy_(block)
-            start += block.shape[1]
-        return staged
-
-    def _torch_dtype(self):
-        return {v: k for k, v in _PMOE_DTYPE.items()}[self.dtype]
-
-    def _settle(self):
-        """Completes a pending dispatch with an empty combine (zero rows, zero weights)."""
-        idx, self.pending = self.pending, None
-        self.settles += 1
-        dtype, device = self._torch_dtype(), self.device
-        y = torch.empty(idx.shape[0], self.hidden_dim, dtype=dtype, device=device)
-        rows = torch.zeros(self.local, self.rows, self.hidden_dim, dtype=dtype, device=device)
-        weights = torch.zeros(idx.shape, dtype=torch.float32, device=device)
-        with self.order():
-            self.op.combine(rows, idx, weights, y)
-
-    def dispatch(self, x, indices, zero_padding=True, out=None, stage=False, exact=False):
-        """(expert_x, counts); rows past an expert's count are zero, or, without zero_padding,
-        whatever the memory held (no pass over the whole padded buffer). out: the padded
-        buffer to land in (its padding is left as it is). stage: x may go through the op's
-        input buffer. exact (a packed op: the CPU's in-place one): expert_x is instead a new
-        [n, hidden] tensor of exactly the rows that arrived, in packed order (pmoe's
-        arriving_rows between the send and the recv)."""
-        if self.pending is not None:
-            self._settle()
-        if stage:
-            x = self._stage(x)
-        counts = torch.zeros(self.local, dtype=torch.int32, device=self.device)
-        dtype = self._torch_dtype()
-        if out is not None:
-            expert_x = out
-        elif not exact:
-            make = torch.zeros if zero_padding else torch.empty
-            expert_x = make(self.local, self.rows, self.hidden_dim, dtype=dtype, device=self.device)
-        with self.order():
-            if exact:
-                self.op.dispatch(x, indices, counts, torch.empty(0, self.hidden_dim, dtype=dtype),
-                                 phase="send")
-                expert_x = torch.empty(self.op.arriving_rows(), self.hidden_dim, dtype=dtype)
-                self.op.dispatch(x, indices, counts, expert_x, phase="recv")
-            else:
-                self.op.dispatch(x, indices, counts, expert_x)
-        self.pending = indices
-        return expert_x, counts
-
-    def ready_for_combine(self, indices):
-        """Makes the pending dispatch the one of `indices`, by empty calls if it is not; after
-        this, the op's own expert output buffer (outgoing()) may be written: every peer's
-        reads of its last rows are done once this op's dispatch has heard from every peer."""
-        if self.pending is not None and not _same(self.pending, indices):
-            self._settle()
-        if self.pending is None:  # the rows' content does not matter to a combine: zeros
-            self.dispatch(torch.zeros(indices.shape[0], self.hidden_dim, dtype=self._torch_dtype(),
-                                      device=self.device), indices)
-
-    def combine(self, expert_y, indices, weights):
-        self.ready_for_combine(indices)
-        y = torch.empty(indices.shape[0], self.hidden_dim, dtype=self._torch_dtype(),
-                        device=self.device)
-        try:
-            with self.order():
-                self.op.combine(expert_y, indices, weights, y)
-        except _pmoe.PeerLost:
-            self.pending = None  # the op is between calls again, its call lost
-            raise
-        self.pending = None
-        return y
-
-    def check_errors(self):
-        try:
-            self.op.check_errors()
-        except _pmoe.PeerLost:
-            self.pending = None  # as in combine: the op restarted between calls
-            raise
-
+from ._exchange import (_PMOE_DTYPE, Exchange, _StreamOrder, _error, _renamed, _served_device,
+                        _torch_sees_pmoe_device)
 
 class AllToAll:
     """The exchange of one MoE layer for pmoe.torch.dispatch and pmoe.torch.combine.
@@ -281,6 +70,9 @@ class AllToAll:
     placement, plus one), and each token's row goes to one of its expert's slots by a fixed rule,
     a live one where a rank is masked (no token is lost while every expert has a live replica).
     logical_experts(local) says which logical expert each local slot serves.
+    The exchanges behind it are public: forward_exchange (dispatch's tokens, combine's rows),
+    backward_exchange (their gradients) and slot_exchange (the slots combine's weight gradient
+    needs; None with weighted_dispatch), each an Exchange over one pmoe.AllToAll.
     """
 
     def __init__(self, comm, *, max_tokens=None, num_experts, top_k=None, hidden_dim,
@@ -319,7 +111,7 @@ class AllToAll:
         ops = dict(device=self.device, order=order, in_place=in_place_buffers)
         self.weighted_dispatch = bool(weighted_dispatch)
         forward_width = backward_width = hidden_dim
-        self._slots = None
+        self.slot_exchange = None
         if self.weighted_dispatch:
             # Dispatch carries each token's k weights and k expert ids after its H elements, as
             # the bits of 2k f32 (two elements each in a 16-bit dtype); the backward combine
@@ -328,12 +120,12 @@ class AllToAll:
             forward_width = hidden_dim + self.carried
             backward_width = hidden_dim + top_k
         else:
-            self._slots = _Op(comm, dict(config, hidden_dim=2 * top_k), "f32", **ops)
-        self._forward = _Op(comm, dict(config, hidden_dim=forward_width), _PMOE_DTYPE[dtype],
-                            **ops)
-        self._backward = _Op(comm, dict(config, hidden_dim=backward_width), _PMOE_DTYPE[dtype],
-                             **ops)
-        self.num_local_experts = self._forward.local
+            self.slot_exchange = Exchange(comm, dict(config, hidden_dim=2 * top_k), "f32", **ops)
+        self.forward_exchange = Exchange(comm, dict(config, hidden_dim=forward_width),
+                                         _PMOE_DTYPE[dtype], **ops)
+        self.backward_exchange = Exchange(comm, dict(config, hidden_dim=backward_width),
+                                          _PMOE_DTYPE[dtype], **ops)
+        self.num_local_experts = self.forward_exchange.local
         self.world_size = comm.size
         self.first_expert = comm.rank * self.num_local_experts  # this rank's first slot
         # Each local slot's expert, and -2 one past them (a GPU layout's tail rows serve no
@@ -352,17 +144,18 @@ class AllToAll:
         return self._local_expert[local]
 
     def _ops(self):
-        return [op for op in (self._forward, self._backward, self._slots) if op is not None]
+        exchanges = (self.forward_exchange, self.backward_exchange, self.slot_exchange)
+        return [op for op in exchanges if op is not None]
 
     @property
     def live_ranks(self):
         """For each rank, True unless the forward exchange masked it (on_peer_loss="mask")."""
-        return self._forward.op.live_ranks
+        return self.forward_exchange.op.live_ranks
 
     @property
     def mask_reasons(self):
         """For each rank, why the forward exchange masked it ("" for a live rank)."""
-        return self._forward.op.mask_reasons
+        return self.forward_exchange.op.mask_reasons
 
     def settles(self):
         """Empty calls made so far to complete dispatch/combine pairs autograd ran half of."""
@@ -386,7 +179,7 @@ class AllToAll:
             raise _error(f"{name}: this AllToAll was made with weighted_dispatch=True, whose "
                          f"dispatch carries the router weights; use dispatch_packed(a2a, x, "
                          f"indices, weights) and combine_packed(a2a, rows, counts, indices)")
-        if self._forward.packed:
+        if self.forward_exchange.packed:
             raise _error(f"{name}: this AllToAll was made with in_place_buffers=True, whose ops "
                          f"lay the rows out packed for dispatch_packed and combine_packed; use "
                          f"those, or an AllToAll without in_place_buffers")
@@ -452,7 +245,7 @@ class AllToAll:
 class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, indices, a2a, zero_padding):
-        expert_x, counts = a2a._forward.dispatch(x.detach(), indices, zero_padding)
+        expert_x, counts = a2a.forward_exchange.dispatch(x.detach(), indices, zero_padding)
         ctx.a2a, ctx.indices, ctx.m = a2a, indices, x.shape[0]
         ctx.mark_non_differentiable(counts)
         return expert_x, counts
@@ -462,14 +255,15 @@ class _Dispatch(torch.autograd.Function):
         a2a = ctx.a2a
         grad = grad_expert_x.to(a2a.dtype).contiguous()
         ones = torch.ones(ctx.indices.shape, dtype=torch.float32, device=a2a.device)
-        grad_x = a2a._backward.combine(grad, ctx.indices, ones)
+        grad_x = a2a.backward_exchange.combine(grad, ctx.indices, ones)
         return grad_x, None, None, None
 
 
 class _Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, expert_y, weights, indices, a2a, zero_padding):
-        y = a2a._forward.combine(expert_y.detach(), indices, weights.detach().float().contiguous())
+        y = a2a.forward_exchange.combine(expert_y.detach(), indices,
+                                         weights.detach().float().contiguous())
         ctx.a2a, ctx.indices, ctx.zero_padding = a2a, indices, zero_padding
         ctx.weights_dtype = weights.dtype
         ctx.save_for_backward(expert_y, weights)
@@ -480,11 +274,11 @@ class _Combine(torch.autograd.Function):
         a2a, indices = ctx.a2a, ctx.indices
         expert_y, weights = ctx.saved_tensors
         k, local, hidden = a2a.top_k, a2a.num_local_experts, a2a.hidden_dim
-        grad_rows, counts = a2a._backward.dispatch(grad_y.to(a2a.dtype).contiguous(), indices,
-                                                   zero_padding=False)
+        grad_rows, counts = a2a.backward_exchange.dispatch(grad_y.to(a2a.dtype).contiguous(),
+                                                           indices, zero_padding=False)
         # Which slot of its token each row serves, and that slot's weight.
         slot_info = torch.cat([weights.detach().float(), indices.float()], dim=1).contiguous()
-        info_rows, _ = a2a._slots.dispatch(slot_info, indices, zero_padding=False)
+        info_rows, _ = a2a.slot_exchange.dispatch(slot_info, indices, zero_padding=False)
         rows = info_rows.shape[1]
         arrived = _Arrived(counts, rows)
         grads, back = slot_gradients(
@@ -496,7 +290,7 @@ class _Combine(torch.autograd.Function):
         # Combine reads only the rows that arrived, so the padding of `back` may be left as is.
         back = arrived.place(back, torch.float32, False)
         ones = torch.ones(indices.shape, dtype=torch.float32, device=a2a.device)
-        grad_w = a2a._slots.combine(back.view(local, rows, 2 * k), indices, ones)[:, :k]
+        grad_w = a2a.slot_exchange.combine(back.view(local, rows, 2 * k), indices, ones)[:, :k]
         return (grad_expert_y.view(local, rows, hidden), grad_w.to(ctx.weights_dtype), None, None,
                 None)
 

@@ -29,8 +29,8 @@ from torch import nn
 
 from .. import _pmoe
 from . import _grouped
-from ._autograd import (AllToAll, _renamed, _served_device, _torch_sees_pmoe_device, combine,
-                        dispatch)
+from ._autograd import AllToAll, combine, dispatch
+from ._exchange import _renamed, _served_device, _torch_sees_pmoe_device
 
 #: Tests set it to run the experts the GPU's way on the CPU: packed rows found without reading
 #: the counts (a buffer sized for the most rows that can arrive, a zero tail).

@@ -44,7 +44,8 @@ they carry expert id E_local, transformers' mark of a row for no local expert).
 import torch
 
 from . import _grouped
-from ._autograd import _error, slot_gradients
+from ._autograd import slot_gradients
+from ._exchange import _error
 
 
 class _Where:
@@ -114,14 +115,14 @@ def _land(op, x, indices, where=None):
 class _DispatchPacked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, indices, a2a):
-        rows, counts, where = _land(a2a._forward, x.detach(), indices)
+        rows, counts, where = _land(a2a.forward_exchange, x.detach(), indices)
         ctx.a2a, ctx.indices, ctx.where = a2a, indices, where
         ctx.mark_non_differentiable(counts)
         return rows, counts
 
     @staticmethod
     def backward(ctx, grad_rows, _grad_counts):
-        op = ctx.a2a._backward
+        op = ctx.a2a.backward_exchange
         op.ready_for_combine(ctx.indices)
         padded = ctx.where.scatter(op.outgoing(), grad_rows.to(ctx.a2a.dtype))
         ones = torch.ones(ctx.indices.shape, dtype=torch.float32, device=ctx.a2a.device)
@@ -131,7 +132,7 @@ class _DispatchPacked(torch.autograd.Function):
 class _DispatchPackedWeighted(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weights, indices, a2a):
-        op, H, k = a2a._forward, a2a.hidden_dim, a2a.top_k
+        op, H, k = a2a.forward_exchange, a2a.hidden_dim, a2a.top_k
         info = torch.cat([weights.detach().float(), indices.float()], dim=1)  # [m, 2k] f32
         carried = info if a2a.dtype == torch.float32 else info.view(a2a.dtype)
         arrived, counts, where = _land(op, [x.detach(), carried], indices)  # [n, H + carried]
@@ -148,7 +149,7 @@ class _DispatchPackedWeighted(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_rows, _grad_counts, grad_row_weights):
         a2a, H = ctx.a2a, ctx.a2a.hidden_dim
-        op = a2a._backward
+        op = a2a.backward_exchange
         op.ready_for_combine(ctx.indices)
         n = ctx.is_slot.shape[0]
         if grad_rows is None:
@@ -169,7 +170,7 @@ class _DispatchPackedWeighted(torch.autograd.Function):
 class _CombinePackedSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, counts, indices, a2a):
-        op, H = a2a._forward, a2a.hidden_dim
+        op, H = a2a.forward_exchange, a2a.hidden_dim
         op.ready_for_combine(indices)
         where = _Where(counts, op.rows, op.packed, indices.shape[1])
         if where.n != rows.shape[0]:
@@ -186,14 +187,14 @@ class _CombinePackedSum(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         a2a = ctx.a2a
-        rows, _, _ = _land(a2a._backward, [grad_y.to(a2a.dtype)], ctx.indices, ctx.where)
+        rows, _, _ = _land(a2a.backward_exchange, [grad_y.to(a2a.dtype)], ctx.indices, ctx.where)
         return rows[:, :a2a.hidden_dim], None, None, None
 
 
 class _CombinePacked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, weights, counts, indices, a2a):
-        op = a2a._forward
+        op = a2a.forward_exchange
         op.ready_for_combine(indices)
         where = _Where(counts, op.rows, op.packed, indices.shape[1])
         if where.n != rows.shape[0]:
@@ -211,7 +212,7 @@ class _CombinePacked(torch.autograd.Function):
         a2a, indices, where = ctx.a2a, ctx.indices, ctx.where
         rows, weights = ctx.saved_tensors
         k = a2a.top_k
-        back, slots = a2a._backward, a2a._slots
+        back, slots = a2a.backward_exchange, a2a.slot_exchange
         grad_y = grad_y.to(a2a.dtype).contiguous()
         grads, _, _ = _land(back, grad_y, indices, where)
         # Which slot of its token each row serves, and that slot's weight.

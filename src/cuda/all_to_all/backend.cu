@@ -15,7 +15,7 @@
 
 #include <cuda/atomic>
 
-#include "all_to_all/backend.hpp"
+#include "backends/all_to_all_backend.hpp"
 #include "all_to_all/loss_board.hpp"
 #include "all_to_all/slot_table.hpp"
 #include "core/device_runtime.hpp"

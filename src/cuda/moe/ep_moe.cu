@@ -46,13 +46,13 @@
 #include <memory>
 #include <vector>
 
+#include "backends/moe_backend.hpp"
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
 #include "cuda/moe/device_experts.hpp"
 #include "cuda/moe/device_router.hpp"
 #include "cuda/moe/phase_timer.hpp"
-#include "moe/backend.hpp"
 #include "moe/expert_slots.hpp"
 #include "pmoe/all_to_all.hpp"
 

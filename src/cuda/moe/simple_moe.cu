@@ -2,10 +2,10 @@
 // y written in the model's dtype by the gating kernel.
 #include <memory>
 
+#include "backends/moe_backend.hpp"
 #include "core/device_runtime.hpp"
 #include "cuda/flavor.hpp"
 #include "cuda/moe/local_moe.cuh"
-#include "moe/backend.hpp"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR::moe {
 namespace {

@@ -27,13 +27,13 @@
 #include <memory>
 #include <vector>
 
+#include "backends/moe_backend.hpp"
 #include "core/arg_checks.hpp"
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
 #include "cuda/moe/local_moe.cuh"
 #include "cuda/overlap/signals.cuh"
-#include "moe/backend.hpp"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR::moe {
 namespace {

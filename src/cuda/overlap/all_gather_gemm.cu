@@ -25,13 +25,13 @@
 #include <string>
 #include <vector>
 
+#include "backends/overlap_backend.hpp"
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
 #include "cuda/gemm/cublas_gemm.hpp"
 #include "cuda/overlap/overlap_stream.hpp"
 #include "cuda/overlap/signals.cuh"
-#include "overlap/backend.hpp"
 #include "overlap/plan.hpp"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR {

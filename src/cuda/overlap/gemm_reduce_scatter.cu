@@ -32,6 +32,7 @@
 // in both orders, as on the CPU; every value that travels is rounded once to the dtype.
 #include <memory>
 
+#include "backends/overlap_backend.hpp"
 #include "core/device_runtime.hpp"
 #include "cuda/check.hpp"
 #include "cuda/flavor.hpp"
@@ -39,7 +40,6 @@
 #include "cuda/overlap/overlap_stream.hpp"
 #include "cuda/overlap/piece_sum.cuh"
 #include "cuda/overlap/signals.cuh"
-#include "overlap/backend.hpp"
 #include "overlap/plan.hpp"
 
 namespace pmoe::detail::inline PMOE_CUDA_FLAVOR {
