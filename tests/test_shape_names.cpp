@@ -109,6 +109,8 @@ TEST(MoeShape, TheOldMoeNameBuildsTheSameLayer) {
   old.hidden_dim = 0;
   old.feature_dim = 12;
   const int tokens = 5;
+  EXPECT_EQ(old.out_dim(), 12);  // what a caller sizes y by, before any layer folds the names
+  EXPECT_EQ(old.shape(tokens), now.shape(tokens));
   const Buffer x = reference::make_moe_input(now, tokens, 1);
   Buffer y_now(DType::f32, {tokens, now.out_dim()}), y_old(DType::f32, {tokens, now.out_dim()});
   SimpleMoe(now, tokens).forward(x, y_now);

@@ -69,17 +69,22 @@ struct MoeConfig {
   // and records nothing for statistics, and last_stats() holds only the host-known fields.
   bool device_stats = false;
 
-  int out_dim() const { return output_dim > 0 ? output_dim : hidden_dim; }
+  int out_dim() const { return output_dim > 0 ? output_dim : current_hidden_dim(); }
   // 2 for swiglu (gate and linear halves of W1), else 1.
   int w1_halves() const { return act == Activation::swiglu ? 2 : 1; }
   // The exchange's dimensions of a layer that takes up to max_tokens tokens a rank per forward:
   // what EpMoe hands its AllToAll, whole.
-  MoeShape shape(int max_tokens) const { return {max_tokens, num_experts, top_k, hidden_dim}; }
+  MoeShape shape(int max_tokens) const {
+    return {max_tokens, num_experts, top_k, current_hidden_dim()};
+  }
   // Throws pmoe::Error saying what to change if no layer can be built from this config.
   void validate() const;
 
   // Deprecated alias of hidden_dim: read only where hidden_dim is left 0.
   [[deprecated("use hidden_dim")]] int feature_dim = 0;
+  // hidden_dim, or feature_dim where hidden_dim is left 0: what out_dim() and shape() read, so
+  // that a config written with the old name answers them as it did.
+  int current_hidden_dim() const { return hidden_dim > 0 ? hidden_dim : feature_dim; }
   // This config with feature_dim moved to hidden_dim where that is 0, and cleared: what the
   // layers keep. validate() refuses a feature_dim that disagrees with a set hidden_dim.
   MoeConfig with_current_names() const;

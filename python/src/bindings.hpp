@@ -33,7 +33,8 @@ inline OnPeerLoss parse_on_peer_loss(const char* op, const std::string& name) {
 
 // A dimension given under its MoeShape name or, for one release, under the name it had before
 // (which warns with a DeprecationWarning naming the new one). One of the two must be given, and
-// both only with the same value. `op` names the class in the error.
+// both only with the same value (TypeError where neither is, as Python's own). `op` names the
+// class in the error.
 inline int renamed_arg(const char* op, const char* name, std::optional<int> value,
                        const char* old_name, std::optional<int> old_value) {
   if (old_value) {
@@ -45,8 +46,17 @@ inline int renamed_arg(const char* op, const char* name, std::optional<int> valu
                " = ", *old_value, " (its deprecated name) disagree; pass ", name, " only");
     return *old_value;
   }
-  PMOE_CHECK(value.has_value(), op, ": missing the argument ", name);
+  if (!value)  // as Python reports a missing keyword-only argument
+    throw nanobind::type_error((std::string(op) + ": missing the argument " + name).c_str());
   return *value;
+}
+
+// What a deprecated attribute says when it is read: a DeprecationWarning naming the new one.
+inline void warn_renamed(const char* op, const char* old_name, const char* name) {
+  const std::string warning =
+      std::string(op) + "." + old_name + " is deprecated; read " + op + "." + name + " instead";
+  if (PyErr_WarnEx(PyExc_DeprecationWarning, warning.c_str(), 1) != 0)
+    throw nanobind::python_error();
 }
 
 void bind_comm(nanobind::module_& m);

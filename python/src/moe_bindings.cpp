@@ -88,6 +88,13 @@ void bind_moe(nb::module_& m) {
           "feature_dim, hidden_dim's name before pmoe.MoeShape, still works for one release "
           "and warns.")
       .def_ro("hidden_dim", &MoeConfig::hidden_dim)
+      .def_prop_ro(
+          "feature_dim",
+          [](const MoeConfig& c) {
+            warn_renamed("MoeConfig", "feature_dim", "hidden_dim");
+            return c.hidden_dim;
+          },
+          "Deprecated: hidden_dim's name before pmoe.MoeShape.")
       .def("shape", &MoeConfig::shape, nb::arg("max_tokens"),
            "The MoeShape of a layer of this config taking up to max_tokens tokens a rank.")
       .def_ro("ffn_dim", &MoeConfig::ffn_dim)

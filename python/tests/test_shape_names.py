@@ -42,7 +42,7 @@ def test_an_old_name_that_disagrees_is_an_error():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         pmoe.run_ranks(1, rank_main)
-    with pytest.raises(pmoe.Error, match="missing the argument max_tokens"):
+    with pytest.raises(TypeError, match="missing the argument max_tokens"):
         pmoe.run_ranks(1, lambda comm: pmoe.AllToAll(comm, num_experts=4, top_k=2, hidden_dim=8))
 
 
@@ -52,6 +52,8 @@ def test_the_old_layer_names_warn_and_build_the_same_layer():
     with pytest.warns(DeprecationWarning, match="feature_dim is deprecated"):
         old = pmoe.MoeConfig(feature_dim=8, ffn_dim=16, num_experts=4, top_k=2, seed=3)
     assert old.hidden_dim == 8
+    with pytest.warns(DeprecationWarning, match="MoeConfig.feature_dim is deprecated"):
+        assert old.feature_dim == 8
     np.testing.assert_array_equal(pmoe.SimpleMoe(old, 5).forward(x),
                                   pmoe.SimpleMoe(now, 5).forward(x))
 
@@ -70,6 +72,7 @@ def test_the_old_torch_names_warn():
         a2a = pt.AllToAll(comm, max_num_tokens=6, num_experts=4, experts_per_token=2,
                           hidden_dim=8)
         assert (a2a.max_tokens, a2a.top_k) == (6, 2)
+        assert a2a.max_num_tokens == 6  # the old attribute, read once more (it warns)
         pt.EpMoE(comm, hidden_dim=8, ffn_dim=16, num_experts=4, top_k=2, max_num_tokens=6,
                  dtype=torch.float32)
     with pytest.warns(DeprecationWarning) as caught:
@@ -78,3 +81,4 @@ def test_the_old_torch_names_warn():
     assert "pmoe.torch.AllToAll: max_num_tokens is deprecated; pass max_tokens instead" in said
     assert "pmoe.torch.AllToAll: experts_per_token is deprecated; pass top_k instead" in said
     assert "pmoe.torch.EpMoE: max_num_tokens is deprecated; pass max_tokens instead" in said
+    assert "pmoe.torch.AllToAll.max_num_tokens is deprecated; read max_tokens instead" in said

@@ -57,9 +57,7 @@ FdListener listen_for_fds(const std::string& prefix) {
   const sockaddr_un address = abstract_address(listener.name, length);
   if (bind(listener.fd, reinterpret_cast<const sockaddr*>(&address), length) != 0 ||
       listen(listener.fd, 1) != 0) {
-    const int err = errno;
-    ::close(listener.fd);
-    throw Error(cat("fd channel: cannot listen on a Unix socket: ", std::strerror(err)));
+    throw Error(cat("fd channel: cannot listen on a Unix socket: ", std::strerror(errno)));
   }
   return listener;
 }

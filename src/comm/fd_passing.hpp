@@ -10,19 +10,31 @@
 // other process of the machine can take the descriptors.
 #pragma once
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pmoe::detail {
 
 using FdClock = std::chrono::steady_clock;
 
-// A listening abstract Unix socket under a random name; the name goes to the newcomer.
+// A listening abstract Unix socket under a random name; the name goes to the newcomer. Closed
+// when it goes out of scope, so a failure between listening and accepting leaks nothing.
 struct FdListener {
   int fd = -1;
   std::string name;  // without the leading NUL
+
+  FdListener() = default;
+  FdListener(FdListener&& other) noexcept
+      : fd(std::exchange(other.fd, -1)), name(std::move(other.name)) {}
+  FdListener& operator=(FdListener&&) = delete;
+  ~FdListener() {
+    if (fd >= 0) ::close(fd);
+  }
 };
 FdListener listen_for_fds(const std::string& prefix);
 

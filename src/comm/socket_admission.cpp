@@ -89,6 +89,10 @@ SocketCommunicator::SocketCommunicator(Replacing, Listener&& listener, int rank,
              ") or no other rank to join");
   PMOE_CHECK(nodes.size() == addresses.size(), op, ": ", addresses.size(), " addresses but ",
              nodes.size(), " node names");
+  for (size_t r = 0; r < nodes.size(); ++r)
+    PMOE_CHECK(nodes[r] == nodes[size_t(rank)], op, ": rank ", r, " is on node '", nodes[r],
+               "', not on this one ('", nodes[size_t(rank)], "'); a newcomer joins a group on "
+               "one node only (the survivors refuse it otherwise)");
   PMOE_CHECK(!job_id_.empty() && job_id_.find('/') == std::string::npos, op,
              ": job_id must be non-empty and free of '/', got '", job_id_, "'");
   PMOE_CHECK(device.kind == Device::Kind::cpu, op, ": a newcomer on ", device.str(),

@@ -28,7 +28,7 @@ Activation parse_activation(std::string_view name) {
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 MoeConfig MoeConfig::with_current_names() const {
   MoeConfig c = *this;
-  if (c.hidden_dim == 0) c.hidden_dim = feature_dim;
+  c.hidden_dim = current_hidden_dim();
   c.feature_dim = 0;
   return c;
 }

@@ -32,6 +32,7 @@ settled by an empty counterpart call at its next use; every rank takes the same 
 calls stay collective.
 """
 import contextlib
+import warnings
 
 import torch
 
@@ -135,6 +136,13 @@ class AllToAll:
         mine = slot_expert[self.first_expert:self.first_expert + self.num_local_experts] + [-2]
         where = self.device if _torch_sees_pmoe_device() else torch.device("cpu")
         self._local_expert = torch.tensor(mine, dtype=torch.int64, device=where)
+
+    @property
+    def max_num_tokens(self):
+        """Deprecated: max_tokens' name before pmoe.MoeShape."""
+        warnings.warn("pmoe.torch.AllToAll.max_num_tokens is deprecated; read max_tokens "
+                      "instead", DeprecationWarning, stacklevel=2)
+        return self.max_tokens
 
     def logical_experts(self, local):
         """The logical expert each of this rank's slots `local` (int64, in [0, E_local]) serves:

@@ -1,5 +1,5 @@
 """One pmoe.AllToAll inside pmoe.torch (Exchange): its tensors, its place in the dispatch ->
-combine alternation, and its order on torch's CUDA stream; with the small helpers the
+combine alternation, and its order on torch's CUDA stream; with the small functions that the
 differentiable functions share (_autograd.py, _packed.py, _moe.py)."""
 import contextlib
 import functools
