@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -174,21 +175,32 @@ void SocketTransport::accept_replacement(int peer) {
       cat("SocketCommunicator::admit on rank ", rank_, ": waiting for rank ", peer, "'s newcomer");
   PMOE_CHECK(fds_[size_t(peer)] < 0, what, ": the connection of rank ", peer, " is still open");
   const auto deadline = deadline_after(timeout_s_);
-  pollfd pfd{listen_fd_, POLLIN, 0};
-  PMOE_CHECK(poll(&pfd, 1, remaining_ms(deadline)) > 0, what, ": nobody connected within ",
-             timeout_s_, " s");
-  const int fd = accept(listen_fd_, nullptr, nullptr);
-  PMOE_CHECK(fd >= 0, what, ": accept failed: ", std::strerror(errno));
-  int32_t announced = -1;
-  try {
-    exchange_exactly(fd, &announced, sizeof announced, false, deadline, what);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  if (announced != peer) {
-    ::close(fd);
-    throw Error(cat(what, ": a connection announced rank ", announced, ", not ", peer));
+  // Anything else that connects (a stray client, one that says nothing, a newcomer for another
+  // rank) is closed and the wait goes on: one survivor must not fail an admission alone that the
+  // others complete.
+  int fd = -1;
+  while (fd < 0) {
+    pollfd pfd{listen_fd_, POLLIN, 0};
+    const int ready = poll(&pfd, 1, remaining_ms(deadline));
+    if (ready < 0 && errno == EINTR) continue;
+    PMOE_CHECK(ready > 0, what, ": nobody connected within ", timeout_s_, " s");
+    const int candidate = accept(listen_fd_, nullptr, nullptr);
+    if (candidate < 0) {
+      PMOE_CHECK(errno == EINTR || errno == EAGAIN || errno == ECONNABORTED, what,
+                 ": accept failed: ", std::strerror(errno));
+      continue;
+    }
+    int32_t announced = -1;
+    try {  // a newcomer announces itself at once; a silent connection gets a few seconds
+      exchange_exactly(candidate, &announced, sizeof announced, false,
+                       std::min(deadline, deadline_after(5.0)), what);
+    } catch (const Error&) {
+      announced = -1;
+    }
+    if (announced == peer)
+      fd = candidate;
+    else
+      ::close(candidate);
   }
   set_stream_options(fd);
   fds_[size_t(peer)] = fd;

@@ -11,10 +11,15 @@
 //      AllToAll's Replacing constructor): from then on every call of every rank, the newcomer's
 //      included, equals the plain reference at full size (dispatch rows and counts, combine's y,
 //      byte for byte), with one call number on every rank.
+// Before the second newcomer, a stray connection reaches rank 0's kept listener and announces
+// rank 1: rank 0 closes it and goes on waiting, rather than fail an admission the others complete.
 // Each process prints "replace-rank: <who> ok|FAIL <text>"; this driver checks every exit status
 // and that none of the run's shared-memory segments is left in /dev/shm.
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -248,6 +253,20 @@ int wait_for(pid_t pid, double seconds) {
   }
 }
 
+// A TCP connection to "host:port" that announces `rank` as a newcomer would (4 bytes); its fd.
+int stray_connection(const std::string& address, int32_t rank) {
+  const size_t colon = address.rfind(':');
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(uint16_t(std::atoi(address.c_str() + colon + 1)));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &to.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0 ||
+      write(fd, &rank, sizeof rank) != ssize_t(sizeof rank))
+    leave("driver", false, "the stray connection failed");
+  return fd;
+}
+
 std::vector<std::string> segments_left(const std::string& prefix) {
   std::vector<std::string> left;
   if (DIR* dir = opendir("/dev/shm")) {
@@ -305,9 +324,11 @@ int main(int argc, char** argv) {
       60);
   expect(wrong_status >= 0 && WIFEXITED(wrong_status) && WEXITSTATUS(wrong_status) == kConfigError,
          "the newcomer with another config was not refused");
+  const int stray = stray_connection(addresses[0], 1);
   const pid_t right = spawn(
       [&] { newcomer(SocketCommunicator::Listener("127.0.0.1"), addresses, nodes, job, 64); });
   const int right_status = wait_for(right, 60);
+  close(stray);
   expect(right_status >= 0 && WIFEXITED(right_status) && WEXITSTATUS(right_status) == 0,
          "the newcomer failed");
   for (int r = 0; r < kWorld; ++r) {
