@@ -83,6 +83,21 @@ int connect_to(const std::string& address, Clock::time_point deadline, const std
   throw Error(cat(what, ": cannot connect to ", address, ": ", last_error));
 }
 
+// Connects to `address` and announces `rank` on the new connection (the 4 bytes every acceptor
+// reads first); its fd, or pmoe::Error naming `what` with nothing left open.
+int connect_announcing(const std::string& address, int rank, Clock::time_point deadline,
+                       const std::string& what) {
+  const int fd = connect_to(address, deadline, what);
+  int32_t me = rank;
+  try {
+    exchange_exactly(fd, &me, sizeof me, true, deadline, what);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  return fd;
+}
+
 }  // namespace
 
 SocketTransport::SocketTransport(int listen_fd, int rank, std::vector<std::string> addresses,
@@ -98,10 +113,7 @@ SocketTransport::SocketTransport(int listen_fd, int rank, std::vector<std::strin
     // afterwards cannot deadlock: the kernel queues the connections until they are accepted.
     for (int r = 0; r < rank; ++r) {
       const std::string what = cat("SocketCommunicator on rank ", rank, ": connecting to rank ", r);
-      const int fd = connect_to(addresses[size_t(r)], deadline, what);
-      fds_[size_t(r)] = fd;
-      const int32_t me = rank;
-      exchange_exactly(fd, const_cast<int32_t*>(&me), sizeof me, true, deadline, what);
+      fds_[size_t(r)] = connect_announcing(addresses[size_t(r)], rank, deadline, what);
     }
     for (int accepted = 0; accepted < size - 1 - rank; ++accepted) {
       const std::string what = cat("SocketCommunicator on rank ", rank, ": waiting for ",
@@ -149,11 +161,8 @@ SocketTransport::SocketTransport(Replacing, int listen_fd, int rank,
       if (r == rank) continue;
       const std::string what =
           cat("SocketCommunicator replacing rank ", rank, ": connecting to rank ", r);
-      const int fd = connect_to(addresses[size_t(r)], deadline, what);
-      fds_[size_t(r)] = fd;
-      const int32_t me = rank;
-      exchange_exactly(fd, const_cast<int32_t*>(&me), sizeof me, true, deadline, what);
-      set_stream_options(fd);
+      fds_[size_t(r)] = connect_announcing(addresses[size_t(r)], rank, deadline, what);
+      set_stream_options(fds_[size_t(r)]);
     }
   } catch (...) {
     for (int fd : fds_)
